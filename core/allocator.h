@@ -1,0 +1,102 @@
+#pragma once
+// The caching allocator. One algorithm serves CUDA device memory (cudaMalloc underneath), pinned
+// host memory (cudaHostAlloc) and plain host memory (aligned malloc), so that everything about
+// reuse, splitting, statistics, the memory limit and out-of-memory recovery is tested on CPU.
+//
+// Blocks are carved from segments obtained from the raw source; a freed block returns to the
+// pool of its stream and is reused by later requests on that stream (best fit, split when the
+// remainder is worth keeping, merged with free neighbours). Blocks above max_split_size are
+// never split, as in PyTorch, which bounds fragmentation from large tensors.
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "core/device.h"
+
+namespace kiln {
+
+constexpr std::size_t kAllocationAlignment = 256;
+
+struct AllocatorStats {
+  std::size_t allocated_bytes = 0;  // in live blocks handed out
+  std::size_t reserved_bytes = 0;   // in segments held from the raw source
+  std::size_t peak_allocated_bytes = 0;
+  std::size_t peak_reserved_bytes = 0;
+  std::uint64_t raw_allocations = 0;  // calls to cudaMalloc / malloc
+  std::uint64_t raw_frees = 0;
+  std::uint64_t allocations = 0;    // requests served
+  std::uint64_t cache_hits = 0;     // requests served from cached blocks
+  std::uint64_t out_of_memory = 0;  // requests that failed
+  std::size_t live_blocks = 0;
+  // Share of reserved memory not in use: 1 - allocated / reserved (0 when nothing is reserved).
+  double fragmentation() const {
+    return reserved_bytes == 0 ? 0.0 : 1.0 - static_cast<double>(allocated_bytes) / reserved_bytes;
+  }
+};
+
+// Where segments come from. allocate() returns nullptr when the source is out of memory.
+class RawMemorySource {
+ public:
+  virtual ~RawMemorySource() = default;
+  virtual void* allocate(std::size_t bytes) = 0;
+  virtual void release(void* ptr, std::size_t bytes) = 0;
+  virtual std::string name() const = 0;         // "CUDA device 0", "pinned host", "host"
+  virtual std::size_t total_bytes() const = 0;  // the device's capacity, 0 if unknown
+};
+
+class CachingAllocator {
+ public:
+  explicit CachingAllocator(std::unique_ptr<RawMemorySource> source);
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // Throws OutOfMemoryError (what was asked, in use, cached, the limit, what to try).
+  void* allocate(std::size_t bytes, void* stream = nullptr);
+  void free(void* ptr);
+  // Gives every cached, unused segment back to the raw source.
+  void empty_cache();
+
+  AllocatorStats stats() const;
+  void reset_peak_stats();
+  // 0 = no limit. Reserved memory never grows past it (emulates a smaller GPU).
+  void set_memory_limit(std::size_t bytes);
+  std::size_t memory_limit() const;
+  // Blocks larger than this are never split (PyTorch's max_split_size_mb); SIZE_MAX = no limit.
+  void set_max_split_size(std::size_t bytes);
+  std::string source_name() const;
+
+ private:
+  struct Block;
+  struct BlockOrder {
+    bool operator()(const Block* a, const Block* b) const;
+  };
+  Block* find_free_block(void* stream, std::size_t size);
+  Block* new_segment(void* stream, std::size_t size);
+  void release_free_segments();
+  [[noreturn]] void throw_out_of_memory(std::size_t requested, const char* reason);
+
+  std::unique_ptr<RawMemorySource> source_;
+  mutable std::mutex mutex_;
+  std::set<Block*, BlockOrder> free_blocks_;
+  std::map<void*, Block*> live_blocks_;
+  AllocatorStats stats_;
+  std::size_t memory_limit_ = 0;
+  std::size_t max_split_size_ = SIZE_MAX;
+};
+
+// The process-wide allocators. The CUDA ones throw if CUDA is not built or the device is absent.
+CachingAllocator& host_allocator();
+CachingAllocator& pinned_allocator();
+CachingAllocator& cuda_allocator(int device);
+CachingAllocator& allocator_for(Device device);
+
+// Rounds a request the way the allocator does (exposed for tests).
+std::size_t round_allocation_size(std::size_t bytes);
+
+}  // namespace kiln

@@ -1,0 +1,147 @@
+#pragma once
+// Host-side element access: every floating type computes in float (double for f64).
+
+#include <cstdint>
+
+#include "core/check.h"
+#include "core/dtype.h"
+
+namespace kiln::cpu {
+
+template <typename T>
+struct Compute {
+  using type = float;
+};
+template <>
+struct Compute<double> {
+  using type = double;
+};
+
+inline float load(float v) {
+  return v;
+}
+inline double load(double v) {
+  return v;
+}
+inline float load(Half v) {
+  return to_float(v);
+}
+inline float load(BFloat16 v) {
+  return to_float(v);
+}
+inline double load(std::int32_t v) {
+  return v;
+}
+inline double load(std::int64_t v) {
+  return static_cast<double>(v);
+}
+inline double load(std::uint8_t v) {
+  return v;
+}
+
+template <typename T>
+inline T store(double v);
+template <>
+inline float store<float>(double v) {
+  return static_cast<float>(v);
+}
+template <>
+inline double store<double>(double v) {
+  return v;
+}
+template <>
+inline Half store<Half>(double v) {
+  return to_half(static_cast<float>(v));
+}
+template <>
+inline BFloat16 store<BFloat16>(double v) {
+  return to_bf16(static_cast<float>(v));
+}
+template <>
+inline std::int32_t store<std::int32_t>(double v) {
+  return static_cast<std::int32_t>(v);
+}
+template <>
+inline std::int64_t store<std::int64_t>(double v) {
+  return static_cast<std::int64_t>(v);
+}
+template <>
+inline std::uint8_t store<std::uint8_t>(double v) {
+  return static_cast<std::uint8_t>(v);
+}
+
+// Storing a float into a float must not go through double rounding twice for halves: a float
+// value converts to half exactly as to_half(float) would.
+template <typename T>
+inline T store_float(float v) {
+  return store<T>(v);
+}
+
+}  // namespace kiln::cpu
+
+// Runs `...` with T bound to the C++ type of `dtype` (floating types only).
+#define KILN_DISPATCH_FLOATING(dtype, T, ...)               \
+  switch (dtype) {                                          \
+    case ::kiln::DType::F32: {                              \
+      using T = float;                                      \
+      __VA_ARGS__;                                          \
+      break;                                                \
+    }                                                       \
+    case ::kiln::DType::F64: {                              \
+      using T = double;                                     \
+      __VA_ARGS__;                                          \
+      break;                                                \
+    }                                                       \
+    case ::kiln::DType::F16: {                              \
+      using T = ::kiln::Half;                               \
+      __VA_ARGS__;                                          \
+      break;                                                \
+    }                                                       \
+    case ::kiln::DType::BF16: {                             \
+      using T = ::kiln::BFloat16;                           \
+      __VA_ARGS__;                                          \
+      break;                                                \
+    }                                                       \
+    default:                                                \
+      KILN_CHECK(false, "expected a floating-point dtype"); \
+  }
+
+// Runs `...` with T bound to the C++ type of `dtype` (every dtype).
+#define KILN_DISPATCH_ALL(dtype, T, ...) \
+  switch (dtype) {                       \
+    case ::kiln::DType::F32: {           \
+      using T = float;                   \
+      __VA_ARGS__;                       \
+      break;                             \
+    }                                    \
+    case ::kiln::DType::F64: {           \
+      using T = double;                  \
+      __VA_ARGS__;                       \
+      break;                             \
+    }                                    \
+    case ::kiln::DType::F16: {           \
+      using T = ::kiln::Half;            \
+      __VA_ARGS__;                       \
+      break;                             \
+    }                                    \
+    case ::kiln::DType::BF16: {          \
+      using T = ::kiln::BFloat16;        \
+      __VA_ARGS__;                       \
+      break;                             \
+    }                                    \
+    case ::kiln::DType::I32: {           \
+      using T = std::int32_t;            \
+      __VA_ARGS__;                       \
+      break;                             \
+    }                                    \
+    case ::kiln::DType::I64: {           \
+      using T = std::int64_t;            \
+      __VA_ARGS__;                       \
+      break;                             \
+    }                                    \
+    case ::kiln::DType::U8: {            \
+      using T = std::uint8_t;            \
+      __VA_ARGS__;                       \
+      break;                             \
+    }                                    \
+  }

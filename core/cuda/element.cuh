@@ -1,0 +1,214 @@
+#pragma once
+// Device-side element access: floating types compute in float (double for f64); half storage
+// rounds to nearest even on store.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace kiln::cuda {
+
+// Device storage types for each DType.
+template <DType D>
+struct Storage;
+template <>
+struct Storage<DType::F32> {
+  using type = float;
+};
+template <>
+struct Storage<DType::F64> {
+  using type = double;
+};
+template <>
+struct Storage<DType::F16> {
+  using type = __half;
+};
+template <>
+struct Storage<DType::BF16> {
+  using type = __nv_bfloat16;
+};
+template <>
+struct Storage<DType::I32> {
+  using type = std::int32_t;
+};
+template <>
+struct Storage<DType::I64> {
+  using type = std::int64_t;
+};
+template <>
+struct Storage<DType::U8> {
+  using type = std::uint8_t;
+};
+
+template <typename T>
+struct Compute {
+  using type = float;
+};
+template <>
+struct Compute<double> {
+  using type = double;
+};
+template <>
+struct Compute<std::int64_t> {
+  using type = double;
+};
+
+__device__ __forceinline__ float load(float v) {
+  return v;
+}
+__device__ __forceinline__ double load(double v) {
+  return v;
+}
+__device__ __forceinline__ float load(__half v) {
+  return __half2float(v);
+}
+__device__ __forceinline__ float load(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+__device__ __forceinline__ float load(std::int32_t v) {
+  return static_cast<float>(v);
+}
+__device__ __forceinline__ double load(std::int64_t v) {
+  return static_cast<double>(v);
+}
+__device__ __forceinline__ float load(std::uint8_t v) {
+  return static_cast<float>(v);
+}
+
+template <typename T>
+__device__ __forceinline__ T store(float v);
+template <typename T>
+__device__ __forceinline__ T store(double v);
+
+template <>
+__device__ __forceinline__ float store<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ float store<float>(double v) {
+  return static_cast<float>(v);
+}
+template <>
+__device__ __forceinline__ double store<double>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ double store<double>(double v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half store<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __half store<__half>(double v) {
+  return __double2half(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 store<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 store<__nv_bfloat16>(double v) {
+  return __double2bfloat16(v);
+}
+template <>
+__device__ __forceinline__ std::int32_t store<std::int32_t>(float v) {
+  return static_cast<std::int32_t>(v);
+}
+template <>
+__device__ __forceinline__ std::int32_t store<std::int32_t>(double v) {
+  return static_cast<std::int32_t>(v);
+}
+template <>
+__device__ __forceinline__ std::int64_t store<std::int64_t>(float v) {
+  return static_cast<std::int64_t>(v);
+}
+template <>
+__device__ __forceinline__ std::int64_t store<std::int64_t>(double v) {
+  return static_cast<std::int64_t>(v);
+}
+template <>
+__device__ __forceinline__ std::uint8_t store<std::uint8_t>(float v) {
+  return static_cast<std::uint8_t>(v);
+}
+template <>
+__device__ __forceinline__ std::uint8_t store<std::uint8_t>(double v) {
+  return static_cast<std::uint8_t>(v);
+}
+
+inline unsigned grid_for(std::int64_t n, unsigned block = 256, unsigned max_blocks = 65535u * 8) {
+  std::int64_t blocks = (n + block - 1) / block;
+  if (blocks < 1) blocks = 1;
+  return static_cast<unsigned>(blocks > max_blocks ? max_blocks : blocks);
+}
+
+}  // namespace kiln::cuda
+
+#define KILN_CUDA_DISPATCH_FLOATING(dtype, T, ...)          \
+  switch (dtype) {                                          \
+    case ::kiln::DType::F32: {                              \
+      using T = float;                                      \
+      __VA_ARGS__;                                          \
+      break;                                                \
+    }                                                       \
+    case ::kiln::DType::F64: {                              \
+      using T = double;                                     \
+      __VA_ARGS__;                                          \
+      break;                                                \
+    }                                                       \
+    case ::kiln::DType::F16: {                              \
+      using T = __half;                                     \
+      __VA_ARGS__;                                          \
+      break;                                                \
+    }                                                       \
+    case ::kiln::DType::BF16: {                             \
+      using T = __nv_bfloat16;                              \
+      __VA_ARGS__;                                          \
+      break;                                                \
+    }                                                       \
+    default:                                                \
+      KILN_CHECK(false, "expected a floating-point dtype"); \
+  }
+
+#define KILN_CUDA_DISPATCH_ALL(dtype, T, ...) \
+  switch (dtype) {                            \
+    case ::kiln::DType::F32: {                \
+      using T = float;                        \
+      __VA_ARGS__;                            \
+      break;                                  \
+    }                                         \
+    case ::kiln::DType::F64: {                \
+      using T = double;                       \
+      __VA_ARGS__;                            \
+      break;                                  \
+    }                                         \
+    case ::kiln::DType::F16: {                \
+      using T = __half;                       \
+      __VA_ARGS__;                            \
+      break;                                  \
+    }                                         \
+    case ::kiln::DType::BF16: {               \
+      using T = __nv_bfloat16;                \
+      __VA_ARGS__;                            \
+      break;                                  \
+    }                                         \
+    case ::kiln::DType::I32: {                \
+      using T = std::int32_t;                 \
+      __VA_ARGS__;                            \
+      break;                                  \
+    }                                         \
+    case ::kiln::DType::I64: {                \
+      using T = std::int64_t;                 \
+      __VA_ARGS__;                            \
+      break;                                  \
+    }                                         \
+    case ::kiln::DType::U8: {                 \
+      using T = std::uint8_t;                 \
+      __VA_ARGS__;                            \
+      break;                                  \
+    }                                         \
+  }

@@ -1,0 +1,14 @@
+#pragma once
+// The sub-commands of the `kiln` program. Each takes the arguments after its name and returns
+// the process exit code (0 success, 1 failure, 2 bad input).
+
+#include <string>
+#include <vector>
+
+namespace kiln::launch {
+
+using Arguments = std::vector<std::string>;
+
+int run_info(const Arguments& args);
+
+}  // namespace kiln::launch

@@ -1,0 +1,60 @@
+// The `kiln` program: dispatches to a sub-command and turns errors into messages and exit codes
+// (2 for bad input, 1 for everything else), never a stack trace.
+
+#include <boost/program_options/errors.hpp>
+
+#include <cstring>
+#include <iostream>
+#include <map>
+
+#include "core/check.h"
+#include "launch/commands.h"
+
+namespace {
+
+struct Command {
+  int (*run)(const kiln::launch::Arguments&);
+  const char* summary;
+};
+
+const std::map<std::string, Command>& commands() {
+  static const std::map<std::string, Command> table = {
+      {"info", {kiln::launch::run_info, "versions of Kiln and its libraries, and the GPUs"}},
+  };
+  return table;
+}
+
+void usage(std::ostream& os) {
+  os << "usage: kiln <command> [options]   (kiln <command> --help for its options)\n\ncommands:\n";
+  for (const auto& [name, command] : commands()) {
+    os << "  " << name << std::string(12 - name.size(), ' ') << command.summary << "\n";
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    usage(argc < 2 ? std::cerr : std::cout);
+    return argc < 2 ? 2 : 0;
+  }
+  auto it = commands().find(argv[1]);
+  if (it == commands().end()) {
+    std::cerr << "kiln: unknown command '" << argv[1] << "'\n";
+    usage(std::cerr);
+    return 2;
+  }
+  kiln::launch::Arguments args(argv + 2, argv + argc);
+  try {
+    return it->second.run(args);
+  } catch (const boost::program_options::error& e) {
+    std::cerr << "kiln " << argv[1] << ": " << e.what() << " (see kiln " << argv[1] << " --help)\n";
+    return 2;
+  } catch (const kiln::InputError& e) {
+    std::cerr << "kiln " << argv[1] << ": " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "kiln " << argv[1] << ": " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs Kiln's build and test dependencies from Debian packages. Idempotent: packages already
+# present are skipped by apt, and the package lists are refreshed only when something is missing.
+set -euo pipefail
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config
+  libopenmpi-dev openmpi-bin
+  libprotobuf-dev protobuf-compiler
+  libboost-program-options-dev
+  libopenblas-dev
+  libgtest-dev
+  zlib1g-dev
+  libturbojpeg0-dev
+  dataset-fashion-mnist
+  python3 python3-pip
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "install-deps: all Debian packages present"
+fi
+
+# TensorBoard's own event-file reader, used by a test to read back what Kiln writes.
+if ! python3 -c "import tensorboard" 2>/dev/null; then
+  python3 -m pip install -q tensorboard || $SUDO python3 -m pip install -q --break-system-packages tensorboard
+fi

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs the dependencies, builds Kiln (CUDA code included when the toolkit is present, since CI
+# must compile and link it even without a GPU) with warnings as errors, and runs the cpu and mpi
+# test suites. This is the README's test command, and what CI runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/install-deps.sh
+BUILD_DIR=${KILN_BUILD_DIR:-build}
+extra=()
+if [ -n "${KILN_CUDA_ARCHS:-}" ]; then extra+=("-DCMAKE_CUDA_ARCHITECTURES=${KILN_CUDA_ARCHS}"); fi
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_WERROR=ON "${extra[@]}"
+cmake --build "$BUILD_DIR" -j "$(nproc)"
+ctest --test-dir "$BUILD_DIR" -L 'cpu|mpi' --output-on-failure --no-tests=error -j "$(nproc)"

@@ -1,0 +1,195 @@
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/check.h"
+#include "core/tensor.h"
+
+namespace kiln {
+namespace {
+
+// Host memory that counts its calls, so the tests can see what the cache saved.
+class CountingSource : public RawMemorySource {
+ public:
+  void* allocate(std::size_t bytes) override {
+    if (fail_next_) return nullptr;
+    ++allocations;
+    void* p = nullptr;
+    return posix_memalign(&p, 256, bytes) == 0 ? p : nullptr;
+  }
+  void release(void* ptr, std::size_t) override {
+    ++releases;
+    std::free(ptr);
+  }
+  std::string name() const override { return "test memory"; }
+  std::size_t total_bytes() const override { return 1ull << 30; }
+  int allocations = 0, releases = 0;
+  bool fail_next_ = false;
+};
+
+struct Fixture {
+  CountingSource* source = new CountingSource;
+  CachingAllocator allocator{std::unique_ptr<RawMemorySource>(source)};
+};
+
+constexpr std::size_t kMiB = 1 << 20;
+
+TEST(CachingAllocator, RoundsAndAligns) {
+  EXPECT_EQ(round_allocation_size(1), 512u);
+  EXPECT_EQ(round_allocation_size(513), 1024u);
+  Fixture f;
+  for (std::size_t bytes : {1, 100, 4097, 3 * 1000 * 1000}) {
+    void* p = f.allocator.allocate(bytes);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % kAllocationAlignment, 0u);
+    f.allocator.free(p);
+  }
+}
+
+TEST(CachingAllocator, ReusesFreedBlocksWithoutNewRawAllocations) {
+  Fixture f;
+  void* a = f.allocator.allocate(1000);
+  f.allocator.free(a);
+  void* b = f.allocator.allocate(1000);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(f.source->allocations, 1);
+  AllocatorStats s = f.allocator.stats();
+  EXPECT_EQ(s.raw_allocations, 1u);
+  EXPECT_EQ(s.cache_hits, 1u);
+  EXPECT_EQ(s.allocations, 2u);
+  f.allocator.free(b);
+}
+
+TEST(CachingAllocator, SmallRequestsShareASegment) {
+  Fixture f;
+  std::vector<void*> blocks;
+  for (int i = 0; i < 100; ++i) blocks.push_back(f.allocator.allocate(4096));
+  EXPECT_EQ(f.source->allocations, 1);  // 100 x 4 KiB fit one 2 MiB segment
+  AllocatorStats s = f.allocator.stats();
+  EXPECT_EQ(s.allocated_bytes, 100u * 4096);
+  EXPECT_EQ(s.reserved_bytes, 2 * kMiB);
+  EXPECT_NEAR(s.fragmentation(), 1.0 - 409600.0 / (2 * kMiB), 1e-12);
+  for (void* p : blocks) f.allocator.free(p);
+  EXPECT_EQ(f.allocator.stats().allocated_bytes, 0u);
+  // Freed neighbours merged back into one block: a 1.5 MiB request fits without a new segment.
+  void* big = f.allocator.allocate(1536 * 1024);
+  EXPECT_EQ(f.source->allocations, 1);
+  f.allocator.free(big);
+}
+
+TEST(CachingAllocator, StreamsDoNotShareCachedBlocks) {
+  Fixture f;
+  int s1 = 0, s2 = 0;
+  void* a = f.allocator.allocate(1000, &s1);
+  f.allocator.free(a);
+  void* b = f.allocator.allocate(1000, &s2);
+  EXPECT_EQ(f.source->allocations, 2);
+  void* c = f.allocator.allocate(1000, &s1);
+  EXPECT_EQ(c, a);
+  f.allocator.free(b);
+  f.allocator.free(c);
+}
+
+TEST(CachingAllocator, PeakStatsAndEmptyCache) {
+  Fixture f;
+  void* a = f.allocator.allocate(30 * kMiB);
+  void* b = f.allocator.allocate(30 * kMiB);
+  f.allocator.free(a);
+  f.allocator.free(b);
+  AllocatorStats s = f.allocator.stats();
+  EXPECT_EQ(s.peak_allocated_bytes, 60 * kMiB);
+  EXPECT_EQ(s.allocated_bytes, 0u);
+  EXPECT_EQ(s.reserved_bytes, 60 * kMiB);
+  f.allocator.empty_cache();
+  EXPECT_EQ(f.allocator.stats().reserved_bytes, 0u);
+  EXPECT_EQ(f.source->releases, 2);
+  f.allocator.reset_peak_stats();
+  EXPECT_EQ(f.allocator.stats().peak_allocated_bytes, 0u);
+}
+
+TEST(CachingAllocator, MemoryLimitGivesAnInformativeOutOfMemory) {
+  Fixture f;
+  f.allocator.set_memory_limit(64 * kMiB);
+  void* a = f.allocator.allocate(40 * kMiB);
+  try {
+    f.allocator.allocate(40 * kMiB);
+    FAIL() << "expected out of memory";
+  } catch (const OutOfMemoryError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("out of memory allocating 40.0 MiB"), std::string::npos) << m;
+    EXPECT_NE(m.find("in use 40.0 MiB"), std::string::npos) << m;
+    EXPECT_NE(m.find("limit 64.0 MiB"), std::string::npos) << m;
+    EXPECT_NE(m.find("autobatch"), std::string::npos) << m;
+    EXPECT_EQ(e.requested_bytes, 40 * kMiB);
+  }
+  EXPECT_EQ(f.allocator.stats().out_of_memory, 1u);
+  // After the failure the allocator still serves what fits.
+  void* b = f.allocator.allocate(10 * kMiB);
+  EXPECT_NE(b, nullptr);
+  f.allocator.free(a);
+  f.allocator.free(b);
+}
+
+TEST(CachingAllocator, FreesCacheAndRetriesBeforeGivingUp) {
+  Fixture f;
+  f.allocator.set_memory_limit(50 * kMiB);
+  void* a = f.allocator.allocate(40 * kMiB);
+  f.allocator.free(a);                        // cached, not returned
+  void* b = f.allocator.allocate(45 * kMiB);  // fits only once the cached 40 MiB is released
+  EXPECT_EQ(f.source->releases, 1);
+  f.allocator.free(b);
+}
+
+TEST(CachingAllocator, RawFailureIsOutOfMemory) {
+  Fixture f;
+  f.source->fail_next_ = true;
+  EXPECT_THROW(f.allocator.allocate(100), OutOfMemoryError);
+  f.source->fail_next_ = false;
+  void* p = f.allocator.allocate(100);
+  f.allocator.free(p);
+}
+
+TEST(CachingAllocator, MaxSplitSizeKeepsLargeBlocksWhole) {
+  Fixture f;
+  f.allocator.set_max_split_size(32 * kMiB);
+  void* big = f.allocator.allocate(64 * kMiB);
+  f.allocator.free(big);
+  // A small request does not carve up the oversize block: it gets a segment of its own.
+  void* small = f.allocator.allocate(4 * kMiB);
+  EXPECT_EQ(f.source->allocations, 2);
+  // An oversize request close in size reuses it whole.
+  void* again = f.allocator.allocate(60 * kMiB);
+  EXPECT_EQ(again, big);
+  EXPECT_EQ(f.source->allocations, 2);
+  f.allocator.free(small);
+  f.allocator.free(again);
+}
+
+TEST(CachingAllocator, FreeOfForeignPointerIsReported) {
+  Fixture f;
+  int x = 0;
+  EXPECT_THROW(f.allocator.free(&x), Error);
+}
+
+TEST(HostAllocator, TensorsComeFromTheCache) {
+  CachingAllocator& host = host_allocator();
+  std::uint64_t before = host.stats().allocations;
+  { Tensor t = Tensor::empty({1000}, DType::F32); }
+  { Tensor t = Tensor::empty({1000}, DType::F32); }
+  AllocatorStats s = host.stats();
+  EXPECT_EQ(s.allocations, before + 2);
+  EXPECT_GE(s.cache_hits, 1u);
+}
+
+TEST(HostAllocator, LimitAppliesToTensors) {
+  CachingAllocator& host = host_allocator();
+  host.set_memory_limit(host.stats().reserved_bytes + 8 * kMiB);
+  EXPECT_THROW(Tensor::empty({64, 1024, 1024}, DType::F32), OutOfMemoryError);
+  host.set_memory_limit(0);
+  Tensor ok = Tensor::empty({1024}, DType::F32);
+  EXPECT_TRUE(ok.defined());
+}
+
+}  // namespace
+}  // namespace kiln
