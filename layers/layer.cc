@@ -1,1 +1,187 @@
-// Placeholder until this folder's first component lands.
+#include "layers/layer.h"
+
+#include <atomic>
+#include <unordered_set>
+
+#include "core/nvtx.h"
+#include "core/ops.h"
+
+namespace kiln {
+
+std::uint64_t Layer::next_layer_id() {
+  static std::atomic<std::uint64_t> counter{1};
+  return counter++;
+}
+
+Tensor Layer::forward(Context& ctx, const Tensor& x) {
+  NvtxRange range(name_.empty() ? "forward" : name_.c_str());
+  if (ctx.on_layer) ctx.on_layer(name_, true, true);
+  Tensor y = forward_impl(ctx, x);
+  if (ctx.on_layer) ctx.on_layer(name_, true, false);
+  return y;
+}
+
+Tensor Layer::backward(Context& ctx, const Tensor& dy) {
+  NvtxRange range(name_.empty() ? "backward" : name_.c_str());
+  if (ctx.on_layer) ctx.on_layer(name_, false, true);
+  Tensor dx = backward_impl(ctx, dy);
+  if (ctx.on_layer) ctx.on_layer(name_, false, false);
+  if (ctx.on_grad_ready) {
+    for (auto& p : params_) ctx.on_grad_ready(*p);
+  }
+  return dx;
+}
+
+std::vector<Parameter*> Layer::parameters() {
+  std::vector<Parameter*> out;
+  std::unordered_set<Parameter*> seen;
+  std::function<void(Layer&)> visit = [&](Layer& layer) {
+    for (auto& p : layer.params_) {
+      if (seen.insert(p.get()).second) out.push_back(p.get());
+    }
+    for (auto& [local, child] : layer.children_) visit(*child);
+  };
+  visit(*this);
+  return out;
+}
+
+std::vector<Buffer*> Layer::buffers() {
+  std::vector<Buffer*> out;
+  std::function<void(Layer&)> visit = [&](Layer& layer) {
+    for (auto& b : layer.buffers_) out.push_back(b.get());
+    for (auto& [local, child] : layer.children_) visit(*child);
+  };
+  visit(*this);
+  return out;
+}
+
+std::vector<Layer*> Layer::children() {
+  std::vector<Layer*> out;
+  for (auto& [local, child] : children_) out.push_back(child.get());
+  return out;
+}
+
+std::int64_t Layer::parameter_count() {
+  std::int64_t n = 0;
+  for (Parameter* p : parameters()) n += p->value.numel();
+  return n;
+}
+
+void Layer::set_training(bool training) {
+  training_ = training;
+  for (auto& [local, child] : children_) child->set_training(training);
+}
+
+void Layer::to(Device device, DType parameter_dtype) {
+  for (auto& p : params_) {
+    DType dtype = p->fp32_in_half ? DType::F32 : parameter_dtype;
+    if (p->fp32_in_half && parameter_dtype == DType::F64) dtype = DType::F64;
+    p->value = p->value.to(device, dtype);
+    p->grad = Tensor::zeros(p->value.shape(), dtype, device);
+  }
+  for (auto& b : buffers_) {
+    DType dtype = parameter_dtype == DType::F64 ? DType::F64 : DType::F32;
+    b->value = b->value.to(device, dtype);
+  }
+  for (auto& [local, child] : children_) child->to(device, parameter_dtype);
+}
+
+void Layer::set_name(const std::string& name) {
+  name_ = name;
+  std::string prefix = name.empty() ? "" : name + ".";
+  for (std::size_t i = 0; i < params_.size(); ++i) params_[i]->name = prefix + param_local_names_[i];
+  for (std::size_t i = 0; i < buffers_.size(); ++i) buffers_[i]->name = prefix + buffer_local_names_[i];
+  for (auto& [local, child] : children_) child->set_name(prefix + local);
+}
+
+void Layer::reset_parameters(std::uint64_t seed) {
+  // Containers: give each child its own stream of random numbers.
+  std::uint64_t i = 0;
+  for (auto& [local, child] : children_) child->reset_parameters(seed * 1000003ull + (++i));
+}
+
+Parameter& Layer::add_parameter(const std::string& local_name, const Shape& shape,
+                                bool no_weight_decay, bool fp32_in_half) {
+  auto p = std::make_unique<Parameter>();
+  p->name = local_name;
+  p->value = Tensor::zeros(shape, DType::F32);
+  p->grad = Tensor::zeros(shape, DType::F32);
+  p->no_weight_decay = no_weight_decay;
+  p->fp32_in_half = fp32_in_half;
+  params_.push_back(std::move(p));
+  param_local_names_.push_back(local_name);
+  return *params_.back();
+}
+
+Buffer& Layer::add_buffer(const std::string& local_name, const Shape& shape, double fill) {
+  auto b = std::make_unique<Buffer>();
+  b->name = local_name;
+  b->value = Tensor::full(shape, fill, DType::F32);
+  buffers_.push_back(std::move(b));
+  buffer_local_names_.push_back(local_name);
+  return *buffers_.back();
+}
+
+Shape Sequential::output_shape(const Shape& input) const {
+  Shape s = input;
+  for (const Layer* l : order_) s = l->output_shape(s);
+  return s;
+}
+
+double Sequential::forward_flops(const Shape& input) const {
+  double f = 0;
+  Shape s = input;
+  for (const Layer* l : order_) {
+    f += l->forward_flops(s);
+    s = l->output_shape(s);
+  }
+  return f;
+}
+
+Tensor Sequential::forward_impl(Context& ctx, const Tensor& x) {
+  Tensor h = x;
+  for (Layer* l : order_) h = l->forward(ctx, h);
+  return h;
+}
+
+Tensor Sequential::backward_impl(Context& ctx, const Tensor& dy) {
+  Tensor g = dy;
+  for (auto it = order_.rbegin(); it != order_.rend(); ++it) g = (*it)->backward(ctx, g);
+  return g;
+}
+
+Residual::Residual(std::unique_ptr<Layer> body, std::unique_ptr<Layer> shortcut,
+                   const std::string& body_name, const std::string& shortcut_name) {
+  body_ = &add_child(body_name, std::move(body));
+  if (shortcut) shortcut_ = &add_child(shortcut_name, std::move(shortcut));
+}
+
+Shape Residual::output_shape(const Shape& input) const { return body_->output_shape(input); }
+
+double Residual::forward_flops(const Shape& input) const {
+  double f = body_->forward_flops(input) + static_cast<double>(shape_numel(body_->output_shape(input)));
+  if (shortcut_) f += shortcut_->forward_flops(input);
+  return f;
+}
+
+Tensor Residual::forward_impl(Context& ctx, const Tensor& x) {
+  Tensor y = body_->forward(ctx, x);
+  Tensor s = shortcut_ ? shortcut_->forward(ctx, x) : x;
+  KILN_CHECK(y.shape() == s.shape(), "Residual " + name() + ": body gives " + y.str() +
+                                         " but shortcut gives " + s.str());
+  Tensor out = Tensor::empty(y.shape(), y.dtype(), y.device());
+  ops::add(y.contiguous(), s.dtype() == y.dtype() ? s.contiguous() : s.to(y.dtype()), out);
+  return out;
+}
+
+Tensor Residual::backward_impl(Context& ctx, const Tensor& dy) {
+  Tensor dx_body = body_->backward(ctx, dy);
+  Tensor dx_short = shortcut_ ? shortcut_->backward(ctx, dy) : dy;
+  Tensor dx = Tensor::empty(dx_body.shape(), dx_body.dtype(), dx_body.device());
+  ops::add(dx_body.contiguous(),
+           dx_short.dtype() == dx_body.dtype() ? dx_short.contiguous() : dx_short.to(dx_body.dtype()),
+           dx);
+  return dx;
+}
+
+}  // namespace kiln

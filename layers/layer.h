@@ -1,0 +1,168 @@
+#pragma once
+// The Layer interface. A layer has forward(ctx, x) -> y and backward(ctx, dy) -> dx, keeps what
+// backward needs from the last forward, and owns named Parameters and Buffers.
+//
+// Gradient contract: parameter gradients are ACCUMULATED (+=) into Parameter::grad, which may be
+// a view into a flat bucket owned by data parallelism; input gradients are written (=). The
+// trainer zeroes parameter gradients before the first micro-batch of each optimizer step, so
+// gradient accumulation and weights shared between layers (BERT's tied decoder) need no special
+// case. After a layer's backward has finished writing its own parameters' gradients, the
+// ctx.on_grad_ready hook is called for each of them (data parallelism starts bucket all-reduces
+// from it).
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace kiln {
+
+struct Parameter {
+  std::string name;  // full dotted name, PyTorch's ("layer1.0.conv1.weight")
+  Tensor value;      // working weights (f32; half in O2/O3 unless fp32_in_half)
+  Tensor grad;       // same shape and dtype as value; accumulated into
+  bool no_weight_decay = false;  // biases and norm parameters
+  bool fp32_in_half = false;     // norm parameters stay fp32 in O2
+};
+
+struct Buffer {
+  std::string name;  // "bn1.running_mean"
+  Tensor value;      // always fp32
+};
+
+// The precision a forward/backward runs at; optim/amp derives it from the opt level.
+struct PrecisionPolicy {
+  DType activation = DType::F32;  // dtype of tensors passed between layers
+  DType matmul = DType::F32;      // GEMM and convolution inputs (fp32 accumulation always)
+  // O1 casts fp32 weights to `matmul` once per weights_version, not once per use.
+};
+
+struct Profiler;  // train/ supplies one to time layers; layers only forward it.
+
+struct Context {
+  Device device = Device::cpu();
+  bool training = true;
+  PrecisionPolicy precision;
+  std::uint64_t seed = 0;             // key of the counter-based RNG (dropout)
+  std::uint64_t step = 0;             // the same step replays the same dropout masks
+  std::uint64_t weights_version = 0;  // bumped by the optimizer after each update
+  bool channels_last = false;         // NHWC activations for convolutional models
+  Tensor attention_mask;              // (B, T) of 1 (attend) / 0 (padding), optional
+  std::function<void(Parameter&)> on_grad_ready;
+  std::function<void(const std::string& layer, bool forward, bool begin)> on_layer;  // profiling
+};
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+  Layer() = default;
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+
+  // Public entry points: add NVTX ranges and profiling, then run the implementation.
+  Tensor forward(Context& ctx, const Tensor& x);
+  Tensor backward(Context& ctx, const Tensor& dy);
+
+  virtual std::string type() const = 0;  // "Linear"
+  // Output shape for an input shape (batch included), for `kiln model` and checks.
+  virtual Shape output_shape(const Shape& input) const = 0;
+  // Forward multiply-adds x 2 for one input of this shape (batch included); backward is taken
+  // as twice the forward.
+  virtual double forward_flops(const Shape& input) const { (void)input; return 0; }
+
+  const std::string& name() const { return name_; }
+  // Every parameter of this layer and its children, each once, in registration order.
+  std::vector<Parameter*> parameters();
+  std::vector<Buffer*> buffers();
+  std::vector<Layer*> children();
+  std::int64_t parameter_count();
+
+  void set_training(bool training);
+  bool training() const { return training_; }
+  // Moves parameters and buffers to `device`; parameter values to `dtype` except fp32_in_half
+  // ones, which stay fp32. Gradients are allocated to match (zeroed).
+  void to(Device device, DType parameter_dtype = DType::F32);
+  // Sets this layer's and its children's full names under `prefix` (called by containers).
+  void set_name(const std::string& name);
+  // Deterministic initialisation (PyTorch's defaults unless a model says otherwise).
+  virtual void reset_parameters(std::uint64_t seed);
+
+ protected:
+  virtual Tensor forward_impl(Context& ctx, const Tensor& x) = 0;
+  virtual Tensor backward_impl(Context& ctx, const Tensor& dy) = 0;
+
+  // Registers a parameter named `local_name` (e.g. "weight"); value uninitialised, grad zero.
+  Parameter& add_parameter(const std::string& local_name, const Shape& shape,
+                           bool no_weight_decay = false, bool fp32_in_half = false);
+  Buffer& add_buffer(const std::string& local_name, const Shape& shape, double fill = 0.0);
+  template <typename L>
+  L& add_child(const std::string& local_name, std::unique_ptr<L> child) {
+    L& ref = *child;
+    children_.emplace_back(local_name, std::move(child));
+    return ref;
+  }
+  // A parameter owned by another layer and used here too (tied weights): listed once, by its owner.
+  void use_shared_parameter(Parameter* p) { shared_.push_back(p); }
+
+  // The parameters this layer itself owns (not its children's).
+  std::vector<std::unique_ptr<Parameter>>& own_parameters() { return params_; }
+  std::uint64_t layer_id() const { return layer_id_; }
+
+ private:
+  std::string name_;
+  bool training_ = true;
+  std::vector<std::unique_ptr<Parameter>> params_;
+  std::vector<std::string> param_local_names_;
+  std::vector<std::unique_ptr<Buffer>> buffers_;
+  std::vector<std::string> buffer_local_names_;
+  std::vector<std::pair<std::string, std::unique_ptr<Layer>>> children_;
+  std::vector<Parameter*> shared_;
+  std::uint64_t layer_id_ = next_layer_id();
+  static std::uint64_t next_layer_id();
+};
+
+// Applies children in order.
+class Sequential : public Layer {
+ public:
+  template <typename L>
+  L& add(const std::string& name, std::unique_ptr<L> layer) {
+    L& ref = add_child(name, std::move(layer));
+    order_.push_back(&ref);
+    return ref;
+  }
+  std::string type() const override { return "Sequential"; }
+  Shape output_shape(const Shape& input) const override;
+  double forward_flops(const Shape& input) const override;
+  const std::vector<Layer*>& layers() const { return order_; }
+
+ protected:
+  Tensor forward_impl(Context& ctx, const Tensor& x) override;
+  Tensor backward_impl(Context& ctx, const Tensor& dy) override;
+
+ private:
+  std::vector<Layer*> order_;
+};
+
+// y = body(x) + shortcut(x), where a null shortcut is the identity.
+class Residual : public Layer {
+ public:
+  Residual(std::unique_ptr<Layer> body, std::unique_ptr<Layer> shortcut = nullptr,
+           const std::string& body_name = "body", const std::string& shortcut_name = "shortcut");
+  std::string type() const override { return "Residual"; }
+  Shape output_shape(const Shape& input) const override;
+  double forward_flops(const Shape& input) const override;
+
+ protected:
+  Tensor forward_impl(Context& ctx, const Tensor& x) override;
+  Tensor backward_impl(Context& ctx, const Tensor& dy) override;
+
+ private:
+  Layer* body_;
+  Layer* shortcut_ = nullptr;
+};
+
+}  // namespace kiln

@@ -1,0 +1,53 @@
+#pragma once
+// Models: a network, what it takes as input, and what its loss is. Built by name through an
+// explicit registry (models/registry.cc); an unknown name lists the known ones.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "layers/layer.h"
+
+namespace kiln {
+
+struct ModelOptions {
+  std::string name = "mlp";
+  int num_classes = 10;
+  int image_size = 28;
+  int image_channels = 1;
+  bool cifar_stem = false;  // ResNet: 3x3 stride-1 stem without max-pool, for 32x32 images
+  double dropout = 0.1;     // transformers
+  std::vector<int> mlp_hidden = {256, 128};
+  // BERT (HuggingFace BertConfig defaults)
+  int vocab_size = 30522;
+  int seq_len = 128;
+  int hidden_size = 768;
+  int num_layers = 12;
+  int num_heads = 12;
+  int intermediate_size = 3072;
+  int max_position_embeddings = 512;
+  int type_vocab_size = 2;
+};
+
+enum class Task { Classification, MaskedLM };
+
+struct Model {
+  std::unique_ptr<Layer> net;
+  Shape sample_shape;                // one input sample: (C, H, W), (features) or (T)
+  DType input_dtype = DType::F32;    // F32 images and features, I64 token ids
+  Task task = Task::Classification;
+  int num_outputs = 0;               // classes, or the vocabulary for masked LM
+  // Output of net for a batch: (B, num_outputs) or (B, T, vocab) for masked LM.
+};
+
+Model make_model(const ModelOptions& options);  // throws InputError for an unknown name
+const std::vector<std::string>& model_names();
+
+// One per model family, implemented beside it.
+Model make_mlp(const ModelOptions& options);
+Model make_fashion_cnn(const ModelOptions& options);
+Model make_resnet(const ModelOptions& options, int depth);  // 18 or 50
+Model make_bert(const ModelOptions& options);
+Model make_vit_b16(const ModelOptions& options);
+
+}  // namespace kiln

@@ -1,0 +1,48 @@
+#include <functional>
+#include <map>
+
+#include "core/check.h"
+#include "layers/models/model.h"
+
+namespace kiln {
+namespace {
+
+using Factory = std::function<Model(const ModelOptions&)>;
+
+// Filled explicitly, not by static initialisers, so no model can go missing at link time.
+const std::map<std::string, Factory>& registry() {
+  static const std::map<std::string, Factory> table = {
+      {"mlp", make_mlp},
+      {"fashion_cnn", make_fashion_cnn},
+      {"resnet18", [](const ModelOptions& o) { return make_resnet(o, 18); }},
+      {"resnet50", [](const ModelOptions& o) { return make_resnet(o, 50); }},
+      {"bert_base", make_bert},
+      {"vit_b16", make_vit_b16},
+  };
+  return table;
+}
+
+}  // namespace
+
+const std::vector<std::string>& model_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const auto& [name, factory] : registry()) v.push_back(name);
+    return v;
+  }();
+  return names;
+}
+
+Model make_model(const ModelOptions& options) {
+  auto it = registry().find(options.name);
+  if (it == registry().end()) {
+    std::string known;
+    for (const auto& n : model_names()) known += (known.empty() ? "" : ", ") + n;
+    throw InputError("unknown model '" + options.name + "' (known: " + known + ")");
+  }
+  Model m = it->second(options);
+  m.net->set_name("");
+  return m;
+}
+
+}  // namespace kiln
