@@ -3,6 +3,8 @@
 
 #include <cudnn.h>
 
+#include <cstddef>
+
 namespace kiln::cuda {
 
 cudnnHandle_t cudnn_handle();

@@ -1,0 +1,317 @@
+#include "core/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace kiln {
+namespace {
+
+const char* safetensors_dtype(DType t) {
+  switch (t) {
+    case DType::F32: return "F32";
+    case DType::F64: return "F64";
+    case DType::F16: return "F16";
+    case DType::BF16: return "BF16";
+    case DType::I32: return "I32";
+    case DType::I64: return "I64";
+    case DType::U8: return "U8";
+  }
+  return "?";
+}
+
+bool dtype_from_safetensors(const std::string& s, DType* out) {
+  for (DType t : {DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64,
+                  DType::U8}) {
+    if (s == safetensors_dtype(t)) {
+      *out = t;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string json_quote(const std::string& s) {
+  std::string r = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') r += '\\';
+    r += c;
+  }
+  return r + "\"";
+}
+
+// A minimal JSON reader for safetensors headers: objects, arrays, strings, integers.
+struct JsonValue {
+  enum Kind { Object, Array, String, Number } kind = Number;
+  std::map<std::string, JsonValue> object;
+  std::vector<JsonValue> array;
+  std::string string;
+  long long number = 0;
+};
+
+class JsonReader {
+ public:
+  JsonReader(const std::string& text, const std::string& file) : text_(text), file_(file) {}
+  JsonValue parse() {
+    JsonValue v = value();
+    skip_space();
+    if (pos_ != text_.size()) fail("trailing characters after the header object");
+    return v;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) {
+    throw InputError(file_ + ": corrupt safetensors header at byte " + std::to_string(pos_ + 8) +
+                     ": " + what);
+  }
+  void skip_space() {
+    while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) ++pos_;
+  }
+  char peek() {
+    skip_space();
+    if (pos_ >= text_.size()) fail("unexpected end of header");
+    return text_[pos_];
+  }
+  void expect(char c) {
+    if (peek() != c) fail(std::string("expected '") + c + "'");
+    ++pos_;
+  }
+  std::string string_literal() {
+    expect('"');
+    std::string s;
+    while (true) {
+      if (pos_ >= text_.size()) fail("unterminated string");
+      char c = text_[pos_++];
+      if (c == '"') break;
+      if (c == '\\') {
+        if (pos_ >= text_.size()) fail("unterminated escape");
+        char e = text_[pos_++];
+        switch (e) {
+          case 'n': s += '\n'; break;
+          case 't': s += '\t'; break;
+          case 'u':
+            if (pos_ + 4 > text_.size()) fail("bad \\u escape");
+            s += static_cast<char>(std::stoi(text_.substr(pos_, 4), nullptr, 16) & 0x7f);
+            pos_ += 4;
+            break;
+          default: s += e;
+        }
+      } else {
+        s += c;
+      }
+    }
+    return s;
+  }
+  JsonValue value() {
+    if (++depth_ > 16) fail("nesting too deep");
+    JsonValue v;
+    char c = peek();
+    if (c == '{') {
+      v.kind = JsonValue::Object;
+      ++pos_;
+      if (peek() == '}') {
+        ++pos_;
+      } else {
+        while (true) {
+          std::string k = string_literal();
+          expect(':');
+          v.object[k] = value();
+          if (peek() == ',') {
+            ++pos_;
+            continue;
+          }
+          expect('}');
+          break;
+        }
+      }
+    } else if (c == '[') {
+      v.kind = JsonValue::Array;
+      ++pos_;
+      if (peek() == ']') {
+        ++pos_;
+      } else {
+        while (true) {
+          v.array.push_back(value());
+          if (peek() == ',') {
+            ++pos_;
+            continue;
+          }
+          expect(']');
+          break;
+        }
+      }
+    } else if (c == '"') {
+      v.kind = JsonValue::String;
+      v.string = string_literal();
+    } else if (c == '-' || std::isdigit(static_cast<unsigned char>(c))) {
+      v.kind = JsonValue::Number;
+      std::size_t start = pos_;
+      if (text_[pos_] == '-') ++pos_;
+      while (pos_ < text_.size() && std::isdigit(static_cast<unsigned char>(text_[pos_]))) ++pos_;
+      if (pos_ - start > 18) fail("number too large");
+      v.number = std::stoll(text_.substr(start, pos_ - start));
+    } else {
+      fail(std::string("unexpected character '") + c + "'");
+    }
+    --depth_;
+    return v;
+  }
+  const std::string& text_;
+  const std::string& file_;
+  std::size_t pos_ = 0;
+  int depth_ = 0;
+};
+
+[[noreturn]] void io_failure(const std::string& path, const std::string& what) {
+  std::string reason = std::strerror(errno);
+  std::string hint = errno == ENOSPC ? " (the disk is full: free space or point checkpoint.dir "
+                                       "elsewhere)"
+                                     : "";
+  throw Error("cannot " + what + " " + path + ": " + reason + hint);
+}
+
+}  // namespace
+
+void write_file_atomically(const std::string& path, const std::string& bytes) {
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) io_failure(tmp, "create");
+  std::size_t written = 0;
+  while (written < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int saved = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      errno = saved;
+      io_failure(tmp, "write");
+    }
+    written += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    int saved = errno;
+    ::unlink(tmp.c_str());
+    errno = saved;
+    io_failure(tmp, "flush");
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int saved = errno;
+    ::unlink(tmp.c_str());
+    errno = saved;
+    io_failure(path, "rename into place");
+  }
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot open (" + std::strerror(errno) + ")");
+  std::ostringstream os;
+  os << in.rdbuf();
+  if (in.bad()) throw InputError(path + ": read error");
+  return os.str();
+}
+
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  std::string header = "{";
+  std::vector<Tensor> host;
+  std::size_t offset = 0;
+  bool first = true;
+  if (!metadata.empty()) {
+    header += "\"__metadata__\":{";
+    bool first_meta = true;
+    for (const auto& [k, v] : metadata) {
+      header += (first_meta ? "" : ",") + json_quote(k) + ":" + json_quote(v);
+      first_meta = false;
+    }
+    header += "}";
+    first = false;
+  }
+  for (const auto& [name, tensor] : tensors) {
+    Tensor h = tensor.to(Device::cpu()).contiguous();
+    std::string shape;
+    for (std::int64_t d : h.shape()) shape += (shape.empty() ? "" : ",") + std::to_string(d);
+    header += (first ? "" : ",") + json_quote(name) + ":{\"dtype\":\"" +
+              safetensors_dtype(h.dtype()) + "\",\"shape\":[" + shape +
+              "],\"data_offsets\":[" + std::to_string(offset) + "," +
+              std::to_string(offset + h.nbytes()) + "]}";
+    first = false;
+    offset += h.nbytes();
+    host.push_back(h);
+  }
+  header += "}";
+  while ((header.size() + 8) % 8 != 0) header += ' ';  // align the data to 8 bytes
+  std::string bytes;
+  bytes.reserve(8 + header.size() + offset);
+  std::uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) bytes += static_cast<char>((n >> (8 * i)) & 0xff);
+  bytes += header;
+  for (const Tensor& h : host) bytes.append(static_cast<const char*>(h.data()), h.nbytes());
+  write_file_atomically(path, bytes);
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  std::string bytes = read_file(path);
+  if (bytes.size() < 8) {
+    throw InputError(path + ": truncated safetensors file (" + std::to_string(bytes.size()) +
+                     " bytes, the header length alone needs 8)");
+  }
+  std::uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<std::uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+  if (n > bytes.size() - 8) {
+    throw InputError(path + ": safetensors header claims " + std::to_string(n) +
+                     " bytes but the file has " + std::to_string(bytes.size() - 8) +
+                     " after the length (truncated or not a safetensors file)");
+  }
+  std::string header = bytes.substr(8, n);
+  JsonValue root = JsonReader(header, path).parse();
+  if (root.kind != JsonValue::Object) throw InputError(path + ": safetensors header is not an object");
+  std::size_t data_start = 8 + n, data_size = bytes.size() - data_start;
+  SafetensorsFile out;
+  for (const auto& [name, entry] : root.object) {
+    if (name == "__metadata__") {
+      for (const auto& [k, v] : entry.object) out.metadata[k] = v.string;
+      continue;
+    }
+    auto bad = [&](const std::string& what) {
+      return InputError(path + ": tensor '" + name + "': " + what);
+    };
+    if (entry.kind != JsonValue::Object) throw bad("entry is not an object");
+    auto dt = entry.object.find("dtype"), sh = entry.object.find("shape"),
+         off = entry.object.find("data_offsets");
+    if (dt == entry.object.end() || sh == entry.object.end() || off == entry.object.end()) {
+      throw bad("needs dtype, shape and data_offsets");
+    }
+    DType dtype;
+    if (!dtype_from_safetensors(dt->second.string, &dtype)) {
+      throw bad("unsupported dtype '" + dt->second.string + "' (F32, F64, F16, BF16, I32, I64, U8)");
+    }
+    Shape shape;
+    for (const JsonValue& d : sh->second.array) {
+      if (d.kind != JsonValue::Number || d.number < 0) throw bad("bad shape");
+      shape.push_back(d.number);
+    }
+    if (off->second.array.size() != 2) throw bad("data_offsets needs two numbers");
+    long long begin = off->second.array[0].number, end = off->second.array[1].number;
+    if (begin < 0 || end < begin || static_cast<std::size_t>(end) > data_size) {
+      throw bad("data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                ") outside the " + std::to_string(data_size) + " data bytes (truncated file?)");
+    }
+    std::size_t expected = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype);
+    if (static_cast<std::size_t>(end - begin) != expected) {
+      throw bad("shape " + shape_str(shape) + " of " + dt->second.string + " needs " +
+                std::to_string(expected) + " bytes, offsets give " + std::to_string(end - begin));
+    }
+    Tensor t = Tensor::empty(shape, dtype);
+    if (expected > 0) std::memcpy(t.data(), bytes.data() + data_start + begin, expected);
+    out.tensors[name] = t;
+  }
+  return out;
+}
+
+}  // namespace kiln
