@@ -11,7 +11,7 @@
 
 #include "core/system_info.h"
 #include "launch/commands.h"
-#include "launch/json_writer.h"
+#include "core/json_writer.h"
 
 #if KILN_WITH_CUDA
 #include <nccl.h>

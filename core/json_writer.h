@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace kiln::launch {
+namespace kiln {
 
 class JsonWriter {
  public:
@@ -98,4 +98,4 @@ class JsonWriter {
   bool after_key_ = false;
 };
 
-}  // namespace kiln::launch
+}  // namespace kiln

@@ -1,0 +1,77 @@
+// Loading, overriding, validating and fingerprinting experiments (configs/kiln.proto).
+//
+// Typical use by the `kiln` command:
+//   Experiment exp = load_experiment(path, set_flags);      // parse + --set + defaults
+//   validate(exp, {world_size, cuda_available, path, set_flags});
+//   BatchPlan plan = plan_batches(exp, world_size);
+// Every failure is a ConfigError whose message names where the bad value came from
+// (FILE:LINE:COLUMN, or `--set path=value`), the field's dotted path and what is allowed.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "configs/kiln.pb.h"
+
+namespace kiln::config {
+
+// A bad experiment file, override or combination of fields. The `kiln` command maps it to
+// exit code 2.
+class ConfigError : public std::runtime_error {
+ public:
+  explicit ConfigError(const std::string& message) : std::runtime_error(message) {}
+};
+
+// What validation needs to know beyond the experiment itself.
+struct ValidationContext {
+  int world_size = 1;                  // ranks in the job
+  bool cuda_available = false;         // a CUDA device is usable by this process
+  std::string config_path;             // the file the experiment came from ("" when built in code)
+  std::vector<std::string> overrides;  // the `path=value` overrides applied, to blame them
+};
+
+// The batch arithmetic: global = per_gpu × accumulation × world_size.
+struct BatchPlan {
+  int per_gpu = 0;
+  int accumulation = 0;
+  std::int64_t global = 0;
+  int world_size = 0;
+};
+
+// Parses the text-format experiment at `path` (unknown fields rejected), applies each
+// `path=value` override in order, then fills every unset default (fill_defaults).
+Experiment load_experiment(const std::string& path, const std::vector<std::string>& overrides);
+
+// Parses experiment text; `source_name` names it in errors. Used by load_experiment.
+Experiment parse_experiment_text(const std::string& text, const std::string& source_name);
+
+// Applies one `dotted.path=value` override (see docs/configs.md for the value syntax).
+void apply_override(Experiment& experiment, const std::string& assignment);
+
+// Writes the documented default into every field left unset. `config_path` supplies the
+// default experiment name (its file name without ".pbtxt"). Idempotent.
+void fill_defaults(Experiment& experiment, const std::string& config_path = "");
+
+// Checks ranges and combinations; throws the first problem found as a ConfigError.
+// Expects an experiment that went through fill_defaults.
+void validate(const Experiment& experiment, const ValidationContext& context);
+
+// Per-GPU batch, accumulation steps and global batch for `world_size` ranks. Throws a
+// ConfigError when global_batch is set and does not divide.
+BatchPlan plan_batches(const Experiment& experiment, int world_size);
+
+// The effective experiment as protobuf text (fields at zero/false/"" are omitted, as
+// protobuf prints them), and as JSON with every field printed.
+std::string to_text(const Experiment& experiment);
+std::string to_json(const Experiment& experiment);
+
+// Stable 64-bit FNV-1a hash of the deterministic serialisation: equal on every rank that
+// loaded the same effective experiment, to detect ranks with differing configs.
+std::uint64_t experiment_hash(const Experiment& experiment);
+
+// The model names the schema accepts in model.name.
+const std::vector<std::string>& known_model_names();
+
+}  // namespace kiln::config

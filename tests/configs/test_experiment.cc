@@ -1,0 +1,509 @@
+// Tests of configs/experiment.h: the ready experiments, each kind of override, the batch
+// arithmetic, the fingerprint, and the bad experiments in tests/configs/bad/.
+#include "configs/experiment.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace kiln::config {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string source_dir() {
+  const char* from_ctest = std::getenv("KILN_SOURCE_DIR");
+  return from_ctest ? from_ctest : KILN_DEFAULT_SOURCE_DIR;
+}
+
+std::string configs_dir() {
+  return source_dir() + "/configs";
+}
+std::string bad_dir() {
+  return source_dir() + "/tests/configs/bad";
+}
+
+// A directory that exists, standing in for datasets absent from the test machine.
+std::string existing_dir() {
+  return fs::temp_directory_path().string();
+}
+
+// Writes `text` to a fresh file in the temporary directory and returns its path.
+std::string write_temp(const std::string& name, const std::string& text) {
+  const fs::path path = fs::temp_directory_path() / ("kiln_test_configs_" + name);
+  std::ofstream(path) << text;
+  return path.string();
+}
+
+// The message of the ConfigError `action` throws; fails the test when it throws none.
+template <typename Action>
+std::string error_of(Action action) {
+  try {
+    action();
+  } catch (const ConfigError& error) {
+    return error.what();
+  }
+  ADD_FAILURE() << "expected a ConfigError";
+  return "";
+}
+
+// ---------------------------------------------------------------------------------------
+// The ready experiments.
+
+TEST(ReadyConfigs, EveryFileLoadsAndValidatesForEightGpus) {
+  std::vector<std::string> paths;
+  for (const auto& entry : fs::directory_iterator(configs_dir())) {
+    if (entry.path().extension() == ".pbtxt") paths.push_back(entry.path().string());
+  }
+  ASSERT_GE(paths.size(), 5u);
+  for (const std::string& path : paths) {
+    SCOPED_TRACE(path);
+    // Datasets other than Fashion-MNIST are not on the test machine.
+    const Experiment as_written = load_experiment(path, {});
+    std::vector<std::string> overrides;
+    if (as_written.data().kind() != DataConfig::SYNTHETIC &&
+        !fs::exists(as_written.data().path())) {
+      overrides.push_back("data.path=" + existing_dir());
+    }
+    const Experiment experiment = load_experiment(path, overrides);
+    EXPECT_EQ(experiment.name(), fs::path(path).stem().string());
+    EXPECT_NO_THROW(validate(experiment, {8, true, path, overrides}));
+    const BatchPlan plan = plan_batches(experiment, 8);
+    EXPECT_EQ(plan.global, static_cast<std::int64_t>(plan.per_gpu) * plan.accumulation * 8);
+  }
+}
+
+TEST(ReadyConfigs, FashionMnistRunsOnOneCpu) {
+  const std::string path = configs_dir() + "/fashion_mnist.pbtxt";
+  const Experiment experiment = load_experiment(path, {});
+  EXPECT_EQ(experiment.model().name(), "fashion_cnn");
+  EXPECT_EQ(experiment.optimizer().kind(), OptimizerConfig::ADAMW);
+  EXPECT_EQ(experiment.data().path(), "/usr/share/datasets/fashion-mnist");
+  EXPECT_DOUBLE_EQ(experiment.train().epochs(), 2.0);
+  if (fs::exists(experiment.data().path())) {
+    EXPECT_NO_THROW(validate(experiment, {1, false, path, {}}));
+  }
+}
+
+TEST(ReadyConfigs, BertDerivesAccumulationFromGlobalBatch) {
+  const Experiment experiment = load_experiment(configs_dir() + "/bert_base.pbtxt", {});
+  EXPECT_EQ(experiment.optimizer().kind(), OptimizerConfig::LAMB);
+  EXPECT_EQ(experiment.precision().opt_level(), PrecisionConfig::O2);
+  EXPECT_FALSE(experiment.train().has_accumulation_steps());
+  const BatchPlan plan = plan_batches(experiment, 8);
+  EXPECT_EQ(plan.per_gpu, 64);
+  EXPECT_EQ(plan.accumulation, 8);
+  EXPECT_EQ(plan.global, 4096);
+  EXPECT_EQ(plan_batches(experiment, 4).accumulation, 16);
+}
+
+// ---------------------------------------------------------------------------------------
+// Defaults.
+
+TEST(Defaults, EmptyFileIsTheFashionMnistQuickStart) {
+  const Experiment experiment = load_experiment(write_temp("empty.pbtxt", ""), {});
+  EXPECT_EQ(experiment.name(), "kiln_test_configs_empty");
+  EXPECT_EQ(experiment.model().name(), "fashion_cnn");
+  EXPECT_EQ(experiment.model().image_size(), 28);
+  EXPECT_EQ(experiment.model().image_channels(), 1);
+  EXPECT_EQ(experiment.data().path(), "/usr/share/datasets/fashion-mnist");
+  EXPECT_DOUBLE_EQ(experiment.optimizer().lr(), 1e-3);
+  ASSERT_EQ(experiment.optimizer().betas_size(), 2);
+  EXPECT_DOUBLE_EQ(experiment.optimizer().betas(1), 0.999);
+  EXPECT_TRUE(experiment.optimizer().no_weight_decay_for_bias_and_norm());
+  EXPECT_TRUE(experiment.precision().loss_scale().dynamic());
+  EXPECT_DOUBLE_EQ(experiment.precision().loss_scale().init_scale(), 65536.0);
+  EXPECT_EQ(experiment.precision().loss_scale().growth_interval(), 2000);
+  EXPECT_DOUBLE_EQ(experiment.parallel().bucket_mb(), 25.0);
+  EXPECT_EQ(experiment.parallel().collective_timeout_s(), 600);
+  EXPECT_EQ(experiment.train().preemption_grace_s(), 120);
+  EXPECT_EQ(experiment.train().batch_per_gpu(), 32);
+  EXPECT_EQ(experiment.train().accumulation_steps(), 1);
+  EXPECT_DOUBLE_EQ(experiment.train().epochs(), 1.0);
+  EXPECT_EQ(experiment.checkpoint().keep_last(), 3);
+  EXPECT_EQ(experiment.logging().dir(), "runs/kiln_test_configs_empty");
+  EXPECT_EQ(experiment.checkpoint().dir(), "runs/kiln_test_configs_empty/checkpoints");
+}
+
+TEST(Defaults, DependOnKindsAndKeepExplicitValues) {
+  const std::string path =
+      write_temp("kinds.pbtxt",
+                 "optimizer { kind: SGD weight_decay: 0 }\nprecision { half: BF16 }\n"
+                 "data { kind: SYNTHETIC }\nmodel { name: \"resnet50\" }\n");
+  const Experiment experiment = load_experiment(path, {});
+  EXPECT_DOUBLE_EQ(experiment.optimizer().lr(), 0.1);
+  EXPECT_TRUE(experiment.optimizer().has_weight_decay());
+  EXPECT_DOUBLE_EQ(experiment.optimizer().weight_decay(), 0.0);
+  EXPECT_FALSE(experiment.precision().loss_scale().dynamic());
+  EXPECT_EQ(experiment.model().image_size(), 224);
+  EXPECT_EQ(experiment.model().num_classes(), 1000);
+  EXPECT_EQ(experiment.train().steps(), 100);
+  Experiment again = experiment;
+  fill_defaults(again, path);
+  EXPECT_EQ(experiment_hash(again), experiment_hash(experiment));
+}
+
+// ---------------------------------------------------------------------------------------
+// Overrides, one test per kind of value.
+
+class Overrides : public ::testing::Test {
+ protected:
+  std::string path_ = configs_dir() + "/fashion_mnist.pbtxt";
+  Experiment load(const std::vector<std::string>& overrides) {
+    return load_experiment(path_, overrides);
+  }
+};
+
+TEST_F(Overrides, Scalars) {
+  const Experiment experiment =
+      load({"optimizer.lr=3e-4", "train.batch_per_gpu=48", "train.seed=18446744073709551615",
+            "model.name=\"resnet18\"", "description=two words"});
+  EXPECT_DOUBLE_EQ(experiment.optimizer().lr(), 3e-4);
+  EXPECT_EQ(experiment.train().batch_per_gpu(), 48);
+  EXPECT_EQ(experiment.train().seed(), 18446744073709551615ull);
+  EXPECT_EQ(experiment.model().name(), "resnet18");
+  EXPECT_EQ(experiment.description(), "two words");
+}
+
+TEST_F(Overrides, Bools) {
+  const Experiment experiment =
+      load({"data.shuffle=false", "train.deterministic=yes", "logging.tensorboard=ON"});
+  EXPECT_FALSE(experiment.data().shuffle());
+  EXPECT_TRUE(experiment.data().has_shuffle());
+  EXPECT_TRUE(experiment.train().deterministic());
+  EXPECT_TRUE(experiment.logging().tensorboard());
+  const std::string message = error_of([&] { load({"data.shuffle=maybe"}); });
+  EXPECT_NE(message.find("--set data.shuffle=maybe"), std::string::npos) << message;
+  EXPECT_NE(message.find("true or false"), std::string::npos) << message;
+}
+
+TEST_F(Overrides, EnumsByNameIgnoringCase) {
+  const Experiment experiment = load({"optimizer.kind=lamb", "precision.half=Bf16"});
+  EXPECT_EQ(experiment.optimizer().kind(), OptimizerConfig::LAMB);
+  EXPECT_EQ(experiment.precision().half(), PrecisionConfig::BF16);
+  const std::string message = error_of([&] { load({"optimizer.kind=adam"}); });
+  EXPECT_NE(message.find("optimizer.kind"), std::string::npos) << message;
+  EXPECT_NE(message.find("one of ADAMW, SGD, LAMB"), std::string::npos) << message;
+}
+
+TEST_F(Overrides, NumbersOfTheWrongTypeOrRange) {
+  std::string message = error_of([&] { load({"train.batch_per_gpu=99999999999"}); });
+  EXPECT_NE(message.find("train.batch_per_gpu"), std::string::npos) << message;
+  EXPECT_NE(message.find("32-bit"), std::string::npos) << message;
+  message = error_of([&] { load({"train.steps=1.5"}); });
+  EXPECT_NE(message.find("'1.5' is not an integer"), std::string::npos) << message;
+  message = error_of([&] { load({"train.seed=-1"}); });
+  EXPECT_NE(message.find("non-negative"), std::string::npos) << message;
+  message = error_of([&] { load({"optimizer.lr=fast"}); });
+  EXPECT_NE(message.find("a finite number"), std::string::npos) << message;
+}
+
+TEST_F(Overrides, NestedMessageFromTextFormat) {
+  const Experiment experiment =
+      load({"model.name=bert_base", "data.kind=synthetic",
+            "model.bert={hidden_size: 1024 num_layers: 24 num_heads: 16}"});
+  EXPECT_EQ(experiment.model().bert().hidden_size(), 1024);
+  EXPECT_EQ(experiment.model().bert().num_layers(), 24);
+  EXPECT_EQ(experiment.model().bert().intermediate_size(), 4096);  // default follows hidden
+  EXPECT_EQ(experiment.model().bert().vocab_size(), 30522);
+  const std::string message = error_of([&] { load({"model.bert={hidden: 1}"}); });
+  EXPECT_NE(message.find("no field hidden"), std::string::npos) << message;
+  EXPECT_NE(message.find("hidden_size"), std::string::npos) << message;
+}
+
+TEST_F(Overrides, RepeatedScalarsAsCommaLists) {
+  Experiment experiment = load({"optimizer.betas=0.9,0.98"});
+  ASSERT_EQ(experiment.optimizer().betas_size(), 2);
+  EXPECT_DOUBLE_EQ(experiment.optimizer().betas(1), 0.98);
+  experiment = load({"data.augmentation.normalize_mean=[0.5, 0.25, 0.125]"});
+  ASSERT_EQ(experiment.data().augmentation().normalize_mean_size(), 3);
+  EXPECT_FLOAT_EQ(experiment.data().augmentation().normalize_mean(2), 0.125f);
+  experiment = load({"optimizer.betas=0.9,0.98", "optimizer.betas[1]=0.95"});
+  EXPECT_DOUBLE_EQ(experiment.optimizer().betas(1), 0.95);
+  experiment = load({"data.augmentation.normalize_mean="});  // empties the list
+  EXPECT_EQ(experiment.data().augmentation().normalize_mean_size(), 0);
+  // A bad element leaves the list as it was.
+  const std::string message = error_of([&] { load({"optimizer.betas=0.9,x"}); });
+  EXPECT_NE(message.find("'x' is not a finite number"), std::string::npos) << message;
+}
+
+TEST_F(Overrides, RepeatedMessages) {
+  Experiment experiment =
+      load({"optimizer.param_groups={name_pattern: \"*.bias\" lr_multiplier: 2}",
+            "optimizer.param_groups[0].weight_decay=0.5",
+            "optimizer.param_groups[1].name_pattern=*.gamma"});
+  ASSERT_EQ(experiment.optimizer().param_groups_size(), 2);
+  EXPECT_EQ(experiment.optimizer().param_groups(0).name_pattern(), "*.bias");
+  EXPECT_DOUBLE_EQ(experiment.optimizer().param_groups(0).lr_multiplier(), 2.0);
+  EXPECT_DOUBLE_EQ(experiment.optimizer().param_groups(0).weight_decay(), 0.5);
+  EXPECT_EQ(experiment.optimizer().param_groups(1).name_pattern(), "*.gamma");
+  EXPECT_DOUBLE_EQ(experiment.optimizer().param_groups(1).lr_multiplier(), 1.0);
+  const std::string message =
+      error_of([&] { load({"optimizer.param_groups[3].lr_multiplier=2"}); });
+  EXPECT_NE(message.find("past the end; the list has 0 elements"), std::string::npos) << message;
+}
+
+TEST_F(Overrides, OneofMemberReplacesTheOther) {
+  const Experiment experiment = load({"train.steps=10"});
+  EXPECT_TRUE(experiment.train().has_steps());
+  EXPECT_EQ(experiment.train().steps(), 10);
+  EXPECT_FALSE(experiment.train().has_epochs());
+}
+
+TEST_F(Overrides, ApplyBeforeDefaults) {
+  const Experiment experiment =
+      load({"data.kind=CIFAR10",
+            "data.augmentation.normalize_mean=", "data.augmentation.normalize_std="});
+  EXPECT_EQ(experiment.model().image_size(), 28);  // the file sets 28 explicitly
+  const Experiment from_empty =
+      load_experiment(write_temp("cifar.pbtxt", ""), {"data.kind=cifar10"});
+  EXPECT_EQ(from_empty.model().image_size(), 32);
+  EXPECT_EQ(from_empty.model().image_channels(), 3);
+  EXPECT_FALSE(from_empty.data().has_path());
+}
+
+TEST_F(Overrides, UnknownPathsListTheFieldsThatExist) {
+  std::string message = error_of([&] { load({"optimizer.learning_rate=0.1"}); });
+  EXPECT_NE(message.find("--set optimizer.learning_rate=0.1"), std::string::npos) << message;
+  EXPECT_NE(message.find("optimizer.learning_rate: no such field"), std::string::npos) << message;
+  EXPECT_NE(message.find("fields of optimizer: kind, lr, momentum"), std::string::npos) << message;
+  message = error_of([&] { load({"optimiser.lr=0.1"}); });
+  EXPECT_NE(message.find("did you mean optimizer?"), std::string::npos) << message;
+  EXPECT_NE(message.find("fields of the experiment: name, description, model"), std::string::npos)
+      << message;
+}
+
+TEST_F(Overrides, MalformedAssignments) {
+  EXPECT_NE(error_of([&] { load({"optimizer.lr"}); }).find("expected path=value"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { load({"optimizer.lr.x=1"}); }).find("not a message"), std::string::npos);
+  EXPECT_NE(error_of([&] { load({"optimizer..lr=1"}); }).find("empty field name"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { load({"optimizer.lr[0]=1"}); }).find("is not a list"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { load({"optimizer.param_groups.lr_multiplier=1"}); }).find("[N]"),
+            std::string::npos);
+}
+
+TEST_F(Overrides, ValidationBlamesTheOverride) {
+  const std::vector<std::string> overrides = {"optimizer.lr=0"};
+  const Experiment experiment = load(overrides);
+  const std::string message = error_of([&] { validate(experiment, {1, false, path_, overrides}); });
+  EXPECT_EQ(message.rfind("--set optimizer.lr=0: optimizer.lr = 0: must be > 0", 0), 0u) << message;
+}
+
+// ---------------------------------------------------------------------------------------
+// Reading files.
+
+TEST(Loading, MissingFileIsNamed) {
+  const std::string message = error_of([] { load_experiment("/nonexistent/kiln/exp.pbtxt", {}); });
+  EXPECT_NE(message.find("/nonexistent/kiln/exp.pbtxt"), std::string::npos) << message;
+  EXPECT_NE(message.find("no such file"), std::string::npos) << message;
+}
+
+TEST(Loading, DirectoryIsNotAnExperiment) {
+  const std::string message = error_of([] { load_experiment(existing_dir(), {}); });
+  EXPECT_NE(message.find("is a directory"), std::string::npos) << message;
+}
+
+// ---------------------------------------------------------------------------------------
+// Batch arithmetic.
+
+TEST(Batches, GlobalIsPerGpuTimesAccumulationTimesRanks) {
+  Experiment experiment;
+  experiment.mutable_train()->set_batch_per_gpu(16);
+  experiment.mutable_train()->set_accumulation_steps(3);
+  const BatchPlan plan = plan_batches(experiment, 4);
+  EXPECT_EQ(plan.per_gpu, 16);
+  EXPECT_EQ(plan.accumulation, 3);
+  EXPECT_EQ(plan.global, 192);
+  EXPECT_EQ(plan.world_size, 4);
+}
+
+TEST(Batches, IndivisibleGlobalSaysWhatWouldDivide) {
+  Experiment experiment;
+  experiment.mutable_train()->set_batch_per_gpu(32);
+  experiment.mutable_train()->set_global_batch(1000);
+  std::string message = error_of([&] { plan_batches(experiment, 8); });
+  EXPECT_NE(message.find("768 or 1024"), std::string::npos) << message;
+  EXPECT_NE(message.find("1000 / 8 = 125: 1, 5, 25, 125"), std::string::npos) << message;
+  message = error_of([&] { plan_batches(experiment, 3); });
+  EXPECT_NE(message.find("not even a multiple of the 3 ranks"), std::string::npos) << message;
+  experiment.mutable_train()->set_global_batch(1024);
+  EXPECT_EQ(plan_batches(experiment, 8).accumulation, 4);
+}
+
+// ---------------------------------------------------------------------------------------
+// Printing and fingerprints.
+
+TEST(Fingerprint, EqualForEqualExperimentsWhateverTheTextOrder) {
+  const Experiment a = load_experiment(
+      write_temp("order_a.pbtxt", "name: \"x\" optimizer { lr: 0.5 kind: SGD } train { steps: 5 }"),
+      {});
+  const Experiment b = load_experiment(
+      write_temp("order_b.pbtxt", "train { steps: 5 }\nname: \"x\" optimizer { kind: SGD }"),
+      {"optimizer.lr=0.5"});
+  EXPECT_EQ(experiment_hash(a), experiment_hash(b));
+  const Experiment c = load_experiment(
+      write_temp("order_c.pbtxt", "name: \"x\" optimizer { lr: 0.5 kind: SGD } train { steps: 6 }"),
+      {});
+  EXPECT_NE(experiment_hash(a), experiment_hash(c));
+  EXPECT_NE(experiment_hash(a),
+            experiment_hash(load_experiment(write_temp("order_a.pbtxt", ""), {"train.seed=1"})));
+}
+
+TEST(Fingerprint, TextRoundTripKeepsTheHash) {
+  const Experiment experiment = load_experiment(configs_dir() + "/vit_b16.pbtxt", {});
+  const std::string text = to_text(experiment);
+  EXPECT_NE(text.find("kind: JPEG_FOLDER"), std::string::npos) << text;
+  const Experiment reparsed = parse_experiment_text(text, "effective");
+  EXPECT_EQ(experiment_hash(reparsed), experiment_hash(experiment));
+}
+
+TEST(Printing, JsonPrintsEveryField) {
+  const Experiment experiment = load_experiment(configs_dir() + "/fashion_mnist.pbtxt", {});
+  const std::string json = to_json(experiment);
+  EXPECT_NE(json.find("\"batch_per_gpu\": 64"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"cifar_stem\": false"), std::string::npos) << json;  // a zero field
+  EXPECT_NE(json.find("\"kind\": \"ADAMW\""), std::string::npos) << json;
+}
+
+// ---------------------------------------------------------------------------------------
+// The bad experiments: each must fail with one message naming the file, the line and
+// column (where the file has them), the field and what is allowed.
+
+struct BadCase {
+  const char* file;
+  std::vector<std::string> fragments;  // each must appear in the message
+  int world_size = 8;
+  bool cuda_available = true;
+  // Point data.path at an existing directory, so a missing dataset does not mask the error.
+  bool substitute_data_path = true;
+};
+
+const std::vector<BadCase>& bad_cases() {
+  static const std::vector<BadCase> cases = {
+      // Parse errors.
+      {"unknown_field",
+       {":3:3: optimizer.learning_rate: no such field", "fields of optimizer: kind, lr"}},
+      {"typo_field", {":4:3: train.batch_per_gpus: no such field", "did you mean batch_per_gpu?"}},
+      {"unknown_section", {":2:1: optimiser: no such field", "did you mean optimizer?"}},
+      {"bad_enum",
+       {":3:9: data.kind: unknown value MNIST",
+        "allowed: FASHION_MNIST, CIFAR10, TOKENS, JPEG_FOLDER, SYNTHETIC"}},
+      {"bad_opt_level",
+       {":3:14: precision.opt_level: unknown value O4", "allowed: O0, O1, O2, O3"}},
+      {"unclosed_brace", {"unclosed_brace.pbtxt:4:1:", "(in model)"}},
+      {"string_for_int", {":3:18: Expected integer", "(field train.batch_per_gpu)"}},
+      {"int_out_of_range", {":3:18: Integer out of range", "(field train.batch_per_gpu)"}},
+      {"duplicate_field", {":4:3:", "specified multiple times", "(field optimizer.lr)"}},
+      {"steps_and_epochs", {":4:3:", "oneof", "(field train.epochs)"}},
+      {"fractional_steps", {":3:10: Expected integer", "(field train.steps)"}},
+      {"bad_bool", {":3:12:", "boolean", "(field data.shuffle)"}},
+      {"unknown_field_in_list",
+       {":5:31: optimizer.param_groups.lr_mult: no such field",
+        "fields of optimizer.param_groups: name_pattern, lr_multiplier"}},
+      // Validation errors.
+      {"lr_zero", {":4:3: optimizer.lr = 0: must be > 0"}},
+      {"lr_negative", {":2:13: optimizer.lr = -0.001: must be > 0"}},
+      {"unknown_model",
+       {":3:3: model.name = \"resnet34\": unknown model",
+        "allowed: mlp, fashion_cnn, resnet18, resnet50, bert_base, vit_b16"}},
+      {"accumulation_zero", {":4:3: train.accumulation_steps = 0: must be >= 1"}},
+      {"global_not_divisible",
+       {":4:3: train.global_batch = 1000", "32 × 8 = 256", "768 or 1024",
+        "1000 / 8 = 125: 1, 5, 25, 125"}},
+      {"global_mismatch", {":5:3: train.global_batch = 1024", "32 × 2 × 8 = 512"}},
+      {"o2_on_cpu", {":3:3: precision.opt_level = O2", "allows O0, or O1 with half BF16"}},
+      {"fp16_on_cpu", {":4:3: precision.half = FP16", "use BF16 or opt_level O0"}},
+      {"cuda_unavailable", {":3:3: train.device = CUDA", "no CUDA device"}, 1, false},
+      {"missing_data_path",
+       {":4:3: data.path = \"/nonexistent/kiln/fashion-mnist\": no such directory"},
+       8,
+       true,
+       false},
+      {"cifar_without_path",
+       {"cifar_without_path.pbtxt:3:1: data.path = \"\" (the default)", "required for CIFAR10"},
+       8,
+       true,
+       false},
+      {"eval_every_negative", {":3:3: train.eval_every = -5: must be >= 0"}},
+      {"keep_last_zero", {":3:3: checkpoint.keep_last = 0: must be >= 1"}},
+      {"beta_one", {":4:", "optimizer.betas[1] = 1: must be in [0, 1)"}},
+      {"one_beta", {":3:3: optimizer.betas = [0.9]", "exactly two values"}},
+      {"bert_on_images",
+       {":4:3: data.kind = FASHION_MNIST", "bert_base needs TOKENS or SYNTHETIC"}},
+      {"vit_image_size", {":4:3: model.image_size = 100", "multiple of the 16-pixel patch"}},
+      {"nccl_on_cpu", {":3:3: parallel.backend = NCCL", "use MPI or AUTO"}},
+      {"warmup_too_long", {":4:3: schedule.warmup_steps = 500", "less than train.steps = 100"}},
+      {"step_without_size",
+       {"step_without_size.pbtxt:2:1: schedule.step_size = 0 (the default)",
+        "must be >= 1 with kind STEP"}},
+      {"min_lr_above_lr", {":5:3: schedule.min_lr = 0.01", "[0, optimizer.lr = 0.001]"}},
+      {"normalize_channels",
+       {":4:5: data.augmentation.normalize_mean = [0.5, 0.5, 0.5]", "model.image_channels = 1"}},
+      {"normalize_std_zero", {":5:5: data.augmentation.normalize_std = [0]", "must be > 0"}},
+      {"dropout_one", {":3:3: model.dropout = 1: must be in [0, 1)"}},
+      {"backoff_above_one", {":4:5: precision.loss_scale.backoff_factor = 1.5", "(0, 1)"}},
+      {"synthetic_epochs", {":5:3: train.epochs = 2", "set train.steps instead"}},
+      {"resume_missing",
+       {":3:3: checkpoint.resume = \"/nonexistent/kiln/step-000100\"", "\"latest\""}},
+      {"nesterov_adamw", {":4:3: optimizer.nesterov = true", "SGD only"}},
+      {"bucket_zero", {":3:3: parallel.bucket_mb = 0", "(0, 1024]"}},
+      {"bert_heads", {":5:5: model.bert.hidden_size = 770", "model.bert.num_heads = 12"}},
+      {"bad_eval_split", {":3:3: data.eval_split = \"validation\"", "allowed: test, train, none"}},
+      {"empty_group_pattern",
+       {":3:3: optimizer.param_groups[0].name_pattern = \"\" (the default)", "required"}},
+      {"resized_crop_reversed",
+       {":4:5: data.augmentation.random_resized_crop_scale = [0.5, 0.1]", "0 < min <= max <= 1"}},
+      {"mlm_zero", {":5:3: data.mlm_probability = 0", "(0, 1)"}},
+      {"workers_negative", {":3:3: data.workers = -1", "[0, 256]"}},
+  };
+  return cases;
+}
+
+TEST(BadExperiments, EveryFileHasACaseAndThereAreAtLeastThirty) {
+  std::size_t files = 0;
+  for (const auto& entry : fs::directory_iterator(bad_dir())) {
+    if (entry.path().extension() != ".pbtxt") continue;
+    ++files;
+    const std::string stem = entry.path().stem().string();
+    bool covered = false;
+    for (const BadCase& bad : bad_cases()) covered = covered || stem == bad.file;
+    EXPECT_TRUE(covered) << entry.path() << " has no entry in bad_cases()";
+  }
+  EXPECT_EQ(files, bad_cases().size());
+  EXPECT_GE(files, 30u);
+}
+
+class BadExperiment : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(BadExperiment, IsRejectedNamingFileLineFieldAndAllowedValues) {
+  const BadCase& bad = GetParam();
+  const std::string path = bad_dir() + "/" + bad.file + ".pbtxt";
+  ASSERT_TRUE(fs::exists(path)) << path;
+  std::vector<std::string> overrides;
+  if (bad.substitute_data_path) overrides.push_back("data.path=" + existing_dir());
+  const std::string message = error_of([&] {
+    const Experiment experiment = load_experiment(path, overrides);
+    validate(experiment, {bad.world_size, bad.cuda_available, path, overrides});
+  });
+  // The message starts with the file's path: the location comes first.
+  EXPECT_EQ(message.rfind(path, 0), 0u) << message;
+  for (const std::string& fragment : bad.fragments) {
+    EXPECT_NE(message.find(fragment), std::string::npos)
+        << "missing \"" << fragment << "\" in: " << message;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Files, BadExperiment, ::testing::ValuesIn(bad_cases()),
+                         [](const ::testing::TestParamInfo<BadCase>& info) {
+                           return std::string(info.param.file);
+                         });
+
+}  // namespace
+}  // namespace kiln::config
