@@ -59,3 +59,15 @@ function(kiln_add_test name)
   set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
     ENVIRONMENT "KILN_SOURCE_DIR=${PROJECT_SOURCE_DIR};KILN_BINARY_DIR=${PROJECT_BINARY_DIR};NCCL_NVLS_ENABLE=0;OMPI_MCA_rmaps_base_oversubscribe=1")
 endfunction()
+
+# kiln_add_script_test(NAME SCRIPT LABELS ... [TIMEOUT s]): a process-level test (real `kiln`
+# runs, real mpirun, signals) written as a bash script; it gets the kiln binary as $1.
+function(kiln_add_script_test name)
+  cmake_parse_arguments(ARG "" "SCRIPT;TIMEOUT" "LABELS" ${ARGN})
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 600)
+  endif()
+  add_test(NAME ${name} COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/${ARG_SCRIPT} $<TARGET_FILE:kiln_cli>)
+  set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
+    ENVIRONMENT "KILN_SOURCE_DIR=${PROJECT_SOURCE_DIR};MPIEXEC=${MPIEXEC_EXECUTABLE};NCCL_NVLS_ENABLE=0;OMPI_MCA_rmaps_base_oversubscribe=1;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+endfunction()

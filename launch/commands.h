@@ -10,5 +10,11 @@ namespace kiln::launch {
 using Arguments = std::vector<std::string>;
 
 int run_info(const Arguments& args);
+int run_config(const Arguments& args);
+int run_model(const Arguments& args);
+int run_train(const Arguments& args);
+int run_eval(const Arguments& args);
+int run_bench(const Arguments& args);
+int run_autobatch(const Arguments& args);
 
 }  // namespace kiln::launch

@@ -7,6 +7,7 @@
 #include <iostream>
 #include <map>
 
+#include "configs/experiment.h"
 #include "core/check.h"
 #include "launch/commands.h"
 
@@ -20,6 +21,12 @@ struct Command {
 const std::map<std::string, Command>& commands() {
   static const std::map<std::string, Command> table = {
       {"info", {kiln::launch::run_info, "versions of Kiln and its libraries, and the GPUs"}},
+      {"config", {kiln::launch::run_config, "print the effective experiment (file + --set)"}},
+      {"model", {kiln::launch::run_model, "layers, parameters and FLOPs of a model"}},
+      {"train", {kiln::launch::run_train, "train an experiment (under mpirun for many GPUs)"}},
+      {"eval", {kiln::launch::run_eval, "evaluate a checkpoint on the eval split"}},
+      {"bench", {kiln::launch::run_bench, "training throughput on synthetic data"}},
+      {"autobatch", {kiln::launch::run_autobatch, "the largest per-GPU batch that fits"}},
   };
   return table;
 }
@@ -49,6 +56,9 @@ int main(int argc, char** argv) {
     return it->second.run(args);
   } catch (const boost::program_options::error& e) {
     std::cerr << "kiln " << argv[1] << ": " << e.what() << " (see kiln " << argv[1] << " --help)\n";
+    return 2;
+  } catch (const kiln::config::ConfigError& e) {
+    std::cerr << "kiln " << argv[1] << ": " << e.what() << "\n";
     return 2;
   } catch (const kiln::InputError& e) {
     std::cerr << "kiln " << argv[1] << ": " << e.what() << "\n";

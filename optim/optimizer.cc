@@ -1,1 +1,365 @@
-// Placeholder until this folder's first component lands.
+// Optimizer bookkeeping (groups, state, dispatch to the CPU loops or the CUDA multi-tensor
+// kernels) and global-norm clipping. The update arithmetic is in optim/update_rules.h.
+
+#include "optim/optimizer.h"
+
+#include <fnmatch.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/stream.h"
+
+namespace kiln::optim {
+namespace {
+
+bool glob_match(const std::string& pattern, const std::string& name) {
+  return fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
+}
+
+DType state_dtype(const Tensor& value) {
+  return value.dtype() == DType::F64 ? DType::F64 : DType::F32;
+}
+
+void check_tensor(const OptimizedTensor& t, Device device) {
+  KILN_CHECK(t.value.defined() && t.grad.defined(),
+             "optimizer: '" + t.name + "' has no value or grad");
+  KILN_CHECK(t.value.shape() == t.grad.shape(), "optimizer: '" + t.name + "' value " +
+                                                    shape_str(t.value.shape()) + " but grad " +
+                                                    shape_str(t.grad.shape()));
+  KILN_CHECK(t.value.is_contiguous() && t.grad.is_contiguous(),
+             "optimizer: '" + t.name + "' must be contiguous");
+  KILN_CHECK(is_floating(t.value.dtype()) && is_floating(t.grad.dtype()),
+             "optimizer: '" + t.name + "' is not floating point");
+  KILN_CHECK(t.value.device() == device && t.grad.device() == device,
+             "optimizer: '" + t.name + "' is on " + t.value.device().str() + ", others on " +
+                 device.str());
+  if (device.is_cuda()) {
+    KILN_CHECK(t.value.dtype() != DType::F64 && t.grad.dtype() != DType::F64,
+               "optimizer: f64 weights are CPU-only ('" + t.name + "')");
+  }
+  if (t.model_copy.defined()) {
+    KILN_CHECK(t.model_copy.shape() == t.value.shape() && t.model_copy.is_contiguous() &&
+                   t.model_copy.device() == device,
+               "optimizer: model copy of '" + t.name + "' must match its value");
+  }
+}
+
+std::vector<detail::TensorEntry> grad_entries(const std::vector<Tensor>& grads) {
+  std::vector<detail::TensorEntry> entries;
+  for (const Tensor& g : grads) {
+    KILN_CHECK(g.is_contiguous() && is_floating(g.dtype()),
+               "global_norm: " + g.str() + " must be contiguous floating");
+    detail::TensorEntry e;
+    e.value = g.data();
+    e.grad = g.data();
+    e.numel = g.numel();
+    e.value_dtype = static_cast<std::int32_t>(g.dtype());
+    e.grad_dtype = e.value_dtype;
+    entries.push_back(e);
+  }
+  return entries;
+}
+
+}  // namespace
+
+const char* optimizer_kind_name(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::SGD:
+      return "sgd";
+    case OptimizerKind::AdamW:
+      return "adamw";
+    case OptimizerKind::LAMB:
+      return "lamb";
+  }
+  return "?";
+}
+
+OptimizerKind optimizer_kind_from_name(const std::string& name) {
+  for (OptimizerKind k : {OptimizerKind::SGD, OptimizerKind::AdamW, OptimizerKind::LAMB}) {
+    if (name == optimizer_kind_name(k)) return k;
+  }
+  throw InputError("unknown optimizer '" + name + "' (known: sgd, adamw, lamb)");
+}
+
+std::pair<double, double> resolve_group(const std::string& name, bool no_weight_decay,
+                                        const OptimizerOptions& options) {
+  double lr_multiplier = 1.0, weight_decay = options.weight_decay;
+  for (const ParamGroupRule& rule : options.groups) {
+    if (glob_match(rule.pattern, name)) {
+      lr_multiplier = rule.lr_multiplier;
+      if (rule.weight_decay >= 0) weight_decay = rule.weight_decay;
+      break;
+    }
+  }
+  if (no_weight_decay && options.exclude_flagged_from_decay) weight_decay = 0.0;
+  return {lr_multiplier, weight_decay};
+}
+
+std::vector<OptimizedTensor> make_optimized_tensors(const std::vector<Parameter*>& params,
+                                                    const OptimizerOptions& options) {
+  std::vector<OptimizedTensor> out;
+  for (Parameter* p : params) {
+    OptimizedTensor t;
+    t.name = p->name;
+    t.value = p->value;
+    t.grad = p->grad;
+    t.no_weight_decay = p->no_weight_decay;
+    std::tie(t.lr_multiplier, t.weight_decay) = resolve_group(p->name, p->no_weight_decay, options);
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+Optimizer::Optimizer(std::vector<OptimizedTensor> tensors, const OptimizerOptions& options)
+    : tensors_(std::move(tensors)), options_(options), lr_(options.lr) {
+  if (options.lr < 0)
+    throw InputError("optimizer lr must be >= 0, got " + std::to_string(options.lr));
+  if (options.weight_decay < 0) {
+    throw InputError("optimizer weight_decay must be >= 0, got " +
+                     std::to_string(options.weight_decay));
+  }
+  if (options.max_grad_norm < 0) {
+    throw InputError("optimizer max_grad_norm must be >= 0 (0 = no clipping), got " +
+                     std::to_string(options.max_grad_norm));
+  }
+  if (!tensors_.empty()) device_ = tensors_.front().value.device();
+  for (const OptimizedTensor& t : tensors_) check_tensor(t, device_);
+  tensor_state_.resize(tensors_.size());
+  step_count_ = Tensor::zeros({1}, DType::I64);
+  state_.emplace_back("optimizer.step", std::make_unique<Tensor>(step_count_));
+}
+
+std::int64_t Optimizer::step_count() const {
+  return step_count_.data<std::int64_t>()[0];
+}
+
+Tensor& Optimizer::add_state(std::size_t i, const std::string& key) {
+  const OptimizedTensor& t = tensors_[i];
+  auto tensor =
+      std::make_unique<Tensor>(Tensor::zeros(t.value.shape(), state_dtype(t.value), device_));
+  Tensor* raw = tensor.get();
+  state_.emplace_back(t.name + "." + key, std::move(tensor));
+  tensor_state_[i].emplace_back(key, raw);
+  return *raw;
+}
+
+std::vector<std::pair<std::string, Tensor*>> Optimizer::state() {
+  std::vector<std::pair<std::string, Tensor*>> out;
+  for (auto& [name, tensor] : state_) out.emplace_back(name, tensor.get());
+  return out;
+}
+
+std::vector<detail::TensorEntry> Optimizer::entries(const std::vector<std::string>& state_keys) {
+  std::vector<detail::TensorEntry> out;
+  out.reserve(tensors_.size());
+  for (std::size_t i = 0; i < tensors_.size(); ++i) {
+    const OptimizedTensor& t = tensors_[i];
+    detail::TensorEntry e;
+    e.value = t.value.data();
+    e.grad = t.grad.data();
+    if (t.model_copy.defined()) {
+      e.copy = t.model_copy.data();
+      e.copy_dtype = static_cast<std::int32_t>(t.model_copy.dtype());
+    }
+    void** slots[3] = {&e.state0, &e.state1, &e.state2};
+    for (std::size_t k = 0; k < state_keys.size() && k < 3; ++k) {
+      for (auto& [key, tensor] : tensor_state_[i]) {
+        if (key == state_keys[k]) *slots[k] = tensor->data();
+      }
+    }
+    e.numel = t.value.numel();
+    e.lr_multiplier = t.lr_multiplier;
+    e.weight_decay = t.weight_decay;
+    e.value_dtype = static_cast<std::int32_t>(t.value.dtype());
+    e.grad_dtype = static_cast<std::int32_t>(t.grad.dtype());
+    e.adapt = t.no_weight_decay && options_.exclude_flagged_from_decay ? 0 : 1;
+    out.push_back(e);
+  }
+  return out;
+}
+
+double Optimizer::step(double grad_norm) {
+  if (options_.max_grad_norm > 0 && grad_norm < 0) {
+    std::vector<Tensor> grads;
+    for (const OptimizedTensor& t : tensors_) grads.push_back(t.grad);
+    grad_norm = global_norm(grads);
+  }
+  apply(grad_norm);
+  step_count_.data<std::int64_t>()[0] += 1;
+  return options_.max_grad_norm > 0 ? grad_norm : -1.0;
+}
+
+// torch.nn.utils.clip_grad_norm_'s coefficient, computed in float as torch does.
+static double clip_coefficient(double norm, double max_norm) {
+  if (max_norm <= 0 || !std::isfinite(norm)) return 1.0;
+  float coef = static_cast<float>(max_norm) / (static_cast<float>(norm) + 1e-6f);
+  return coef < 1.0f ? coef : 1.0;
+}
+
+Sgd::Sgd(std::vector<OptimizedTensor> tensors, const OptimizerOptions& options)
+    : Optimizer(std::move(tensors), options) {
+  if (options.momentum < 0) throw InputError("sgd momentum must be >= 0");
+  if (options.nesterov && (options.momentum <= 0 || options.dampening != 0)) {
+    throw InputError("sgd nesterov needs momentum > 0 and dampening 0 (as torch.optim.SGD)");
+  }
+  if (options.momentum != 0) {
+    for (std::size_t i = 0; i < tensors_.size(); ++i) add_state(i, "momentum_buffer");
+  }
+}
+
+void Sgd::apply(double grad_norm) {
+  detail::SgdStep s;
+  s.lr = lr_;
+  s.momentum = options_.momentum;
+  s.dampening = options_.dampening;
+  s.nesterov = options_.nesterov;
+  s.first_step = step_count() == 0;
+  s.grad_multiplier = clip_coefficient(grad_norm, options_.max_grad_norm);
+  auto list = entries({"momentum_buffer"});
+  if (device_.is_cpu()) {
+    detail::cpu_sgd(list, s);
+    return;
+  }
+#if KILN_WITH_CUDA
+  table_.set(std::move(list), device_);
+  detail::cuda_sgd(table_, s, current_stream(device_));
+#endif
+}
+
+static void check_betas(const OptimizerOptions& o, const char* who) {
+  if (!(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1)) {
+    throw InputError(std::string(who) + " betas must be in [0, 1), got (" +
+                     std::to_string(o.beta1) + ", " + std::to_string(o.beta2) + ")");
+  }
+  if (!(o.eps >= 0)) throw InputError(std::string(who) + " eps must be >= 0");
+}
+
+AdamW::AdamW(std::vector<OptimizedTensor> tensors, const OptimizerOptions& options)
+    : Optimizer(std::move(tensors), options) {
+  check_betas(options, "adamw");
+  for (std::size_t i = 0; i < tensors_.size(); ++i) {
+    add_state(i, "exp_avg");
+    add_state(i, "exp_avg_sq");
+    if (options.amsgrad) add_state(i, "max_exp_avg_sq");
+  }
+}
+
+void AdamW::apply(double grad_norm) {
+  detail::AdamWStep s;
+  s.lr = lr_;
+  s.beta1 = options_.beta1;
+  s.beta2 = options_.beta2;
+  s.eps = options_.eps;
+  s.step = step_count() + 1;
+  s.amsgrad = options_.amsgrad;
+  s.grad_multiplier = clip_coefficient(grad_norm, options_.max_grad_norm);
+  auto list = entries({"exp_avg", "exp_avg_sq", "max_exp_avg_sq"});
+  if (device_.is_cpu()) {
+    detail::cpu_adamw(list, s);
+    return;
+  }
+#if KILN_WITH_CUDA
+  table_.set(std::move(list), device_);
+  detail::cuda_adamw(table_, s, current_stream(device_));
+#endif
+}
+
+Lamb::Lamb(std::vector<OptimizedTensor> tensors, const OptimizerOptions& options)
+    : Optimizer(std::move(tensors), options) {
+  check_betas(options, "lamb");
+  for (std::size_t i = 0; i < tensors_.size(); ++i) {
+    add_state(i, "exp_avg");
+    add_state(i, "exp_avg_sq");
+  }
+}
+
+void Lamb::apply(double grad_norm) {
+  detail::LambStep s;
+  s.lr = lr_;
+  s.beta1 = options_.beta1;
+  s.beta2 = options_.beta2;
+  s.eps = options_.eps;
+  s.step = step_count() + 1;
+  s.bias_correction = options_.bias_correction;
+  if (options_.max_grad_norm > 0 && std::isfinite(grad_norm) &&
+      grad_norm > options_.max_grad_norm) {
+    s.clip_divisor = grad_norm / options_.max_grad_norm;
+  }
+  auto list = entries({"exp_avg", "exp_avg_sq"});
+  if (device_.is_cpu()) {
+    detail::cpu_lamb(list, s);
+    return;
+  }
+#if KILN_WITH_CUDA
+  table_.set(std::move(list), device_);
+  detail::cuda_lamb(table_, s, current_stream(device_));
+#endif
+}
+
+std::unique_ptr<Optimizer> make_optimizer(std::vector<OptimizedTensor> tensors,
+                                          const OptimizerOptions& options) {
+  switch (options.kind) {
+    case OptimizerKind::SGD:
+      return std::make_unique<Sgd>(std::move(tensors), options);
+    case OptimizerKind::AdamW:
+      return std::make_unique<AdamW>(std::move(tensors), options);
+    case OptimizerKind::LAMB:
+      return std::make_unique<Lamb>(std::move(tensors), options);
+  }
+  throw InputError("unknown optimizer kind");
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const std::vector<Parameter*>& params,
+                                          const OptimizerOptions& options) {
+  return make_optimizer(make_optimized_tensors(params, options), options);
+}
+
+double global_norm(const std::vector<Tensor>& tensors) {
+  if (tensors.empty()) return 0.0;
+  Device device = tensors.front().device();
+  auto list = grad_entries(tensors);
+  if (device.is_cpu()) {
+    bool found_inf = false;
+    return std::sqrt(detail::cpu_unscale_check_sumsq(list, 1.0, false, &found_inf));
+  }
+#if KILN_WITH_CUDA
+  detail::MultiTensorTable table;
+  table.set(std::move(list), device);
+  Tensor stats = Tensor::zeros({2}, DType::F32, device);  // found_inf, norm
+  void* stream = current_stream(device);
+  detail::cuda_unscale_check_sumsq(table, 1.0f, false, static_cast<float*>(stats.data()), stream);
+  detail::cuda_partials_norm(table, static_cast<float*>(stats.data()) + 1, stream);
+  return stats.to_vector<float>()[1];
+#else
+  KILN_CHECK(false, "global_norm: tensors on " + device.str() + " in a build without CUDA");
+  return 0.0;
+#endif
+}
+
+double clip_grad_norm(const std::vector<Tensor>& grads, double max_norm) {
+  double norm = global_norm(grads);
+  double coef = clip_coefficient(norm, max_norm);
+  if (coef < 1.0) {
+    auto list = grad_entries(grads);
+    Device device = grads.front().device();
+    if (device.is_cpu()) {
+      detail::cpu_scale_grads(list, coef);
+    } else {
+#if KILN_WITH_CUDA
+      detail::MultiTensorTable table;
+      table.set(std::move(list), device);
+      detail::cuda_scale_grads(table, static_cast<float>(coef), current_stream(device));
+#endif
+    }
+  }
+  return norm;
+}
+
+double clip_grad_norm(const std::vector<Parameter*>& params, double max_norm) {
+  std::vector<Tensor> grads;
+  for (Parameter* p : params) grads.push_back(p->grad);
+  return clip_grad_norm(grads, max_norm);
+}
+
+}  // namespace kiln::optim

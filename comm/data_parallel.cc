@@ -1,0 +1,245 @@
+#include "comm/data_parallel.h"
+
+#include <sstream>
+
+#include "core/check.h"
+#include "core/stream.h"
+
+namespace kiln {
+namespace {
+
+constexpr std::size_t kOffsetAlignmentBytes = 256;
+
+std::uint64_t fnv1a(std::uint64_t h, const void* data, std::size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::uint64_t fnv1a(std::uint64_t h, const std::string& s) {
+  return fnv1a(h, s.data(), s.size() + 1);  // the terminator separates names
+}
+
+std::uint64_t fnv1a(std::uint64_t h, std::int64_t v) {
+  return fnv1a(h, &v, sizeof(v));
+}
+
+// rank 0's values reach every rank; a non-contiguous tensor goes through a contiguous copy.
+void broadcast_tensor(Communicator& comm, Tensor& t) {
+  if (t.is_contiguous()) {
+    comm.broadcast(t, 0);
+    return;
+  }
+  Tensor tmp = t.contiguous();
+  comm.broadcast(tmp, 0);
+  t.copy_from(tmp);
+}
+
+}  // namespace
+
+DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffer*> buffers,
+                           Communicator& comm, DataParallelOptions options)
+    : comm_(comm), options_(options), params_(std::move(parameters)), buffers_(std::move(buffers)) {
+  KILN_CHECK(options_.bucket_bytes > 0, "DataParallel bucket_bytes must be positive");
+  KILN_CHECK(!options_.reduce_in_half || is_half(options_.half_dtype),
+             std::string("DataParallel half_dtype must be f16 or bf16, got ") +
+                 dtype_name(options_.half_dtype));
+  const Device device = comm_.device();
+  for (Parameter* p : params_) {
+    KILN_CHECK(p != nullptr && p->value.defined(), "DataParallel got an undefined parameter");
+    KILN_CHECK(p->value.device() == device, "DataParallel on " + device.str() + ": parameter " +
+                                                p->name + " is " + p->value.str() +
+                                                " (move the model with model.to() first)");
+    KILN_CHECK(is_floating(p->value.dtype()), "parameter " + p->name + " is not floating point");
+  }
+  for (Buffer* b : buffers_) {
+    KILN_CHECK(b != nullptr && b->value.device() == device, "DataParallel on " + device.str() +
+                                                                ": buffer " + (b ? b->name : "?") +
+                                                                " is on another device");
+  }
+
+  // Layout: reverse registration order, one open bucket per dtype.
+  std::uint64_t hash = 14695981039346656037ull;
+  hash = fnv1a(hash, static_cast<std::int64_t>(options_.bucket_bytes));
+  hash = fnv1a(hash, static_cast<std::int64_t>(options_.reduce_in_half));
+  std::unordered_map<int, std::size_t> open;  // dtype -> bucket index
+  std::vector<std::int64_t> fill;             // elements used per bucket
+  for (auto it = params_.rbegin(); it != params_.rend(); ++it) {
+    Parameter* p = *it;
+    KILN_CHECK(slots_.count(p) == 0, "parameter " + p->name + " passed to DataParallel twice");
+    const DType dtype = p->grad.defined() ? p->grad.dtype() : p->value.dtype();
+    const std::int64_t align = static_cast<std::int64_t>(kOffsetAlignmentBytes / dtype_size(dtype));
+    const std::int64_t n = p->value.numel();
+    const std::int64_t padded = (n + align - 1) / align * align;
+    const int key = static_cast<int>(dtype);
+    auto found = open.find(key);
+    if (found == open.end() ||
+        static_cast<std::size_t>(fill[found->second] + padded) * dtype_size(dtype) >
+            options_.bucket_bytes) {
+      Bucket b;
+      b.dtype = dtype;
+      buckets_.push_back(std::move(b));
+      fill.push_back(0);
+      open[key] = buckets_.size() - 1;
+      found = open.find(key);
+    }
+    const std::size_t bi = found->second;
+    buckets_[bi].params.push_back(p);
+    buckets_[bi].offsets.push_back(fill[bi]);
+    slots_[p] = Slot{bi, ready_.size()};
+    ready_.push_back(0);
+    fill[bi] += padded;
+    hash = fnv1a(hash, p->name);
+    hash = fnv1a(hash, static_cast<std::int64_t>(dtype));
+    for (std::int64_t s : p->value.shape()) hash = fnv1a(hash, s);
+    hash = fnv1a(hash, static_cast<std::int64_t>(bi));
+  }
+  layout_hash_ = hash;
+  comm_.check_same_on_all_ranks(layout_hash_,
+                                "the DataParallel gradient bucket layout (parameter names, "
+                                "shapes, dtypes and bucket size)");
+
+  // Flat buffers; each gradient becomes a view into its bucket, keeping its current values.
+  for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
+    Bucket& b = buckets_[bi];
+    b.flat = Tensor::zeros({fill[bi]}, b.dtype, device);
+    if (options_.reduce_in_half && b.dtype == DType::F32) {
+      b.staging = Tensor::empty({fill[bi]}, options_.half_dtype, device);
+    }
+    for (std::size_t i = 0; i < b.params.size(); ++i) {
+      Parameter* p = b.params[i];
+      const std::int64_t n = p->value.numel();
+      Tensor view = b.flat.slice(0, b.offsets[i], b.offsets[i] + n).view(p->value.shape());
+      if (p->grad.defined()) {
+        KILN_CHECK(
+            p->grad.shape() == p->value.shape(),
+            "parameter " + p->name + ": grad " + p->grad.str() + " for value " + p->value.str());
+        view.copy_from(p->grad);
+      }
+      p->grad = view;
+    }
+  }
+  reset_step();
+
+  if (options_.broadcast_at_start) {
+    broadcast_parameters();
+    broadcast_buffers();
+  }
+}
+
+std::function<void(Parameter&)> DataParallel::grad_ready_hook() {
+  return [this](Parameter& p) { on_grad_ready(p); };
+}
+
+void DataParallel::on_grad_ready(Parameter& p) {
+  if (micro_step_) return;
+  auto found = slots_.find(&p);
+  if (found == slots_.end()) return;  // not data-parallel (e.g. frozen): nothing to reduce
+  const Slot slot = found->second;
+  Bucket& bucket = buckets_[slot.bucket];
+  KILN_CHECK(p.grad.storage() == bucket.flat.storage(),
+             "the gradient of " + p.name +
+                 " was replaced after DataParallel was built (move the model and allocate its "
+                 "gradients before constructing DataParallel)");
+  if (ready_[slot.index]) {
+    KILN_CHECK(!bucket.launched,
+               "the gradient of " + p.name +
+                   " was reported ready twice in one step, after its bucket's all-reduce had "
+                   "started: a parameter used by several layers must be owned by the layer "
+                   "whose backward runs last");
+    return;
+  }
+  ready_[slot.index] = 1;
+  if (--bucket.pending == 0) launch_ready_buckets();
+}
+
+void DataParallel::launch_ready_buckets() {
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
+    launch(buckets_[next_launch_++]);
+  }
+}
+
+void DataParallel::launch(Bucket& bucket) {
+  // The bucket's gradients were written on the compute stream: the comm stream waits for them.
+  comm_.comm_stream_wait_for_current();
+  if (bucket.staging.defined()) {
+    void* stream = comm_.comm_stream();
+    if (stream != nullptr) {
+      StreamGuard guard(comm_.device(), stream);
+      bucket.staging.copy_from(bucket.flat);
+      comm_.all_reduce_on_comm_stream(bucket.staging, ReduceOp::Average);
+      bucket.flat.copy_from(bucket.staging);
+    } else {
+      bucket.staging.copy_from(bucket.flat);
+      comm_.all_reduce_on_comm_stream(bucket.staging, ReduceOp::Average);
+      bucket.flat.copy_from(bucket.staging);
+    }
+  } else {
+    comm_.all_reduce_on_comm_stream(bucket.flat, ReduceOp::Average);
+  }
+  bucket.launched = true;
+  ++bucket_all_reduces_;
+}
+
+void DataParallel::finish() {
+  if (micro_step_) return;
+  // Buckets whose hook never fired (unused parameters, or no hook installed) are reduced now,
+  // in bucket order, so every rank issues the same collectives.
+  for (Bucket& b : buckets_) b.pending = 0;
+  launch_ready_buckets();
+  comm_.current_stream_wait_for_comm();
+  reset_step();
+}
+
+void DataParallel::reset_step() {
+  for (Bucket& b : buckets_) {
+    b.pending = static_cast<int>(b.params.size());
+    b.launched = false;
+  }
+  std::fill(ready_.begin(), ready_.end(), 0);
+  next_launch_ = 0;
+}
+
+void DataParallel::set_accumulation_micro_step(bool micro_step) {
+  micro_step_ = micro_step;
+}
+
+void DataParallel::zero_grad() {
+  for (Bucket& b : buckets_) b.flat.zero();
+}
+
+void DataParallel::broadcast_parameters() {
+  for (Parameter* p : params_) broadcast_tensor(comm_, p->value);
+}
+
+void DataParallel::broadcast_buffers() {
+  for (Buffer* b : buffers_) broadcast_tensor(comm_, b->value);
+}
+
+std::vector<GradientBucketInfo> DataParallel::bucket_layout() const {
+  std::vector<GradientBucketInfo> out;
+  for (const Bucket& b : buckets_) {
+    GradientBucketInfo info;
+    info.dtype = b.dtype;
+    info.numel = b.flat.numel();
+    for (const Parameter* p : b.params) info.parameter_names.push_back(p->name);
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+std::string DataParallel::layout_summary() const {
+  std::ostringstream os;
+  for (std::size_t i = 0; i < buckets_.size(); ++i) {
+    const Bucket& b = buckets_[i];
+    os << "bucket " << i << ": " << dtype_name(b.dtype) << ", " << format_bytes(b.flat.nbytes())
+       << ", " << b.params.size() << " parameters (" << b.params.front()->name << " .. "
+       << b.params.back()->name << ")\n";
+  }
+  return os.str();
+}
+
+}  // namespace kiln

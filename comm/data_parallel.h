@@ -1,0 +1,118 @@
+#pragma once
+// DataParallel: synchronous data parallelism by bucketed gradient all-reduce, overlapped with
+// backward (PyTorch DDP's scheme).
+//
+// Construction (collective): parameters and buffers are broadcast from rank 0; every
+// Parameter::grad is REPLACED by a view into a flat bucket buffer (one per ~bucket_bytes, one
+// dtype per bucket). Parameters fill buckets in reverse registration order, which is roughly the
+// order backward produces their gradients; offsets are padded to 256 bytes. The layout depends
+// only on the parameters (names, shapes, dtypes) and the options, and ranks check that theirs
+// agree.
+//
+// One optimizer step:
+//   dp.zero_grad();                          // one fill per bucket
+//   ctx.on_grad_ready = dp.grad_ready_hook();
+//   for each micro-batch i of k:
+//     dp.set_accumulation_micro_step(i + 1 < k);   // no all-reduce on accumulation micro-steps
+//     forward; backward;   // a bucket whose last gradient is written is all-reduced (averaged
+//                          // over ranks) on the communication stream while backward goes on
+//   dp.finish();   // all-reduces buckets whose hook never fired (unused parameters), then makes
+//                  // the compute stream wait for every bucket; gradients are then averaged
+//   optimizer step
+//
+// Buckets are launched in bucket order on every rank (a bucket that is ready waits for the ones
+// before it), so ranks whose gradients become ready in different orders still issue the same
+// sequence of collectives.
+//
+// A gradient must be complete when its owner layer's backward calls the hook: a parameter shared
+// by several layers (tied weights) must be owned by the layer whose backward runs last.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "layers/layer.h"
+
+namespace kiln {
+
+struct DataParallelOptions {
+  std::size_t bucket_bytes = 25u << 20;  // 25 MiB; a larger parameter gets a bucket of its own
+  // All-reduce f32 gradients in half_dtype (half the traffic; sums rounded to half precision).
+  bool reduce_in_half = false;
+  DType half_dtype = DType::BF16;
+  // Broadcast parameters and buffers from rank 0 in the constructor.
+  bool broadcast_at_start = true;
+};
+
+struct GradientBucketInfo {
+  DType dtype = DType::F32;
+  std::int64_t numel = 0;                    // of the flat buffer, padding included
+  std::vector<std::string> parameter_names;  // in layout order
+};
+
+class DataParallel {
+ public:
+  // Collective. Parameters (values and grads) live on comm.device(); buffers too.
+  DataParallel(std::vector<Parameter*> parameters, std::vector<Buffer*> buffers, Communicator& comm,
+               DataParallelOptions options = {});
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  // For Context::on_grad_ready; it refers to this object, which must outlive its use.
+  std::function<void(Parameter&)> grad_ready_hook();
+  // Call once per optimizer step after the last backward (see above).
+  void finish();
+  // true: the coming backward only accumulates (no all-reduce, finish() does nothing).
+  void set_accumulation_micro_step(bool micro_step);
+  bool accumulation_micro_step() const { return micro_step_; }
+  // Zeroes every bucket (one fill per bucket) on the current stream.
+  void zero_grad();
+
+  // Collective: rank 0's values to every rank (e.g. BN running stats before eval/checkpoint).
+  void broadcast_buffers();
+  void broadcast_parameters();
+
+  std::size_t bucket_count() const { return buckets_.size(); }
+  std::vector<GradientBucketInfo> bucket_layout() const;
+  std::string layout_summary() const;  // one line per bucket
+  std::uint64_t layout_hash() const { return layout_hash_; }
+  // All-reduces started since construction (one per bucket per step): for tests and metrics.
+  std::uint64_t bucket_all_reduces() const { return bucket_all_reduces_; }
+  Communicator& communicator() { return comm_; }
+
+ private:
+  struct Bucket {
+    DType dtype;
+    Tensor flat;     // (numel,) the gradients' storage
+    Tensor staging;  // (numel,) half copy when reduce_in_half
+    std::vector<Parameter*> params;
+    std::vector<std::int64_t> offsets;
+    int pending = 0;  // parameters whose hook has not fired this step
+    bool launched = false;
+  };
+  struct Slot {
+    std::size_t bucket;
+    std::size_t index;  // into ready_
+  };
+  void on_grad_ready(Parameter& p);
+  void launch_ready_buckets();
+  void launch(Bucket& bucket);
+  void reset_step();
+
+  Communicator& comm_;
+  DataParallelOptions options_;
+  std::vector<Parameter*> params_;
+  std::vector<Buffer*> buffers_;
+  std::vector<Bucket> buckets_;
+  std::unordered_map<const Parameter*, Slot> slots_;
+  std::vector<char> ready_;
+  std::size_t next_launch_ = 0;
+  bool micro_step_ = false;
+  std::uint64_t layout_hash_ = 0;
+  std::uint64_t bucket_all_reduces_ = 0;
+};
+
+}  // namespace kiln

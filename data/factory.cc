@@ -1,0 +1,89 @@
+#include "data/factory.h"
+
+#include "core/check.h"
+#include "data/file_io.h"
+
+namespace kiln::data {
+
+namespace {
+
+ImageAugment fashion_mnist_augment() {
+  ImageAugment augment;
+  augment.normalization = Normalization{{0.2860f}, {0.3530f}};
+  return augment;
+}
+
+ImageAugment cifar10_augment() {
+  ImageAugment augment;
+  augment.crop_padding = 4;
+  augment.horizontal_flip = true;
+  augment.normalization = Normalization{{0.4914f, 0.4822f, 0.4465f}, {0.2470f, 0.2435f, 0.2616f}};
+  return augment;
+}
+
+void check_split(const std::string& kind, const std::string& split) {
+  if (split != "train" && split != "test" && split != "val") {
+    throw InputError("unknown split '" + split + "' for " + kind + " (known: train, test, val)");
+  }
+}
+
+std::string token_path(const std::string& path, const std::string& split) {
+  if (is_directory(path)) {
+    std::string file = join_path(path, split + ".tok");
+    if (!path_exists(file)) throw InputError(file + ": no such token file");
+    return file;
+  }
+  return path;
+}
+
+}  // namespace
+
+std::vector<std::string> dataset_kinds() {
+  return {"fashion_mnist", "mnist",      "cifar10",          "jpeg_folder",
+          "tokens_mlm",    "tokens_clm", "synthetic_images", "synthetic_tokens"};
+}
+
+std::shared_ptr<Dataset> make_dataset(const std::string& kind, const std::string& path,
+                                      const std::string& split, const DatasetOptions& options) {
+  check_split(kind, split);
+  if (kind == "fashion_mnist" || kind == "mnist") {
+    std::string dir = path;
+    if (dir.empty()) {
+      if (kind == "mnist") throw InputError("mnist needs the directory of its idx files");
+      dir = default_fashion_mnist_dir();
+    }
+    return load_mnist_dir(dir, split, options.image_augment.value_or(fashion_mnist_augment()),
+                          kind);
+  }
+  if (kind == "cifar10") {
+    return load_cifar10_dir(path, split, options.image_augment.value_or(cifar10_augment()));
+  }
+  if (kind == "jpeg_folder") {
+    std::string root = join_path(path, split);
+    if (!is_directory(root)) root = path;
+    return std::make_shared<JpegFolderDataset>(root, options.jpeg);
+  }
+  if (kind == "tokens_mlm" || kind == "tokens_clm") {
+    auto file = std::make_shared<const TokenFile>(read_token_file(token_path(path, split)));
+    if (kind == "tokens_mlm") {
+      return std::make_shared<MaskedLmDataset>(file, options.seq_len, options.masking);
+    }
+    return std::make_shared<CausalLmDataset>(file, options.seq_len);
+  }
+  // Synthetic test data differs from its training data by seed.
+  std::uint64_t seed = options.seed + (split == "train" ? 0 : 0x9e3779b97f4a7c15ull);
+  if (kind == "synthetic_images") {
+    return std::make_shared<SyntheticImageDataset>(options.synthetic_size, options.channels,
+                                                   options.height, options.width,
+                                                   options.num_classes, seed);
+  }
+  if (kind == "synthetic_tokens") {
+    return std::make_shared<SyntheticTokenDataset>(options.synthetic_size, options.seq_len,
+                                                   options.vocab_size, seed);
+  }
+  std::string known;
+  for (const std::string& k : dataset_kinds()) known += (known.empty() ? "" : ", ") + k;
+  throw InputError("unknown dataset kind '" + kind + "' (known: " + known + ")");
+}
+
+}  // namespace kiln::data

@@ -1,0 +1,130 @@
+#include "data/file_io.h"
+
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+#include "core/check.h"
+
+namespace kiln::data {
+
+void throw_file_error(const std::string& path, const std::string& what) {
+  throw InputError(path + ": " + what);
+}
+
+void throw_file_error(const std::string& path, std::uint64_t offset, const std::string& what) {
+  throw InputError(path + ": " + what + " (at byte " + std::to_string(offset) + ")");
+}
+
+bool path_exists(const std::string& path) {
+  struct stat info;
+  return ::stat(path.c_str(), &info) == 0;
+}
+
+bool is_directory(const std::string& path) {
+  struct stat info;
+  return ::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
+}
+
+std::string join_path(const std::string& a, const std::string& b) {
+  if (a.empty() || a.back() == '/') return a + b;
+  return a + "/" + b;
+}
+
+namespace {
+
+struct FileCloser {
+  void operator()(std::FILE* f) const { std::fclose(f); }
+};
+struct GzCloser {
+  void operator()(gzFile_s* f) const { gzclose(f); }
+};
+
+std::string errno_text() {
+  return std::strerror(errno);
+}
+
+std::vector<std::uint8_t> read_plain(const std::string& path) {
+  std::unique_ptr<std::FILE, FileCloser> file(std::fopen(path.c_str(), "rb"));
+  if (!file) throw_file_error(path, "cannot open: " + errno_text());
+  std::vector<std::uint8_t> bytes;
+  struct stat info;
+  if (::fstat(fileno(file.get()), &info) == 0 && info.st_size > 0) {
+    bytes.resize(static_cast<std::size_t>(info.st_size));
+  }
+  std::size_t got = std::fread(bytes.data(), 1, bytes.size(), file.get());
+  if (std::ferror(file.get())) throw_file_error(path, got, "read failed: " + errno_text());
+  bytes.resize(got);
+  return bytes;
+}
+
+std::vector<std::uint8_t> read_gzip(const std::string& path) {
+  std::unique_ptr<gzFile_s, GzCloser> file(gzopen(path.c_str(), "rb"));
+  if (!file) throw_file_error(path, "cannot open: " + errno_text());
+  gzbuffer(file.get(), 1 << 20);
+  std::vector<std::uint8_t> bytes(std::size_t{1} << 20);
+  std::size_t used = 0;
+  for (;;) {
+    if (used == bytes.size()) bytes.resize(bytes.size() * 2);
+    std::size_t want = std::min<std::size_t>(bytes.size() - used, 1u << 30);
+    int got = gzread(file.get(), bytes.data() + used, static_cast<unsigned>(want));
+    if (got < 0) {
+      int code = Z_OK;
+      const char* message = gzerror(file.get(), &code);
+      throw_file_error(path, used, std::string("corrupt gzip stream: ") + message);
+    }
+    if (got == 0) break;
+    used += static_cast<std::size_t>(got);
+  }
+  // A stream cut short reads as a clean end in some zlib versions: ask explicitly.
+  int code = Z_OK;
+  const char* message = gzerror(file.get(), &code);
+  if (code != Z_OK && code != Z_STREAM_END) {
+    throw_file_error(path, used, std::string("corrupt or truncated gzip stream: ") + message);
+  }
+  bytes.resize(used);
+  return bytes;
+}
+
+}  // namespace
+
+std::vector<std::uint8_t> read_file(const std::string& path) {
+  if (is_directory(path)) throw_file_error(path, "is a directory, expected a file");
+  std::unique_ptr<std::FILE, FileCloser> file(std::fopen(path.c_str(), "rb"));
+  if (!file) throw_file_error(path, "cannot open: " + errno_text());
+  unsigned char magic[2] = {0, 0};
+  std::size_t got = std::fread(magic, 1, 2, file.get());
+  file.reset();
+  if (got == 2 && magic[0] == 0x1f && magic[1] == 0x8b) return read_gzip(path);
+  return read_plain(path);
+}
+
+void write_file(const std::string& path, const void* bytes, std::size_t size, bool gzip) {
+  if (gzip) {
+    std::unique_ptr<gzFile_s, GzCloser> file(gzopen(path.c_str(), "wb"));
+    if (!file) throw_file_error(path, "cannot create: " + errno_text());
+    const auto* p = static_cast<const std::uint8_t*>(bytes);
+    std::size_t done = 0;
+    while (done < size) {
+      unsigned chunk = static_cast<unsigned>(std::min<std::size_t>(size - done, 1u << 30));
+      if (gzwrite(file.get(), p + done, chunk) != static_cast<int>(chunk)) {
+        throw_file_error(path, done, "gzip write failed");
+      }
+      done += chunk;
+    }
+    if (gzclose(file.release()) != Z_OK) throw_file_error(path, "gzip close failed");
+    return;
+  }
+  std::unique_ptr<std::FILE, FileCloser> file(std::fopen(path.c_str(), "wb"));
+  if (!file) throw_file_error(path, "cannot create: " + errno_text());
+  if (size > 0 && std::fwrite(bytes, 1, size, file.get()) != size) {
+    throw_file_error(path, "write failed: " + errno_text());
+  }
+  if (std::fclose(file.release()) != 0) throw_file_error(path, "close failed: " + errno_text());
+}
+
+}  // namespace kiln::data

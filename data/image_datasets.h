@@ -1,0 +1,141 @@
+#pragma once
+// Image classification datasets: in-memory 8-bit arrays (MNIST-format idx files, CIFAR-10
+// binary batches), folders of JPEG files by class (ImageNet layout), and synthetic images.
+// Every one yields float32 (C, H, W) normalised inputs and an int64 class id.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+#include "data/image_transform.h"
+
+namespace kiln::data {
+
+// N images of (C, H, W) uint8 pixels with a class id each, held in memory.
+class ImageArrayDataset : public Dataset {
+ public:
+  ImageArrayDataset(std::string name, std::vector<std::uint8_t> pixels,
+                    std::vector<std::uint8_t> labels, int channels, int height, int width,
+                    int num_classes, ImageAugment augment);
+
+  std::int64_t size() const override { return static_cast<std::int64_t>(labels_.size()); }
+  SampleSpec spec() const override;
+  std::string describe() const override;
+  std::int64_t num_classes() const override { return num_classes_; }
+  bool get(std::int64_t index, const SampleContext& context, void* input,
+           void* target) const override;
+
+  // The raw pixels of sample `index`, (C, H, W).
+  const std::uint8_t* pixels(std::int64_t index) const;
+  int label(std::int64_t index) const { return labels_[static_cast<std::size_t>(index)]; }
+
+ private:
+  std::string name_;
+  std::vector<std::uint8_t> pixels_;  // (N, C, H, W)
+  std::vector<std::uint8_t> labels_;  // (N)
+  int channels_, height_, width_, num_classes_;
+  ImageAugment augment_;
+};
+
+// An MNIST-format pair: idx3 ubyte images (N, H, W) and idx1 ubyte labels (N), each gzipped or
+// not. Labels must lie in [0, num_classes).
+std::unique_ptr<ImageArrayDataset> load_idx_dataset(const std::string& images_path,
+                                                    const std::string& labels_path, int num_classes,
+                                                    ImageAugment augment,
+                                                    const std::string& name = "idx");
+
+// Fashion-MNIST (or MNIST) from `dir`: split "train" reads train-*-idx?-ubyte[.gz], "test"
+// reads t10k-*.
+std::unique_ptr<ImageArrayDataset> load_mnist_dir(const std::string& dir, const std::string& split,
+                                                  ImageAugment augment,
+                                                  const std::string& name = "fashion_mnist");
+
+// The idx files Debian's dataset-fashion-mnist package installs.
+inline const char* default_fashion_mnist_dir() {
+  return "/usr/share/datasets/fashion-mnist";
+}
+
+// CIFAR-10 binary batches: 3073-byte records (label byte, 3072 CHW pixels). `files` are read in
+// order; load_cifar10_dir picks data_batch_1..5.bin ("train") or test_batch.bin ("test").
+constexpr int kCifarRecordBytes = 3073;
+std::unique_ptr<ImageArrayDataset> load_cifar10_files(const std::vector<std::string>& files,
+                                                      ImageAugment augment);
+std::unique_ptr<ImageArrayDataset> load_cifar10_dir(const std::string& dir,
+                                                    const std::string& split, ImageAugment augment);
+
+// What to do with an image that will not decode.
+enum class CorruptImagePolicy {
+  kFail,  // throw InputError naming the file
+  kSkip,  // count it (Dataset::skipped_samples) and let the loader take another sample
+};
+
+struct JpegFolderOptions {
+  int image_size = 224;  // output (3, image_size, image_size)
+  // Train: RandomResizedCrop(scale, ratio) + flip; eval: central crop of this share, resized.
+  double scale_min = 0.08, scale_max = 1.0;
+  double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;
+  double eval_crop_fraction = 0.875;
+  bool horizontal_flip = true;
+  // ImageNet statistics by default.
+  Normalization normalization{{0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f}};
+  CorruptImagePolicy on_corrupt = CorruptImagePolicy::kFail;
+};
+
+// root/<class>/*.jpg (ImageNet layout): classes are the sorted subdirectory names, ids 0..K-1;
+// files sorted by name within each class. Decoded with TurboJPEG on demand.
+class JpegFolderDataset : public Dataset {
+ public:
+  JpegFolderDataset(const std::string& root, JpegFolderOptions options);
+
+  std::int64_t size() const override { return static_cast<std::int64_t>(files_.size()); }
+  SampleSpec spec() const override;
+  std::string describe() const override;
+  std::int64_t num_classes() const override {
+    return static_cast<std::int64_t>(class_names_.size());
+  }
+  bool get(std::int64_t index, const SampleContext& context, void* input,
+           void* target) const override;
+
+  const std::vector<std::string>& class_names() const { return class_names_; }
+  const std::string& file(std::int64_t index) const { return files_[index]; }
+  int label(std::int64_t index) const { return labels_[index]; }
+
+ private:
+  std::string root_;
+  JpegFolderOptions options_;
+  std::vector<std::string> class_names_;
+  std::vector<std::string> files_;
+  std::vector<int> labels_;
+  std::vector<float> mean_, inv_std_;
+};
+
+// Decodes a JPEG in memory to interleaved RGB (H, W, 3). Returns false with `error` set when it
+// will not decode.
+bool decode_jpeg_rgb(const std::uint8_t* bytes, std::size_t size, std::vector<std::uint8_t>* rgb,
+                     int* width, int* height, std::string* error);
+// Encodes interleaved RGB (H, W, 3) as a JPEG (for tests and benchmarks).
+std::vector<std::uint8_t> encode_jpeg_rgb(const std::uint8_t* rgb, int width, int height,
+                                          int quality = 90);
+
+// Random images for benchmarks, a pure function of (seed, index): pixels uniform with mean 0
+// and variance 1 in float32 (C, H, W), and a uniform class id. No epoch dependence, no files.
+class SyntheticImageDataset : public Dataset {
+ public:
+  SyntheticImageDataset(std::int64_t size, int channels, int height, int width, int num_classes,
+                        std::uint64_t seed);
+  std::int64_t size() const override { return size_; }
+  SampleSpec spec() const override;
+  std::string describe() const override;
+  std::int64_t num_classes() const override { return num_classes_; }
+  bool get(std::int64_t index, const SampleContext& context, void* input,
+           void* target) const override;
+
+ private:
+  std::int64_t size_;
+  int channels_, height_, width_, num_classes_;
+  std::uint64_t seed_;
+};
+
+}  // namespace kiln::data

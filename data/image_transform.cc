@@ -1,0 +1,149 @@
+#include "data/image_transform.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "core/check.h"
+
+namespace kiln::data {
+
+void Normalization::expand(int channels, std::vector<float>* mean_out,
+                           std::vector<float>* inv_std_out) const {
+  auto spread = [channels](const std::vector<float>& values, float fallback, const char* name) {
+    if (values.empty()) return std::vector<float>(channels, fallback);
+    if (values.size() == 1) return std::vector<float>(channels, values[0]);
+    if (static_cast<int>(values.size()) != channels) {
+      throw InputError(std::string("normalisation ") + name + " has " +
+                       std::to_string(values.size()) + " values for " + std::to_string(channels) +
+                       " channels");
+    }
+    return values;
+  };
+  *mean_out = spread(mean, 0.0f, "mean");
+  std::vector<float> sd = spread(stddev, 1.0f, "stddev");
+  inv_std_out->resize(channels);
+  for (int c = 0; c < channels; ++c) {
+    if (!(sd[c] > 0.0f)) {
+      throw InputError("normalisation stddev must be positive, got " + std::to_string(sd[c]));
+    }
+    (*inv_std_out)[c] = 1.0f / sd[c];
+  }
+}
+
+void augment_image_chw(const std::uint8_t* src, int channels, int height, int width,
+                       const ImageAugment& augment, const SampleContext& context, float* dst) {
+  std::vector<float> mean, inv_std;
+  augment.normalization.expand(channels, &mean, &inv_std);
+  int pad = context.train ? augment.crop_padding : 0;
+  // The crop's top-left corner in padded coordinates, shifted back to the source's.
+  int shift_x = pad > 0 ? static_cast<int>(context.below(0, 2 * pad + 1)) - pad : 0;
+  int shift_y = pad > 0 ? static_cast<int>(context.below(1, 2 * pad + 1)) - pad : 0;
+  bool flip = context.train && augment.horizontal_flip && (context.word(2) & 1u);
+  constexpr float kScale = 1.0f / 255.0f;
+  for (int c = 0; c < channels; ++c) {
+    const std::uint8_t* plane = src + static_cast<std::size_t>(c) * height * width;
+    float* out = dst + static_cast<std::size_t>(c) * height * width;
+    float padded = (0.0f - mean[c]) * inv_std[c];  // a black padding pixel
+    for (int y = 0; y < height; ++y) {
+      int sy = y + shift_y;
+      float* row = out + static_cast<std::size_t>(y) * width;
+      if (sy < 0 || sy >= height) {
+        std::fill(row, row + width, padded);
+        continue;
+      }
+      const std::uint8_t* src_row = plane + static_cast<std::size_t>(sy) * width;
+      for (int x = 0; x < width; ++x) {
+        int sx = (flip ? width - 1 - x : x) + shift_x;
+        row[x] = (sx < 0 || sx >= width) ? padded : (src_row[sx] * kScale - mean[c]) * inv_std[c];
+      }
+    }
+  }
+}
+
+CropBox random_resized_crop_box(int width, int height, double scale_min, double scale_max,
+                                double ratio_min, double ratio_max, const SampleContext& context,
+                                std::uint64_t first_word) {
+  double area = static_cast<double>(width) * height;
+  double log_min = std::log(ratio_min), log_max = std::log(ratio_max);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    std::uint64_t w = first_word + 4 * attempt;
+    double target = area * (scale_min + (scale_max - scale_min) * context.uniform(w));
+    double ratio = std::exp(log_min + (log_max - log_min) * context.uniform(w + 1));
+    int crop_w = static_cast<int>(std::lround(std::sqrt(target * ratio)));
+    int crop_h = static_cast<int>(std::lround(std::sqrt(target / ratio)));
+    if (crop_w > 0 && crop_h > 0 && crop_w <= width && crop_h <= height) {
+      CropBox box;
+      box.width = crop_w;
+      box.height = crop_h;
+      box.x = static_cast<int>(context.below(w + 2, width - crop_w + 1));
+      box.y = static_cast<int>(context.below(w + 3, height - crop_h + 1));
+      return box;
+    }
+  }
+  // Fallback: the whole image cropped centrally to the nearest allowed aspect ratio.
+  double ratio = static_cast<double>(width) / height;
+  CropBox box{0, 0, width, height};
+  if (ratio < ratio_min) {
+    box.height = std::max(1, static_cast<int>(std::lround(width / ratio_min)));
+  } else if (ratio > ratio_max) {
+    box.width = std::max(1, static_cast<int>(std::lround(height * ratio_max)));
+  }
+  box.x = (width - box.width) / 2;
+  box.y = (height - box.height) / 2;
+  return box;
+}
+
+CropBox center_crop_box(int width, int height, double fraction) {
+  int side = std::max(1, static_cast<int>(std::lround(std::min(width, height) * fraction)));
+  return CropBox{(width - side) / 2, (height - side) / 2, side, side};
+}
+
+void resize_crop_hwc(const std::uint8_t* src, int width, int height, int channels, CropBox box,
+                     int out_width, int out_height, bool flip, const float* mean,
+                     const float* inv_std, float* dst) {
+  // Half-pixel centres (align_corners=false), clamped at the image border.
+  struct Tap {
+    int i0, i1;
+    float w1;
+  };
+  auto taps = [](int out, int start, int extent, int limit) {
+    std::vector<Tap> t(out);
+    double step = static_cast<double>(extent) / out;
+    for (int i = 0; i < out; ++i) {
+      double s = start + (i + 0.5) * step - 0.5;
+      s = std::clamp(s, 0.0, static_cast<double>(limit - 1));
+      int i0 = static_cast<int>(s);
+      int i1 = std::min(i0 + 1, limit - 1);
+      t[i] = Tap{i0, i1, static_cast<float>(s - i0)};
+    }
+    return t;
+  };
+  std::vector<Tap> xs = taps(out_width, box.x, box.width, width);
+  std::vector<Tap> ys = taps(out_height, box.y, box.height, height);
+  if (flip) std::reverse(xs.begin(), xs.end());
+  constexpr float kScale = 1.0f / 255.0f;
+  const std::size_t row_stride = static_cast<std::size_t>(width) * channels;
+  const std::size_t plane = static_cast<std::size_t>(out_width) * out_height;
+  for (int y = 0; y < out_height; ++y) {
+    const std::uint8_t* r0 = src + ys[y].i0 * row_stride;
+    const std::uint8_t* r1 = src + ys[y].i1 * row_stride;
+    float wy = ys[y].w1;
+    for (int x = 0; x < out_width; ++x) {
+      const Tap& t = xs[x];
+      const std::uint8_t* a = r0 + t.i0 * channels;
+      const std::uint8_t* b = r0 + t.i1 * channels;
+      const std::uint8_t* c = r1 + t.i0 * channels;
+      const std::uint8_t* d = r1 + t.i1 * channels;
+      for (int ch = 0; ch < channels; ++ch) {
+        float top = a[ch] + (b[ch] - a[ch]) * t.w1;
+        float bottom = c[ch] + (d[ch] - c[ch]) * t.w1;
+        float value = (top + (bottom - top) * wy) * kScale;
+        dst[ch * plane + static_cast<std::size_t>(y) * out_width + x] =
+            (value - mean[ch]) * inv_std[ch];
+      }
+    }
+  }
+}
+
+}  // namespace kiln::data

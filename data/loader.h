@@ -1,0 +1,148 @@
+#pragma once
+// DataLoader: worker threads assemble batches of a Dataset in (pinned) host memory, in an order
+// fixed by (seed, epoch, rank); with a CUDA device the batch is copied on a stream of its own
+// while the previous step computes.
+//
+// The batch stream is endless: after the last batch of epoch e comes the first of epoch e + 1
+// (Batch::last_in_epoch marks the boundary). state() is the position of the batch next() will
+// return; restore(state) on a loader built with the same options and dataset continues with
+// the identical batch sequence, whatever the worker count.
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/device.h"
+#include "core/stream.h"
+#include "core/tensor.h"
+#include "data/dataset.h"
+#include "data/sampler.h"
+
+namespace kiln::data {
+
+struct LoaderOptions {
+  std::int64_t batch_size = 32;
+  int workers = 2;   // threads loading batches; 0 loads on the thread calling next()
+  int prefetch = 4;  // batches loaded ahead of the consumer (at least 1)
+  bool shuffle = true;
+  std::uint64_t seed = 0;
+  bool drop_last = false;  // drop each epoch's final partial batch on every rank
+  ShardMode shard_mode = ShardMode::kPad;
+  int rank = 0;
+  int world_size = 1;
+  Device device = Device::cpu();  // where Batch tensors are delivered
+  bool train = true;              // random augmentation (SampleContext::train)
+};
+
+struct Batch {
+  Tensor inputs;   // (B, ...) e.g. f32 (B, C, H, W) images or i64 (B, T) token ids
+  Tensor targets;  // (B) i64 class ids or (B, T) i64 token labels
+  std::int64_t epoch = 0;
+  std::int64_t index = 0;  // batch index within the epoch on this rank
+  bool last_in_epoch = false;
+  std::vector<std::int64_t> sample_indices;  // the dataset index of every row
+  std::int64_t skipped_samples = 0;          // unreadable samples replaced in this batch
+  std::int64_t size() const { return static_cast<std::int64_t>(sample_indices.size()); }
+};
+
+// The data position for checkpoints.
+struct LoaderState {
+  std::uint64_t seed = 0;
+  std::int64_t epoch = 0;
+  std::int64_t next_batch = 0;         // batch index within `epoch`
+  std::int64_t batches_per_epoch = 0;  // checked on restore (batch or world size changed?)
+  std::string str() const;             // "epoch 3, batch 17 of 390, seed 42"
+};
+
+struct LoaderStats {
+  double wait_seconds = 0;  // time next() spent blocked waiting for a batch
+  std::int64_t batches = 0;
+  std::int64_t samples = 0;
+  std::int64_t skipped_samples = 0;  // unreadable samples replaced in the batches delivered
+};
+
+class DataLoader {
+ public:
+  DataLoader(std::shared_ptr<const Dataset> dataset, LoaderOptions options);
+  ~DataLoader();
+  DataLoader(const DataLoader&) = delete;
+  DataLoader& operator=(const DataLoader&) = delete;
+
+  // The next batch. With a CUDA device its tensors are on the device and the current stream
+  // already waits for their copy. Rethrows the InputError of a sample that failed to load.
+  Batch next();
+
+  std::int64_t epoch() const;  // the epoch of the batch next() returns
+  std::int64_t batches_per_epoch() const { return batches_per_epoch_; }
+  std::int64_t samples_per_epoch() const { return shard_size_; }  // on this rank
+  LoaderState state() const;
+  void restore(const LoaderState& state);  // InputError if the state does not fit
+  void set_epoch(std::int64_t epoch);      // start of `epoch`
+
+  double wait_time() const;  // LoaderStats::wait_seconds
+  LoaderStats stats() const;
+  const Dataset& dataset() const { return *dataset_; }
+  const LoaderOptions& options() const { return options_; }
+
+ private:
+  // A batch assembled in host memory (pinned when the device is CUDA), or the error that
+  // stopped it.
+  struct HostBatch {
+    std::int64_t global = 0;
+    Tensor inputs, targets;
+    std::shared_ptr<void> pinned;  // owns the pinned memory the tensors view
+    std::vector<std::int64_t> sample_indices;
+    std::int64_t skipped_samples = 0;
+    std::exception_ptr error;
+  };
+  // A batch whose copy to the device is in flight.
+  struct Staged {
+    Batch batch;
+    std::shared_ptr<void> pinned;
+    std::shared_ptr<Event> copied;
+    std::exception_ptr error;  // the batch failed to load: rethrown when it is its turn
+  };
+
+  void start_workers();
+  void stop_workers();
+  void worker_loop();
+  HostBatch produce(std::int64_t global_batch);
+  std::shared_ptr<const std::vector<std::int64_t>> epoch_order(std::int64_t epoch);
+  HostBatch take_ready(bool blocking, bool* got);
+  Batch deliver_host(HostBatch host);
+  void jump_to(std::int64_t global_batch);
+  void retire_copies(bool wait_all);
+  Staged stage_copy(HostBatch host);
+
+  std::shared_ptr<const Dataset> dataset_;
+  LoaderOptions options_;
+  SampleSpec spec_;
+  std::int64_t shard_size_ = 0;
+  std::int64_t batches_per_epoch_ = 0;
+
+  mutable std::mutex mutex_;
+  std::condition_variable work_cv_;   // workers: room to claim a batch, or stop
+  std::condition_variable ready_cv_;  // consumer: a batch is ready
+  std::vector<std::thread> workers_;
+  bool stopping_ = false;
+  std::uint64_t generation_ = 0;  // bumped by restore(); stale results are dropped
+  std::int64_t next_global_ = 0;  // global batch index (epoch * batches_per_epoch + batch)
+  std::int64_t claim_next_ = 0;   // next global batch a worker will load
+  std::map<std::int64_t, HostBatch> ready_;
+  std::map<std::int64_t, std::shared_ptr<const std::vector<std::int64_t>>> orders_;
+  LoaderStats stats_;
+
+  // CUDA delivery: copies issued ahead on copy_stream_, pinned memory kept until copied.
+  Stream copy_stream_;
+  std::deque<Staged> staged_;
+  std::deque<Staged> retiring_;
+};
+
+}  // namespace kiln::data

@@ -1,0 +1,150 @@
+// kiln bench --model M --batch B --amp O1|O2 [--half fp16|bf16] [--steps N] [--json] [--profile]:
+// training throughput on synthetic data (AdamW), median step time from CUDA events.
+
+#include <boost/program_options.hpp>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+
+#include "comm/world.h"
+#include "core/check.h"
+#include "configs/experiment.h"
+#include "core/device.h"
+#include "core/json_writer.h"
+#include "core/system_info.h"
+#include "launch/commands.h"
+#include "train/trainer.h"
+
+namespace po = boost::program_options;
+
+namespace kiln::launch {
+
+int run_bench(const Arguments& args) {
+  po::options_description options("kiln bench: training throughput on synthetic data");
+  options.add_options()("help,h", "show this help")(
+      "model", po::value<std::string>()->required(), "resnet50, bert_base, vit_b16, ...")(
+      "batch", po::value<int>()->required(), "samples per GPU")(
+      "amp", po::value<std::string>()->default_value("O2"), "O0, O1, O2 or O3")(
+      "half", po::value<std::string>()->default_value("fp16"), "fp16 or bf16")(
+      "steps", po::value<int>()->default_value(30), "timed steps")(
+      "warmup", po::value<int>()->default_value(10), "untimed steps first")(
+      "optimizer", po::value<std::string>()->default_value("adamw"), "adamw, lamb or sgd")(
+      "device", po::value<std::string>()->default_value("auto"), "auto, cpu or cuda")(
+      "set", po::value<std::vector<std::string>>()->composing(), "any experiment field")(
+      "profile", "forward and backward time per layer")("json", "print JSON");
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(options).run(), vm);
+  if (vm.count("help")) {
+    std::cout << "usage: kiln bench --model M --batch B [--amp O2] [--half fp16] [--steps N] [--json]\n"
+                 "       mpirun -np N kiln bench ...   (per-GPU and total figures)\n\n"
+              << options << "\n";
+    return 0;
+  }
+  po::notify(vm);
+  const World& world = init_world();
+  int code = 0;
+  try {
+    std::string amp = vm["amp"].as<std::string>(), half = vm["half"].as<std::string>();
+    std::string device = vm["device"].as<std::string>();
+    std::string optimizer = vm["optimizer"].as<std::string>();
+    int steps = vm["steps"].as<int>(), warmup = vm["warmup"].as<int>();
+    std::vector<std::string> overrides = {
+        "model.name=" + vm["model"].as<std::string>(),
+        "data.kind=SYNTHETIC",
+        "data.workers=2",
+        "train.batch_per_gpu=" + std::to_string(vm["batch"].as<int>()),
+        "train.steps=" + std::to_string(steps + warmup),
+        "train.device=" + device,
+        "precision.opt_level=" + amp,
+        "precision.half=" + half,
+        "optimizer.kind=" + optimizer,
+        "data.eval_split=none",
+        "logging.dir=/tmp/kiln-bench-" + std::to_string(world.rank),
+        "logging.jsonl=false",
+    };
+    if (vm.count("set")) {
+      for (const auto& o : vm["set"].as<std::vector<std::string>>()) overrides.push_back(o);
+    }
+    config::Experiment e;
+    for (const auto& o : overrides) config::apply_override(e, o);
+    config::fill_defaults(e);
+    config::validate(e, {world.size, cuda_device_count() > 0, "", overrides});
+    train::TrainerOptions to;
+    to.quiet = true;
+    train::Trainer trainer(e, world, to);
+    train::BenchResult r = trainer.benchmark(warmup, steps, vm.count("profile") > 0);
+    if (world.rank == 0) {
+      SystemInfo info = collect_system_info();
+      std::string gpu = info.gpus.empty() ? "cpu" : info.gpus[0].name;
+      if (vm.count("json")) {
+        JsonWriter j;
+        j.begin_object();
+        j.field("model", vm["model"].as<std::string>());
+        j.field("batch_per_gpu", vm["batch"].as<int>());
+        j.field("amp", amp);
+        j.field("half", half);
+        j.field("gpus", world.size);
+        j.field("device", gpu);
+        j.field("median_step_ms", r.median_ms);
+        j.field("samples_per_s", r.samples_per_s);
+        j.field("samples_per_s_per_gpu", r.samples_per_s / world.size);
+        j.field("gflop_per_step_per_gpu", r.flops_per_sample * vm["batch"].as<int>() / 1e9);
+        j.field("tflops_per_gpu", r.tflops_per_gpu);
+        j.field("mfu", r.mfu);
+        j.field("peak_allocated_bytes", static_cast<double>(r.peak_allocated_bytes));
+        j.field("peak_reserved_bytes", static_cast<double>(r.peak_reserved_bytes));
+        j.field("fragmentation", r.fragmentation);
+        j.field("raw_allocations_in_timed_steps", static_cast<double>(r.raw_allocations_in_timed_steps));
+        j.field("data_wait_fraction", r.data_wait_fraction);
+        j.key("layers");
+        j.begin_array();
+        for (const auto& l : r.layers) {
+          j.begin_object();
+          j.field("layer", l.layer);
+          j.field("forward_ms", l.forward_ms);
+          j.field("backward_ms", l.backward_ms);
+          j.end_object();
+        }
+        j.end_array();
+        j.end_object();
+        std::printf("%s\n", j.str().c_str());
+      } else {
+        std::printf("%s batch %d/GPU x %d GPU(s), %s %s on %s\n", vm["model"].as<std::string>().c_str(),
+                    vm["batch"].as<int>(), world.size, amp.c_str(), half.c_str(), gpu.c_str());
+        std::printf("  median step %.2f ms over %d steps; %.1f samples/s total, %.1f per GPU\n",
+                    r.median_ms, steps, r.samples_per_s, r.samples_per_s / world.size);
+        std::printf("  %.1f TFLOP/s per GPU (%.1f GFLOP/sample), MFU %.1f%%\n", r.tflops_per_gpu,
+                    r.flops_per_sample / 1e9, 100 * r.mfu);
+        std::printf("  peak memory %.2f GiB allocated, %.2f GiB reserved, fragmentation %.1f%%; "
+                    "%llu device allocations in timed steps; data wait %.2f%%\n",
+                    r.peak_allocated_bytes / 1073741824.0, r.peak_reserved_bytes / 1073741824.0,
+                    100 * r.fragmentation,
+                    static_cast<unsigned long long>(r.raw_allocations_in_timed_steps),
+                    100 * r.data_wait_fraction);
+        if (!r.layers.empty()) {
+          std::printf("\n  %-36s %12s %12s\n", "layer", "forward ms", "backward ms");
+          for (const auto& l : r.layers) {
+            std::printf("  %-36s %12.3f %12.3f\n", l.layer.c_str(), l.forward_ms, l.backward_ms);
+          }
+        }
+      }
+    }
+  } catch (const config::ConfigError& e) {
+    if (world.rank == 0) std::cerr << "kiln bench: " << e.what() << "\n";
+    code = 2;
+  } catch (const InputError& e) {
+    std::cerr << "kiln bench: " << e.what() << "\n";
+    code = 2;
+  } catch (const std::exception& e) {
+    std::cerr << "kiln bench: " << e.what() << "\n";
+    code = 1;
+  }
+  std::fflush(stdout);
+  if (code != 0 && world.size > 1) MPI_Abort(MPI_COMM_WORLD, code);
+  finalize_world();
+  return code;
+}
+
+}  // namespace kiln::launch

@@ -1,0 +1,157 @@
+// kiln train / kiln eval: run an experiment under mpirun (or alone as one rank).
+
+#include <boost/program_options.hpp>
+#include <mpi.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "comm/world.h"
+#include "core/check.h"
+#include "configs/experiment.h"
+#include "core/device.h"
+#include "launch/commands.h"
+#include "train/trainer.h"
+
+namespace po = boost::program_options;
+
+namespace kiln::launch {
+namespace {
+
+struct ExperimentArgs {
+  std::string config;
+  std::vector<std::string> overrides;
+  std::string resume;
+  bool quiet = false;
+  bool json = false;
+};
+
+po::options_description experiment_options(const std::string& title) {
+  po::options_description options(title);
+  options.add_options()("help,h", "show this help")(
+      "config", po::value<std::string>()->required(), "experiment file (protobuf text)")(
+      "set", po::value<std::vector<std::string>>()->composing(),
+      "override a field by its path: --set optimizer.lr=3e-4 (repeatable)")(
+      "resume", po::value<std::string>(), "continue from a checkpoint: latest, or a directory")(
+      "quiet", "no per-interval log lines")("json", "print the final result as JSON");
+  return options;
+}
+
+bool parse(const Arguments& args, const po::options_description& options, const char* usage,
+           ExperimentArgs* out) {
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(options).run(), vm);
+  if (vm.count("help")) {
+    std::cout << usage << "\n\n" << options << "\n";
+    return false;
+  }
+  po::notify(vm);
+  out->config = vm["config"].as<std::string>();
+  if (vm.count("set")) out->overrides = vm["set"].as<std::vector<std::string>>();
+  if (vm.count("resume")) out->resume = vm["resume"].as<std::string>();
+  out->quiet = vm.count("quiet") > 0;
+  out->json = vm.count("json") > 0;
+  return true;
+}
+
+// Runs `body` on every rank; an error on any rank is printed (configuration errors once, by
+// rank 0) and ends the whole job with MPI_Abort, so no rank waits forever in a collective.
+template <typename Body>
+int run_on_all_ranks(const char* command, Body body) {
+  const World& world = init_world();
+  int code = 0;
+  try {
+    code = body(world);
+  } catch (const config::ConfigError& e) {
+    if (world.rank == 0) std::cerr << "kiln " << command << ": " << e.what() << "\n";
+    code = 2;
+  } catch (const InputError& e) {
+    std::cerr << "kiln " << command << (world.size > 1 ? " [rank " + std::to_string(world.rank) + "]" : "")
+              << ": " << e.what() << "\n";
+    code = 2;
+  } catch (const std::exception& e) {
+    std::cerr << "kiln " << command << (world.size > 1 ? " [rank " + std::to_string(world.rank) + "]" : "")
+              << ": " << e.what() << "\n";
+    code = 1;
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  if (code != 0 && world.size > 1) MPI_Abort(MPI_COMM_WORLD, code);
+  finalize_world();
+  return code;
+}
+
+config::Experiment load_and_validate(const ExperimentArgs& a, const World& world) {
+  config::Experiment e = config::load_experiment(a.config, a.overrides);
+  config::validate(e, {world.size, cuda_device_count() > 0, a.config, a.overrides});
+  return e;
+}
+
+}  // namespace
+
+int run_train(const Arguments& args) {
+  auto options = experiment_options("kiln train: train an experiment");
+  ExperimentArgs a;
+  if (!parse(args, options,
+             "usage: kiln train --config FILE [--set path=value ...] [--resume latest|DIR]\n"
+             "       mpirun -np N kiln train --config FILE ...   (one rank per GPU)",
+             &a)) {
+    return 0;
+  }
+  return run_on_all_ranks("train", [&](const World& world) {
+    config::Experiment e = load_and_validate(a, world);
+    train::install_preemption_handlers();
+    train::TrainerOptions to;
+    to.config_path = a.config;
+    to.resume = a.resume;
+    to.quiet = a.quiet;
+    train::Trainer trainer(e, world, to);
+    train::TrainResult r = trainer.train();
+    if (world.rank == 0) {
+      if (a.json) {
+        std::printf("{\"steps\":%lld,\"skipped_steps\":%lld,\"final_loss\":%.6g,\"eval_loss\":%.6g,"
+                    "\"eval_accuracy\":%.6g,\"samples_per_s\":%.6g,\"preempted\":%s}\n",
+                    static_cast<long long>(r.steps), static_cast<long long>(r.skipped_steps),
+                    r.final_loss, r.eval.loss, r.eval.accuracy, r.samples_per_s,
+                    r.preempted ? "true" : "false");
+      } else if (r.preempted) {
+        std::printf("stopped at step %lld after a checkpoint (%s); resume with --resume latest\n",
+                    static_cast<long long>(r.steps), r.last_checkpoint.c_str());
+      } else {
+        std::printf("trained %lld steps (%.0f samples/s); final test accuracy: %.2f%% (loss %.4f, %lld samples)\n",
+                    static_cast<long long>(r.steps), r.samples_per_s, 100.0 * r.eval.accuracy,
+                    r.eval.loss, static_cast<long long>(r.eval.samples));
+      }
+    }
+    return 0;
+  });
+}
+
+int run_eval(const Arguments& args) {
+  auto options = experiment_options("kiln eval: evaluate a checkpoint on the eval split");
+  ExperimentArgs a;
+  if (!parse(args, options, "usage: kiln eval --config FILE --resume latest|DIR [--set ...]", &a)) {
+    return 0;
+  }
+  return run_on_all_ranks("eval", [&](const World& world) {
+    config::Experiment e = load_and_validate(a, world);
+    train::TrainerOptions to;
+    to.config_path = a.config;
+    to.resume = a.resume.empty() ? "latest" : a.resume;
+    to.quiet = true;
+    train::Trainer trainer(e, world, to);
+    train::EvalResult r = trainer.evaluate();
+    if (world.rank == 0) {
+      if (a.json) {
+        std::printf("{\"eval_loss\":%.6g,\"eval_accuracy\":%.6g,\"samples\":%lld}\n", r.loss,
+                    r.accuracy, static_cast<long long>(r.samples));
+      } else {
+        std::printf("eval: loss %.4f, accuracy %.2f%% over %lld samples\n", r.loss,
+                    100.0 * r.accuracy, static_cast<long long>(r.samples));
+      }
+    }
+    return 0;
+  });
+}
+
+}  // namespace kiln::launch

@@ -1,0 +1,104 @@
+#pragma once
+// Elementwise activations: the GELU layer (exact erf form and tanh approximation) and the
+// activation math shared with Linear's fused epilogue, usable in host and device code.
+//
+// GELU: y = gelu(x), any shape, y has x's shape and ctx.precision.activation's dtype.
+// No parameters; the input gradient dx = dy * gelu'(x) is written (=). Half dtypes compute in
+// fp32 (f64 in f64).
+
+#include <cmath>
+#include <string>
+
+#include "core/random.h"  // KILN_HOST_DEVICE
+#include "layers/layer.h"
+
+namespace kiln {
+
+// The activation applied after a Linear's bias (its "epilogue").
+enum class Activation {
+  None,
+  ReLU,
+  GELU,     // tanh approximation: what cuBLASLt's GELU epilogues compute
+  GELUErf,  // exact erf form (PyTorch's nn.GELU() default, BERT, ViT)
+};
+const char* activation_name(Activation a);
+
+enum class GeluForm { Erf, Tanh };
+
+template <typename T>
+KILN_HOST_DEVICE T gelu_erf(T x) {
+  return T(0.5) * x * (T(1) + ::erf(x * T(0.70710678118654752440)));
+}
+template <typename T>
+KILN_HOST_DEVICE T gelu_erf_grad(T x) {
+  T cdf = T(0.5) * (T(1) + ::erf(x * T(0.70710678118654752440)));
+  T pdf = ::exp(T(-0.5) * x * x) * T(0.39894228040143267794);  // 1/sqrt(2 pi)
+  return cdf + x * pdf;
+}
+template <typename T>
+KILN_HOST_DEVICE T gelu_tanh(T x) {
+  T inner = T(0.79788456080286535588) * (x + T(0.044715) * x * x * x);  // sqrt(2/pi)
+  return T(0.5) * x * (T(1) + ::tanh(inner));
+}
+template <typename T>
+KILN_HOST_DEVICE T gelu_tanh_grad(T x) {
+  T inner = T(0.79788456080286535588) * (x + T(0.044715) * x * x * x);
+  T t = ::tanh(inner);
+  T dinner = T(0.79788456080286535588) * (T(1) + T(3) * T(0.044715) * x * x);
+  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * dinner;
+}
+
+// act(z) and act'(z) for the epilogue activations (ReLU's derivative at 0 is 0, as PyTorch's).
+template <typename T>
+KILN_HOST_DEVICE T activation_apply(Activation a, T z) {
+  switch (a) {
+    case Activation::ReLU:
+      return z > T(0) ? z : T(0);
+    case Activation::GELU:
+      return gelu_tanh(z);
+    case Activation::GELUErf:
+      return gelu_erf(z);
+    default:
+      return z;
+  }
+}
+template <typename T>
+KILN_HOST_DEVICE T activation_grad(Activation a, T z) {
+  switch (a) {
+    case Activation::ReLU:
+      return z > T(0) ? T(1) : T(0);
+    case Activation::GELU:
+      return gelu_tanh_grad(z);
+    case Activation::GELUErf:
+      return gelu_erf_grad(z);
+    default:
+      return T(1);
+  }
+}
+
+class GELU : public Layer {
+ public:
+  explicit GELU(GeluForm form = GeluForm::Erf) : form_(form) {}
+  std::string type() const override { return "GELU"; }
+  Shape output_shape(const Shape& input) const override { return input; }
+  GeluForm form() const { return form_; }
+
+ protected:
+  Tensor forward_impl(Context& ctx, const Tensor& x) override;
+  Tensor backward_impl(Context& ctx, const Tensor& dy) override;
+
+ private:
+  GeluForm form_;
+  Tensor saved_input_;  // x, contiguous
+};
+
+#if KILN_WITH_CUDA
+namespace cuda {
+// y = act(x) / dx = dy * act'(x), elementwise over contiguous tensors of equal numel (any
+// floating dtypes each; fp32 math for halves).
+void activation_forward(Activation act, const Tensor& x, Tensor& y);
+void activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx);
+}  // namespace cuda
+#endif
+
+}  // namespace kiln

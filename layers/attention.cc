@@ -1,0 +1,363 @@
+#include "layers/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/cpu/element.h"
+#include "core/ops.h"
+#include "layers/dropout.h"
+
+namespace kiln {
+
+// ---------------------------------------------------------------------------------------------
+// Shared helpers.
+
+namespace transformer_ops {
+
+DType matmul_dtype(const Context& ctx, DType activation) {
+  if (activation == DType::F64 || is_half(activation)) return activation;
+  return is_half(ctx.precision.matmul) ? ctx.precision.matmul : DType::F32;
+}
+
+DType activation_dtype(const Context& ctx, DType parameter_dtype) {
+  return parameter_dtype == DType::F64 ? DType::F64 : ctx.precision.activation;
+}
+
+const Tensor& CastCache::get(const Parameter& p, DType dtype, std::uint64_t weights_version) {
+  if (p.value.dtype() == dtype) return p.value;
+  if (!cast_.defined() || source_ != p.value.data() || version_ != weights_version ||
+      dtype_ != dtype || cast_.device() != p.value.device()) {
+    cast_ = p.value.to(dtype);
+    source_ = p.value.data();
+    version_ = weights_version;
+    dtype_ = dtype;
+  }
+  return cast_;
+}
+
+void accumulate(Tensor& grad, const Tensor& src) {
+  KILN_CHECK(grad.numel() == src.numel(),
+             "accumulate: gradient " + grad.str() + " and source " + src.str() + " differ");
+  Tensor s = src.to(grad.device(), grad.dtype()).contiguous().view(grad.shape());
+  ops::axpy(1.0, s, grad);
+}
+
+void gemm_accumulate(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, Tensor& grad,
+                     double alpha) {
+  bool direct = grad.is_contiguous() &&
+                (grad.dtype() == a.dtype() || (is_half(a.dtype()) && grad.dtype() == DType::F32));
+  if (direct) {
+    ops::gemm(trans_a, trans_b, alpha, a, b, 1.0, grad);
+    return;
+  }
+  DType wide = is_half(a.dtype()) ? DType::F32 : a.dtype();
+  Tensor tmp = Tensor::empty(grad.shape(), wide, grad.device());
+  ops::gemm(trans_a, trans_b, alpha, a, b, 0.0, tmp);
+  accumulate(grad, tmp);
+}
+
+void add_bias(Tensor& y, const Tensor& bias) {
+  KILN_CHECK(y.dim() == 2 && y.is_contiguous() && bias.numel() == y.size(1),
+             "add_bias: expected contiguous (rows, C) and (C), got " + y.str() + ", " + bias.str());
+  Tensor b = bias.to(y.device()).contiguous();
+  if (y.device().is_cuda()) {
+#if KILN_WITH_CUDA
+    DeviceGuard guard(y.device());
+    cuda::add_bias(y, b);
+#endif
+    return;
+  }
+  std::int64_t rows = y.size(0), cols = y.size(1);
+  KILN_DISPATCH_FLOATING(y.dtype(), T, {
+    KILN_DISPATCH_FLOATING(b.dtype(), B, {
+      T* py = y.data<T>();
+      const B* pb = b.data<B>();
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t c = 0; c < cols; ++c)
+          py[r * cols + c] = cpu::store<T>(cpu::load(py[r * cols + c]) + cpu::load(pb[c]));
+    });
+  });
+}
+
+void accumulate_bias_grad(const Tensor& dy, Tensor& bias_grad) {
+  Tensor d = dy.contiguous();
+  Tensor sums = ops::reduce_cols(d.view({-1, bias_grad.numel()}), ops::Reduction::Sum);
+  accumulate(bias_grad, sums);
+}
+
+}  // namespace transformer_ops
+
+// ---------------------------------------------------------------------------------------------
+// MultiHeadSelfAttention.
+
+namespace {
+
+// Row r of (BH*T) scores belongs to batch r / (heads * T). Masked keys and dropped entries get 0.
+template <typename S, typename T>
+void softmax_forward_rows(const S* scores, const float* mask, std::int64_t rows, std::int64_t t,
+                          std::int64_t heads, double p, std::uint64_t key, std::uint64_t stream,
+                          T* probs, T* dropped) {
+  S scale = static_cast<S>(1.0 / (1.0 - p));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const S* s = scores + r * t;
+    const float* m = mask ? mask + (r / (heads * t)) * t : nullptr;
+    S max = -std::numeric_limits<S>::infinity();
+    for (std::int64_t j = 0; j < t; ++j)
+      if (!m || m[j] != 0.0f) max = std::max(max, s[j]);
+    S sum = 0;
+    for (std::int64_t j = 0; j < t; ++j)
+      if (!m || m[j] != 0.0f) sum += std::exp(s[j] - max);
+    for (std::int64_t j = 0; j < t; ++j) {
+      S prob = (sum > 0 && (!m || m[j] != 0.0f)) ? std::exp(s[j] - max) / sum : S(0);
+      probs[r * t + j] = cpu::store<T>(prob);
+      if (dropped) {
+        bool keep = dropout_keep(key, stream, static_cast<std::uint64_t>(r * t + j), p);
+        dropped[r * t + j] = cpu::store<T>(keep ? prob * scale : S(0));
+      }
+    }
+  }
+}
+
+template <typename S, typename T>
+void softmax_backward_rows(const S* d_dropped, const T* probs, std::int64_t rows, std::int64_t t,
+                           double p, bool dropout, std::uint64_t key, std::uint64_t stream,
+                           T* dscores) {
+  S scale = static_cast<S>(1.0 / (1.0 - p));
+  std::vector<S> dprob(static_cast<std::size_t>(t));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    S dot = 0;
+    for (std::int64_t j = 0; j < t; ++j) {
+      S d = d_dropped[r * t + j];
+      if (dropout)
+        d = dropout_keep(key, stream, static_cast<std::uint64_t>(r * t + j), p) ? d * scale : S(0);
+      dprob[j] = d;
+      dot += d * static_cast<S>(cpu::load(probs[r * t + j]));
+    }
+    for (std::int64_t j = 0; j < t; ++j) {
+      S prob = static_cast<S>(cpu::load(probs[r * t + j]));
+      dscores[r * t + j] = cpu::store<T>(prob * (dprob[j] - dot));
+    }
+  }
+}
+
+}  // namespace
+
+MultiHeadSelfAttention::MultiHeadSelfAttention(std::int64_t hidden, std::int64_t heads,
+                                               double attention_dropout, QkvLayout layout)
+    : hidden_(hidden), heads_(heads), dropout_(attention_dropout), layout_(layout) {
+  KILN_CHECK(hidden > 0 && heads > 0 && hidden % heads == 0,
+             "MultiHeadSelfAttention: hidden " + std::to_string(hidden) +
+                 " must be a positive multiple of heads " + std::to_string(heads));
+  KILN_CHECK(attention_dropout >= 0.0 && attention_dropout < 1.0,
+             "MultiHeadSelfAttention: dropout must be in [0, 1)");
+  head_dim_ = hidden / heads;
+  if (layout == QkvLayout::SeparateQKV) {
+    for (const char* part : {"query", "key", "value"}) {
+      std::string base = std::string("self.") + part;
+      qkv_weights_.push_back(&add_parameter(base + ".weight", {hidden, hidden}));
+      qkv_biases_.push_back(&add_parameter(base + ".bias", {hidden}, /*no_weight_decay=*/true));
+    }
+    out_weight_ = &add_parameter("output.dense.weight", {hidden, hidden});
+    out_bias_ = &add_parameter("output.dense.bias", {hidden}, true);
+  } else {
+    qkv_weights_.push_back(&add_parameter("in_proj_weight", {3 * hidden, hidden}));
+    qkv_biases_.push_back(&add_parameter("in_proj_bias", {3 * hidden}, true));
+    out_weight_ = &add_parameter("out_proj.weight", {hidden, hidden});
+    out_bias_ = &add_parameter("out_proj.bias", {hidden}, true);
+  }
+  qkv_cache_.resize(qkv_weights_.size());
+  MultiHeadSelfAttention::reset_parameters(0);
+}
+
+double MultiHeadSelfAttention::forward_flops(const Shape& input) const {
+  if (input.size() != 3) return 0;
+  double b = static_cast<double>(input[0]), t = static_cast<double>(input[1]);
+  double e = static_cast<double>(hidden_);
+  return 4 * 2 * b * t * e * e + 2 * 2 * b * t * t * e;
+}
+
+void MultiHeadSelfAttention::reset_parameters(std::uint64_t seed) {
+  double linear_bound = 1.0 / std::sqrt(static_cast<double>(hidden_));
+  std::uint64_t stream = seed * 1000003ull;
+  if (layout_ == QkvLayout::SeparateQKV) {
+    for (std::size_t i = 0; i < 3; ++i) {
+      ops::fill_uniform(qkv_weights_[i]->value, -linear_bound, linear_bound, ++stream);
+      ops::fill_uniform(qkv_biases_[i]->value, -linear_bound, linear_bound, ++stream);
+    }
+    ops::fill_uniform(out_bias_->value, -linear_bound, linear_bound, ++stream);
+  } else {
+    double xavier = std::sqrt(6.0 / static_cast<double>(hidden_ + 3 * hidden_));
+    ops::fill_uniform(qkv_weights_[0]->value, -xavier, xavier, ++stream);
+    qkv_biases_[0]->value.fill(0.0);
+    out_bias_->value.fill(0.0);
+  }
+  ops::fill_uniform(out_weight_->value, -linear_bound, linear_bound, ++stream);
+}
+
+Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
+  KILN_CHECK(x.dim() == 3 && x.size(2) == hidden_,
+             "MultiHeadSelfAttention " + name() + ": expected (B, T, " + std::to_string(hidden_) +
+                 "), got " + x.str());
+  KILN_CHECK(is_floating(x.dtype()),
+             "MultiHeadSelfAttention " + name() + ": floating input expected");
+  const std::int64_t b = x.size(0), t = x.size(1), e = hidden_, h = heads_, d = head_dim_;
+  const std::int64_t n = b * t;
+  Device dev = x.device();
+  activation_ = x.dtype();
+  DType mm = transformer_ops::matmul_dtype(ctx, activation_);
+  DType sd = mm == DType::F64 ? DType::F64 : DType::F32;  // scores and their gradients
+  batch_ = b;
+  tokens_ = t;
+
+  // qkv = x W^T + b  (N, 3E)
+  x_mm_ = x.contiguous().view({n, e}).to(mm);
+  Tensor qkv = Tensor::empty({n, 3 * e}, mm, dev);
+  Tensor qkv_bias;
+  if (layout_ == QkvLayout::FusedQKV) {
+    const Tensor& w = qkv_cache_[0].get(*qkv_weights_[0], mm, ctx.weights_version);
+    ops::gemm(false, true, 1.0, x_mm_, w, 0.0, qkv);
+    qkv_bias = qkv_biases_[0]->value;
+  } else {
+    qkv_bias = Tensor::empty({3 * e}, qkv_biases_[0]->value.dtype(), dev);
+    for (std::size_t i = 0; i < 3; ++i) {
+      const Tensor& w = qkv_cache_[i].get(*qkv_weights_[i], mm, ctx.weights_version);
+      std::int64_t lo = static_cast<std::int64_t>(i) * e;
+      Tensor part = qkv.slice(1, lo, lo + e);
+      ops::gemm(false, true, 1.0, x_mm_, w, 0.0, part);
+      qkv_bias.slice(0, lo, lo + e).copy_from(qkv_biases_[i]->value);
+    }
+  }
+  transformer_ops::add_bias(qkv, qkv_bias);
+
+  // (B, T, 3, H, d) -> (3, B*H, T, d)
+  Tensor heads_major =
+      qkv.view({b, t, 3, h, d}).permute({2, 0, 3, 1, 4}).contiguous().view({3, b * h, t, d});
+  q_ = heads_major.select(0, 0);
+  k_ = heads_major.select(0, 1);
+  v_ = heads_major.select(0, 2);
+
+  // S = q k^T / sqrt(d)  (BH, T, T)
+  Tensor scores = Tensor::empty({b * h, t, t}, sd, dev);
+  ops::gemm_batched(false, true, 1.0 / std::sqrt(static_cast<double>(d)), q_, k_, 0.0, scores);
+
+  Tensor mask;
+  if (ctx.attention_mask.defined()) {
+    KILN_CHECK(ctx.attention_mask.dim() == 2 && ctx.attention_mask.size(0) == b &&
+                   ctx.attention_mask.size(1) == t,
+               "MultiHeadSelfAttention " + name() + ": attention_mask " + ctx.attention_mask.str() +
+                   " does not match input " + x.str());
+    mask = ctx.attention_mask.to(dev, DType::F32).contiguous();
+  }
+  dropout_active_ = ctx.training && dropout_ > 0.0;
+  dropout_key_ = dropout_key(ctx.seed, layer_id());
+  dropout_stream_ = ctx.step;
+  probs_ = Tensor::empty({b * h, t, t}, mm, dev);
+  dropped_probs_ = dropout_active_ ? Tensor::empty({b * h, t, t}, mm, dev) : Tensor();
+  double p = dropout_active_ ? dropout_ : 0.0;
+  if (dev.is_cuda()) {
+#if KILN_WITH_CUDA
+    DeviceGuard guard(dev);
+    cuda::attention_softmax_forward(scores, mask, h, p, dropout_key_, dropout_stream_, probs_,
+                                    dropped_probs_);
+#endif
+  } else {
+    KILN_DISPATCH_FLOATING(mm, T, {
+      using S = typename cpu::Compute<T>::type;
+      softmax_forward_rows<S, T>(scores.data<S>(), mask.defined() ? mask.data<float>() : nullptr,
+                                 b * h * t, t, h, p, dropout_key_, dropout_stream_,
+                                 probs_.data<T>(),
+                                 dropout_active_ ? dropped_probs_.data<T>() : nullptr);
+    });
+  }
+  if (!dropout_active_) dropped_probs_ = probs_;
+
+  // ctx = P' v  (BH, T, d) -> (B, T, E)
+  Tensor context_heads = Tensor::empty({b * h, t, d}, mm, dev);
+  ops::gemm_batched(false, false, 1.0, dropped_probs_, v_, 0.0, context_heads);
+  context_ = context_heads.view({b, h, t, d}).permute({0, 2, 1, 3}).contiguous().view({n, e});
+
+  // y = ctx W_o^T + b_o
+  Tensor y = Tensor::empty({n, e}, activation_, dev);
+  ops::gemm(false, true, 1.0, context_, out_cache_.get(*out_weight_, mm, ctx.weights_version), 0.0,
+            y);
+  transformer_ops::add_bias(y, out_bias_->value);
+  return y.view({b, t, e});
+}
+
+Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
+  KILN_CHECK(context_.defined(), "MultiHeadSelfAttention " + name() + ": backward before forward");
+  const std::int64_t b = batch_, t = tokens_, e = hidden_, h = heads_, d = head_dim_;
+  const std::int64_t n = b * t;
+  KILN_CHECK(dy.numel() == n * e, "MultiHeadSelfAttention " + name() + ": dy " + dy.str() +
+                                      " does not match the forward input");
+  Device dev = dy.device();
+  DType mm = q_.dtype();
+  DType sd = mm == DType::F64 ? DType::F64 : DType::F32;
+  Tensor dy2 = dy.contiguous().view({n, e});
+  Tensor dy_mm = dy2.to(mm);
+
+  // Output projection.
+  transformer_ops::accumulate_bias_grad(dy2, out_bias_->grad);
+  transformer_ops::gemm_accumulate(true, false, dy_mm, context_, out_weight_->grad);
+  Tensor dcontext = Tensor::empty({n, e}, mm, dev);
+  ops::gemm(false, false, 1.0, dy_mm, out_cache_.get(*out_weight_, mm, ctx.weights_version), 0.0,
+            dcontext);
+  Tensor dcontext_heads =
+      dcontext.view({b, t, h, d}).permute({0, 2, 1, 3}).contiguous().view({b * h, t, d});
+
+  // Through P' v.
+  Tensor d_dropped = Tensor::empty({b * h, t, t}, sd, dev);
+  ops::gemm_batched(false, true, 1.0, dcontext_heads, v_, 0.0, d_dropped);
+  Tensor dqkv_heads = Tensor::empty({3, b * h, t, d}, mm, dev);
+  Tensor dq = dqkv_heads.select(0, 0), dk = dqkv_heads.select(0, 1), dv = dqkv_heads.select(0, 2);
+  ops::gemm_batched(true, false, 1.0, dropped_probs_, dcontext_heads, 0.0, dv);
+
+  // Through dropout and softmax.
+  Tensor dscores = Tensor::empty({b * h, t, t}, mm, dev);
+  double p = dropout_active_ ? dropout_ : 0.0;
+  if (dev.is_cuda()) {
+#if KILN_WITH_CUDA
+    DeviceGuard guard(dev);
+    cuda::attention_softmax_backward(d_dropped, probs_, p, dropout_key_, dropout_stream_, dscores);
+#endif
+  } else {
+    KILN_DISPATCH_FLOATING(mm, T, {
+      using S = typename cpu::Compute<T>::type;
+      softmax_backward_rows<S, T>(d_dropped.data<S>(), probs_.data<T>(), b * h * t, t, p,
+                                  dropout_active_, dropout_key_, dropout_stream_,
+                                  dscores.data<T>());
+    });
+  }
+
+  // Through S = q k^T / sqrt(d).
+  double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  ops::gemm_batched(false, false, scale, dscores, k_, 0.0, dq);
+  ops::gemm_batched(true, false, scale, dscores, q_, 0.0, dk);
+  Tensor dqkv =
+      dqkv_heads.view({3, b, h, t, d}).permute({1, 3, 0, 2, 4}).contiguous().view({n, 3 * e});
+
+  // Input projections.
+  Tensor dx = Tensor::empty({n, e}, activation_, dev);
+  if (layout_ == QkvLayout::FusedQKV) {
+    transformer_ops::accumulate_bias_grad(dqkv, qkv_biases_[0]->grad);
+    transformer_ops::gemm_accumulate(true, false, dqkv, x_mm_, qkv_weights_[0]->grad);
+    ops::gemm(false, false, 1.0, dqkv, qkv_cache_[0].get(*qkv_weights_[0], mm, ctx.weights_version),
+              0.0, dx);
+  } else {
+    Tensor bias_sums = ops::reduce_cols(dqkv, ops::Reduction::Sum);  // (3E)
+    for (std::size_t i = 0; i < 3; ++i) {
+      std::int64_t lo = static_cast<std::int64_t>(i) * e;
+      Tensor part = dqkv.slice(1, lo, lo + e);
+      transformer_ops::accumulate(qkv_biases_[i]->grad, bias_sums.slice(0, lo, lo + e));
+      transformer_ops::gemm_accumulate(true, false, part, x_mm_, qkv_weights_[i]->grad);
+      ops::gemm(false, false, 1.0, part,
+                qkv_cache_[i].get(*qkv_weights_[i], mm, ctx.weights_version), i == 0 ? 0.0 : 1.0,
+                dx);
+    }
+  }
+  return dx.view({b, t, e});
+}
+
+}  // namespace kiln

@@ -1,0 +1,126 @@
+#pragma once
+// Multi-head self-attention, and the small tensor helpers the transformer layers share.
+//
+//   x (B, T, E) -> y (B, T, E), E = heads * head_dim.
+//   qkv = x W_qkv^T + b_qkv                      (B, T, 3E), split into q, k, v (B*H, T, d)
+//   S = q k^T / sqrt(d)                          (B*H, T, T) fp32 (f64 for f64)
+//   P = softmax(S + mask) ; P' = dropout(P)      fused kernel, fp32 math, masked keys get 0
+//   ctx = P' v                                   (B*H, T, d) -> (B, T, E)
+//   y = ctx W_o^T + b_o
+// The key padding mask is ctx.attention_mask (B, T): 1 attend, 0 padding (any dtype). A query
+// whose keys are all masked gets zero probabilities (and so a zero context), not NaN.
+// Attention dropout uses Dropout's mask (layers/dropout.h: dropout_key(ctx.seed, layer_id()),
+// stream ctx.step, element index in (B*H, T, T)): CPU and CUDA draw the same mask, and backward
+// regenerates it instead of storing it.
+// Gradient contract: parameter gradients are accumulated (+=); dx is written (=).
+//
+// Parameter layouts:
+//   SeparateQKV (HuggingFace BERT, names relative to the layer, e.g. "attention."):
+//     self.query.weight (E, E), self.query.bias (E), self.key.*, self.value.*,
+//     output.dense.weight (E, E), output.dense.bias (E)
+//   FusedQKV (torch nn.MultiheadAttention, torchvision ViT's "self_attention."):
+//     in_proj_weight (3E, E) rows [q; k; v], in_proj_bias (3E), out_proj.weight (E, E),
+//     out_proj.bias (E)
+// Mixed precision: the GEMMs run in ctx.precision.matmul (fp32 accumulation) when activations
+// are fp32, in the activation dtype when it is half; weights are cast once per weights_version.
+
+#include <cstdint>
+
+#include "layers/layer.h"
+
+namespace kiln {
+
+// Helpers shared by the transformer layers (layers/attention.cc, layers/cuda/attention.cu). They
+// run on the device of their operands.
+namespace transformer_ops {
+
+// The GEMM input dtype for activations of dtype `activation` under ctx's precision policy.
+DType matmul_dtype(const Context& ctx, DType activation);
+// The activation dtype a layer whose parameters are `parameter_dtype` produces from a non-floating
+// input (token ids) or casts a floating input to: F64 for f64 parameters, else the policy's.
+DType activation_dtype(const Context& ctx, DType parameter_dtype);
+
+// p's value cast to `dtype`, recast only when the weights version, the storage or the dtype
+// changed (O1 casts fp32 weights to half once per optimizer step, not once per use).
+class CastCache {
+ public:
+  const Tensor& get(const Parameter& p, DType dtype, std::uint64_t weights_version);
+
+ private:
+  Tensor cast_;
+  const void* source_ = nullptr;
+  std::uint64_t version_ = 0;
+  DType dtype_ = DType::F32;
+};
+
+// grad += src (any floating dtypes, same number of elements).
+void accumulate(Tensor& grad, const Tensor& src);
+// Parameter gradient of a linear map: grad += alpha * op(a) op(b), straight into grad when its
+// dtype allows, else through a temporary.
+void gemm_accumulate(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, Tensor& grad,
+                     double alpha = 1.0);
+// y (rows, C) += bias (C) broadcast over rows.
+void add_bias(Tensor& y, const Tensor& bias);
+// bias_grad (C) += sum over rows of dy (rows, C), in a fixed order.
+void accumulate_bias_grad(const Tensor& dy, Tensor& bias_grad);
+
+}  // namespace transformer_ops
+
+enum class QkvLayout { SeparateQKV, FusedQKV };
+
+class MultiHeadSelfAttention : public Layer {
+ public:
+  MultiHeadSelfAttention(std::int64_t hidden, std::int64_t heads, double attention_dropout = 0.0,
+                         QkvLayout layout = QkvLayout::SeparateQKV);
+  std::string type() const override { return "MultiHeadSelfAttention"; }
+  Shape output_shape(const Shape& input) const override { return input; }
+  // 4 projections (2 * B*T*E*E each) and the two attention matmuls (2 * B*H*T*T*d each).
+  double forward_flops(const Shape& input) const override;
+  // PyTorch's defaults: nn.Linear's for SeparateQKV; nn.MultiheadAttention's for FusedQKV
+  // (xavier_uniform in_proj, zero biases, out_proj U(+-1/sqrt(E))).
+  void reset_parameters(std::uint64_t seed) override;
+
+  std::int64_t hidden() const { return hidden_; }
+  std::int64_t heads() const { return heads_; }
+  QkvLayout layout() const { return layout_; }
+
+ protected:
+  Tensor forward_impl(Context& ctx, const Tensor& x) override;
+  Tensor backward_impl(Context& ctx, const Tensor& dy) override;
+
+ private:
+  std::int64_t hidden_, heads_, head_dim_;
+  double dropout_;
+  QkvLayout layout_;
+  // SeparateQKV: three weights and biases; FusedQKV: one (3E, E) weight and one (3E) bias.
+  std::vector<Parameter*> qkv_weights_, qkv_biases_;
+  std::vector<transformer_ops::CastCache> qkv_cache_;
+  transformer_ops::CastCache out_cache_;
+  Parameter* out_weight_;
+  Parameter* out_bias_;
+  // Saved by forward for backward.
+  Tensor x_mm_;           // (B*T, E) input in the matmul dtype
+  Tensor q_, k_, v_;      // (B*H, T, d) matmul dtype
+  Tensor probs_;          // (B*H, T, T) P, matmul dtype
+  Tensor dropped_probs_;  // P' (== probs_ without dropout)
+  Tensor context_;        // (B*T, E) matmul dtype
+  DType activation_ = DType::F32;
+  std::int64_t batch_ = 0, tokens_ = 0;
+  std::uint64_t dropout_key_ = 0, dropout_stream_ = 0;
+  bool dropout_active_ = false;
+};
+
+namespace cuda {
+// Launchers (layers/cuda/attention.cu).
+void add_bias(Tensor& y, const Tensor& bias);
+// scores (BH, T, T) fp32 (f64), mask (B, T) fp32 or undefined -> probs, dropped_probs (BH, T, T)
+// in the matmul dtype (dropped_probs undefined when p == 0).
+void attention_softmax_forward(const Tensor& scores, const Tensor& mask, std::int64_t heads,
+                               double p, std::uint64_t key, std::uint64_t stream, Tensor& probs,
+                               Tensor& dropped_probs);
+// d_dropped (BH, T, T) fp32 (f64), probs -> dscores in the matmul dtype.
+void attention_softmax_backward(const Tensor& d_dropped, const Tensor& probs, double p,
+                                std::uint64_t key, std::uint64_t stream, Tensor& dscores);
+}  // namespace cuda
+
+}  // namespace kiln

@@ -1,0 +1,148 @@
+// Attention kernels: the fused masked softmax (+ dropout) over rows of scores, one warp per row,
+// fp32 math (f64 for f64); its backward regenerating the dropout mask from Philox; and the
+// elementwise helpers the transformer layers share (bias add).
+
+#include <cmath>
+
+#include "core/cuda/cuda_check.h"
+#include "core/cuda/element.cuh"
+#include "core/stream.h"
+#include "layers/attention.h"
+#include "layers/dropout.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kRowsPerBlock = 8;
+
+cudaStream_t stream_of(const Tensor& t) {
+  return static_cast<cudaStream_t>(current_stream(t.device()));
+}
+
+template <typename C>
+__device__ __forceinline__ C warp_sum(C v) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2)
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+template <typename C>
+__device__ __forceinline__ C warp_max(C v) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2)
+    v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+template <typename T, typename B>
+__global__ void add_bias_kernel(T* __restrict__ y, const B* __restrict__ bias, std::int64_t rows,
+                                std::int64_t cols) {
+  using C = typename Compute<T>::type;
+  std::int64_t total = rows * cols;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    y[i] = store<T>(static_cast<C>(load(y[i])) + static_cast<C>(load(bias[i % cols])));
+}
+
+// One warp per row of scores; row r belongs to batch r / (heads * t).
+template <typename S, typename T>
+__global__ void softmax_forward_kernel(const S* __restrict__ scores, const float* __restrict__ mask,
+                                       std::int64_t rows, std::int64_t t, std::int64_t heads,
+                                       double p, std::uint64_t key, std::uint64_t stream,
+                                       T* __restrict__ probs, T* __restrict__ dropped) {
+  std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
+  int lane = threadIdx.x % kWarp;
+  if (row >= rows) return;
+  const S* s = scores + row * t;
+  const float* m = mask ? mask + (row / (heads * t)) * t : nullptr;
+  S row_max = -INFINITY;
+  for (std::int64_t j = lane; j < t; j += kWarp)
+    if (!m || m[j] != 0.0f) row_max = max(row_max, s[j]);
+  row_max = warp_max(row_max);
+  S sum = 0;
+  for (std::int64_t j = lane; j < t; j += kWarp)
+    if (!m || m[j] != 0.0f) sum += exp(s[j] - row_max);
+  sum = warp_sum(sum);
+  S scale = static_cast<S>(1.0 / (1.0 - p));
+  for (std::int64_t j = lane; j < t; j += kWarp) {
+    S prob = (sum > 0 && (!m || m[j] != 0.0f)) ? exp(s[j] - row_max) / sum : S(0);
+    probs[row * t + j] = store<T>(prob);
+    if (dropped) {
+      bool keep = dropout_keep(key, stream, static_cast<std::uint64_t>(row * t + j), p);
+      dropped[row * t + j] = store<T>(keep ? prob * scale : S(0));
+    }
+  }
+}
+
+template <typename S, typename T>
+__global__ void softmax_backward_kernel(const S* __restrict__ d_dropped,
+                                        const T* __restrict__ probs, std::int64_t rows,
+                                        std::int64_t t, double p, bool dropout, std::uint64_t key,
+                                        std::uint64_t stream, T* __restrict__ dscores) {
+  std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
+  int lane = threadIdx.x % kWarp;
+  if (row >= rows) return;
+  S scale = static_cast<S>(1.0 / (1.0 - p));
+  S dot = 0;
+  for (std::int64_t j = lane; j < t; j += kWarp) {
+    std::int64_t i = row * t + j;
+    S d = d_dropped[i];
+    if (dropout) d = dropout_keep(key, stream, static_cast<std::uint64_t>(i), p) ? d * scale : S(0);
+    dot += d * static_cast<S>(load(probs[i]));
+  }
+  dot = warp_sum(dot);
+  for (std::int64_t j = lane; j < t; j += kWarp) {
+    std::int64_t i = row * t + j;
+    S d = d_dropped[i];
+    if (dropout) d = dropout_keep(key, stream, static_cast<std::uint64_t>(i), p) ? d * scale : S(0);
+    S prob = static_cast<S>(load(probs[i]));
+    dscores[i] = store<T>(prob * (d - dot));
+  }
+}
+
+}  // namespace
+
+void add_bias(Tensor& y, const Tensor& bias) {
+  std::int64_t rows = y.size(0), cols = y.size(1);
+  if (rows * cols == 0) return;
+  KILN_CUDA_DISPATCH_FLOATING(y.dtype(), T, {
+    KILN_CUDA_DISPATCH_FLOATING(bias.dtype(), B, {
+      add_bias_kernel<T, B><<<grid_for(rows * cols), 256, 0, stream_of(y)>>>(
+          static_cast<T*>(y.data()), static_cast<const B*>(bias.data()), rows, cols);
+      KILN_CUDA_LAUNCH_CHECK();
+    });
+  });
+}
+
+void attention_softmax_forward(const Tensor& scores, const Tensor& mask, std::int64_t heads,
+                               double p, std::uint64_t key, std::uint64_t stream, Tensor& probs,
+                               Tensor& dropped_probs) {
+  std::int64_t t = scores.size(2), rows = scores.size(0) * t;
+  if (rows == 0) return;
+  unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  const float* m = mask.defined() ? static_cast<const float*>(mask.data()) : nullptr;
+  KILN_CUDA_DISPATCH_FLOATING(probs.dtype(), T, {
+    using S = typename Compute<T>::type;
+    softmax_forward_kernel<S, T><<<blocks, kRowsPerBlock * kWarp, 0, stream_of(scores)>>>(
+        static_cast<const S*>(scores.data()), m, rows, t, heads, p, key, stream,
+        static_cast<T*>(probs.data()),
+        dropped_probs.defined() ? static_cast<T*>(dropped_probs.data()) : nullptr);
+    KILN_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void attention_softmax_backward(const Tensor& d_dropped, const Tensor& probs, double p,
+                                std::uint64_t key, std::uint64_t stream, Tensor& dscores) {
+  std::int64_t t = probs.size(2), rows = probs.size(0) * t;
+  if (rows == 0) return;
+  unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  KILN_CUDA_DISPATCH_FLOATING(probs.dtype(), T, {
+    using S = typename Compute<T>::type;
+    softmax_backward_kernel<S, T><<<blocks, kRowsPerBlock * kWarp, 0, stream_of(probs)>>>(
+        static_cast<const S*>(d_dropped.data()), static_cast<const T*>(probs.data()), rows, t, p,
+        p > 0.0, key, stream, static_cast<T*>(dscores.data()));
+    KILN_CUDA_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,322 @@
+// BatchNorm2d on CUDA with fp32 statistics: per-channel sums in two levels (blocks write partial
+// sums per chunk of the batch, a per-channel kernel finishes them), then an elementwise pass.
+// The variance is the mean of squared deviations from the mean (two passes), not E[x^2] - mean^2,
+// so large means do not cancel away the variance in fp32.
+
+#include <initializer_list>
+
+#include "core/cuda/cuda_check.h"
+#include "core/cuda/element.cuh"
+#include "core/stream.h"
+#include "layers/batchnorm.h"
+
+namespace kiln::batchnorm_cuda {
+namespace {
+
+// Element (o, c, i) of a physical tensor is at (o * C + c) * inner + i (NCHW: outer = N,
+// inner = H*W; NHWC: outer = N*H*W, inner = 1).
+struct Layout {
+  std::int64_t outer, channels, inner;
+};
+
+enum class Sum { X, SquaredDeviation, Gradient };
+
+constexpr int kPlaneThreads = 256;
+constexpr int kRowChannels = 32, kRowThreads = 8;
+
+template <Sum kind, typename T>
+__device__ __forceinline__ void accumulate(const T* x, const T* dy, std::int64_t idx, float mean,
+                                           float& s0, float& s1) {
+  float v = static_cast<float>(cuda::load(x[idx]));
+  if (kind == Sum::X) {
+    s0 += v;
+  } else if (kind == Sum::SquaredDeviation) {
+    s0 += (v - mean) * (v - mean);
+  } else {
+    float g = static_cast<float>(cuda::load(dy[idx]));
+    s0 += g;
+    s1 += g * (v - mean);
+  }
+}
+
+// inner > 1 (NCHW): block (channel, chunk of the N*H*W elements of that channel).
+template <Sum kind, typename T>
+__global__ void plane_sums_kernel(const T* x, const T* dy, const float* mean, Layout l,
+                                  float* part0, float* part1) {
+  const std::int64_t c = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
+  const std::int64_t count = l.outer * l.inner, per = (count + chunks - 1) / chunks;
+  const std::int64_t begin = chunk * per, end = begin + per < count ? begin + per : count;
+  const float m = kind == Sum::X ? 0.f : mean[c];
+  float s0 = 0.f, s1 = 0.f;
+  for (std::int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
+    std::int64_t o = j / l.inner, i = j - o * l.inner;
+    accumulate<kind>(x, dy, (o * l.channels + c) * l.inner + i, m, s0, s1);
+  }
+  __shared__ float r0[kPlaneThreads], r1[kPlaneThreads];
+  r0[threadIdx.x] = s0;
+  r1[threadIdx.x] = s1;
+  __syncthreads();
+  for (int stride = kPlaneThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      r0[threadIdx.x] += r0[threadIdx.x + stride];
+      r1[threadIdx.x] += r1[threadIdx.x + stride];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    part0[chunk * l.channels + c] = r0[0];
+    if (kind == Sum::Gradient) part1[chunk * l.channels + c] = r1[0];
+  }
+}
+
+// inner == 1 (NHWC): block (32 neighbouring channels, chunk of rows); reads are coalesced.
+template <Sum kind, typename T>
+__global__ void row_sums_kernel(const T* x, const T* dy, const float* mean, Layout l, float* part0,
+                                float* part1) {
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kRowChannels + threadIdx.x;
+  const std::int64_t chunk = blockIdx.y, chunks = gridDim.y;
+  const std::int64_t per = (l.outer + chunks - 1) / chunks;
+  const std::int64_t begin = chunk * per, end = begin + per < l.outer ? begin + per : l.outer;
+  float s0 = 0.f, s1 = 0.f;
+  if (c < l.channels) {
+    const float m = kind == Sum::X ? 0.f : mean[c];
+    for (std::int64_t r = begin + threadIdx.y; r < end; r += kRowThreads) {
+      accumulate<kind>(x, dy, r * l.channels + c, m, s0, s1);
+    }
+  }
+  __shared__ float r0[kRowThreads][kRowChannels + 1], r1[kRowThreads][kRowChannels + 1];
+  r0[threadIdx.y][threadIdx.x] = s0;
+  r1[threadIdx.y][threadIdx.x] = s1;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < l.channels) {
+    float t0 = 0.f, t1 = 0.f;
+    for (int k = 0; k < kRowThreads; ++k) {
+      t0 += r0[k][threadIdx.x];
+      t1 += r1[k][threadIdx.x];
+    }
+    part0[chunk * l.channels + c] = t0;
+    if (kind == Sum::Gradient) part1[chunk * l.channels + c] = t1;
+  }
+}
+
+__global__ void finalize_mean_kernel(const float* part0, int chunks, std::int64_t channels,
+                                     float count, float* mean) {
+  std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= channels) return;
+  float s = 0.f;
+  for (int k = 0; k < chunks; ++k) s += part0[k * channels + c];
+  mean[c] = s / count;
+}
+
+__global__ void finalize_var_kernel(const float* part0, int chunks, std::int64_t channels,
+                                    float count, float eps, float momentum, bool update,
+                                    const float* mean, float* invstd, float* running_mean,
+                                    float* running_var) {
+  std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= channels) return;
+  float s = 0.f;
+  for (int k = 0; k < chunks; ++k) s += part0[k * channels + c];
+  float var = s / count;
+  invstd[c] = rsqrtf(var + eps);
+  if (update) {
+    running_mean[c] = (1.f - momentum) * running_mean[c] + momentum * mean[c];
+    running_var[c] = (1.f - momentum) * running_var[c] + momentum * var * count / (count - 1.f);
+  }
+}
+
+__global__ void inference_invstd_kernel(const float* running_var, std::int64_t channels, float eps,
+                                        float* invstd) {
+  std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (c < channels) invstd[c] = rsqrtf(running_var[c] + eps);
+}
+
+// Parameter gradients (+=) and the two per-channel terms of dx.
+__global__ void finalize_backward_kernel(const float* part0, const float* part1, int chunks,
+                                         std::int64_t channels, float count, bool batch_stats,
+                                         const float* invstd, float* dweight, float* dbias,
+                                         float* mean_dy, float* mean_dy_xhat) {
+  std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= channels) return;
+  float s_dy = 0.f, s_dy_xmu = 0.f;
+  for (int k = 0; k < chunks; ++k) {
+    s_dy += part0[k * channels + c];
+    s_dy_xmu += part1[k * channels + c];
+  }
+  float s_dy_xhat = s_dy_xmu * invstd[c];
+  dbias[c] += s_dy;
+  dweight[c] += s_dy_xhat;
+  mean_dy[c] = batch_stats ? s_dy / count : 0.f;
+  mean_dy_xhat[c] = batch_stats ? s_dy_xhat / count : 0.f;
+}
+
+template <typename T>
+__global__ void normalize_kernel(const T* x, const float* mean, const float* invstd,
+                                 const float* weight, const float* bias, Layout l, std::int64_t n,
+                                 T* y) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    std::int64_t c = (i / l.inner) % l.channels;
+    float scale = invstd[c] * weight[c];
+    y[i] = cuda::store<T>((static_cast<float>(cuda::load(x[i])) - mean[c]) * scale + bias[c]);
+  }
+}
+
+template <typename T>
+__global__ void backward_dx_kernel(const T* x, const T* dy, const float* mean, const float* invstd,
+                                   const float* weight, const float* mean_dy,
+                                   const float* mean_dy_xhat, Layout l, std::int64_t n, T* dx) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    std::int64_t c = (i / l.inner) % l.channels;
+    float xhat = (static_cast<float>(cuda::load(x[i])) - mean[c]) * invstd[c];
+    float g = static_cast<float>(cuda::load(dy[i]));
+    dx[i] = cuda::store<T>(weight[c] * invstd[c] * (g - mean_dy[c] - xhat * mean_dy_xhat[c]));
+  }
+}
+
+Layout layout_of(const Tensor& physical, bool channels_last) {
+  KILN_CHECK(physical.dim() == 4 && physical.is_contiguous(),
+             "batchnorm_cuda: expected a contiguous 4-D tensor, got " + physical.str());
+  if (channels_last) {
+    return Layout{physical.size(0) * physical.size(1) * physical.size(2), physical.size(3), 1};
+  }
+  return Layout{physical.size(0), physical.size(1), physical.size(2) * physical.size(3)};
+}
+
+void check_channel_vector(const Tensor& t, std::int64_t channels, const char* what) {
+  KILN_CHECK(
+      t.dtype() == DType::F32 && t.numel() == channels && t.is_contiguous() && t.device().is_cuda(),
+      std::string("batchnorm_cuda: ") + what + " must be f32 (" + std::to_string(channels) +
+          ") on CUDA, got " + t.str());
+}
+
+int chunks_for(const Layout& l) {
+  std::int64_t work = l.inner == 1 ? l.outer / 64 : l.outer * l.inner / 4096;
+  return static_cast<int>(work < 1 ? 1 : (work > 1024 ? 1024 : work));
+}
+
+unsigned channel_blocks(std::int64_t channels) {
+  return static_cast<unsigned>((channels + 255) / 256);
+}
+
+// Partial sums of `kind` into part0 (and part1), (chunks, C) each.
+template <Sum kind, typename T>
+void launch_sums(const Tensor& x, const Tensor* dy, const float* mean, const Layout& l, int chunks,
+                 Tensor& part0, Tensor& part1, cudaStream_t stream) {
+  const T* px = static_cast<const T*>(x.data());
+  const T* pdy = dy ? static_cast<const T*>(dy->data()) : nullptr;
+  float* p0 = static_cast<float*>(part0.data());
+  float* p1 = static_cast<float*>(part1.data());
+  if (l.inner == 1) {
+    dim3 grid(static_cast<unsigned>((l.channels + kRowChannels - 1) / kRowChannels),
+              static_cast<unsigned>(chunks));
+    row_sums_kernel<kind, T>
+        <<<grid, dim3(kRowChannels, kRowThreads), 0, stream>>>(px, pdy, mean, l, p0, p1);
+  } else {
+    dim3 grid(static_cast<unsigned>(l.channels), static_cast<unsigned>(chunks));
+    plane_sums_kernel<kind, T><<<grid, kPlaneThreads, 0, stream>>>(px, pdy, mean, l, p0, p1);
+  }
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias, bool channels_last,
+                      double eps, double momentum, bool update_running, Tensor& running_mean,
+                      Tensor& running_var, Tensor& y, Tensor& save_mean, Tensor& save_invstd) {
+  const Layout l = layout_of(x, channels_last);
+  for (const Tensor* t : std::initializer_list<const Tensor*>{
+           &weight, &bias, &running_mean, &running_var, &save_mean, &save_invstd}) {
+    check_channel_vector(*t, l.channels, "a per-channel vector");
+  }
+  KILN_CHECK(y.shape() == x.shape() && y.dtype() == x.dtype() && y.is_contiguous(),
+             "batchnorm_cuda: y " + y.str() + " for x " + x.str());
+  const std::int64_t n = x.numel();
+  const float count = static_cast<float>(l.outer * l.inner);
+  const int chunks = chunks_for(l);
+  cudaStream_t stream = static_cast<cudaStream_t>(current_stream(x.device()));
+  Tensor part0 = Tensor::empty({chunks, l.channels}, DType::F32, x.device());
+  Tensor part1 = part0;  // unused by these sums
+  float* mean = static_cast<float*>(save_mean.data());
+  float* invstd = static_cast<float*>(save_invstd.data());
+  KILN_CUDA_DISPATCH_FLOATING(x.dtype(), T, {
+    launch_sums<Sum::X, T>(x, nullptr, nullptr, l, chunks, part0, part1, stream);
+    finalize_mean_kernel<<<channel_blocks(l.channels), 256, 0, stream>>>(
+        static_cast<const float*>(part0.data()), chunks, l.channels, count, mean);
+    KILN_CUDA_LAUNCH_CHECK();
+    launch_sums<Sum::SquaredDeviation, T>(x, nullptr, mean, l, chunks, part0, part1, stream);
+    finalize_var_kernel<<<channel_blocks(l.channels), 256, 0, stream>>>(
+        static_cast<const float*>(part0.data()), chunks, l.channels, count, static_cast<float>(eps),
+        static_cast<float>(momentum), update_running, mean, invstd,
+        static_cast<float*>(running_mean.data()), static_cast<float*>(running_var.data()));
+    KILN_CUDA_LAUNCH_CHECK();
+    normalize_kernel<T><<<cuda::grid_for(n), 256, 0, stream>>>(
+        static_cast<const T*>(x.data()), mean, invstd, static_cast<const float*>(weight.data()),
+        static_cast<const float*>(bias.data()), l, n, static_cast<T*>(y.data()));
+    KILN_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void forward_inference(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                       bool channels_last, double eps, const Tensor& running_mean,
+                       const Tensor& running_var, Tensor& y, Tensor& save_invstd) {
+  const Layout l = layout_of(x, channels_last);
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&weight, &bias, &running_mean,
+                                                              &running_var, &save_invstd}) {
+    check_channel_vector(*t, l.channels, "a per-channel vector");
+  }
+  KILN_CHECK(y.shape() == x.shape() && y.dtype() == x.dtype() && y.is_contiguous(),
+             "batchnorm_cuda: y " + y.str() + " for x " + x.str());
+  const std::int64_t n = x.numel();
+  cudaStream_t stream = static_cast<cudaStream_t>(current_stream(x.device()));
+  float* invstd = static_cast<float*>(save_invstd.data());
+  inference_invstd_kernel<<<channel_blocks(l.channels), 256, 0, stream>>>(
+      static_cast<const float*>(running_var.data()), l.channels, static_cast<float>(eps), invstd);
+  KILN_CUDA_LAUNCH_CHECK();
+  KILN_CUDA_DISPATCH_FLOATING(x.dtype(), T, {
+    normalize_kernel<T><<<cuda::grid_for(n), 256, 0, stream>>>(
+        static_cast<const T*>(x.data()), static_cast<const float*>(running_mean.data()), invstd,
+        static_cast<const float*>(weight.data()), static_cast<const float*>(bias.data()), l, n,
+        static_cast<T*>(y.data()));
+    KILN_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void backward(const Tensor& x, const Tensor& dy, const Tensor& weight, const Tensor& mean,
+              const Tensor& invstd, bool channels_last, bool batch_stats, Tensor& dx,
+              Tensor& dweight, Tensor& dbias) {
+  const Layout l = layout_of(x, channels_last);
+  for (const Tensor* t :
+       std::initializer_list<const Tensor*>{&weight, &mean, &invstd, &dweight, &dbias}) {
+    check_channel_vector(*t, l.channels, "a per-channel vector");
+  }
+  KILN_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype() && dy.is_contiguous() &&
+                 dx.shape() == x.shape() && dx.dtype() == x.dtype() && dx.is_contiguous(),
+             "batchnorm_cuda::backward: x " + x.str() + ", dy " + dy.str() + ", dx " + dx.str());
+  const std::int64_t n = x.numel();
+  const float count = static_cast<float>(l.outer * l.inner);
+  const int chunks = chunks_for(l);
+  cudaStream_t stream = static_cast<cudaStream_t>(current_stream(x.device()));
+  Tensor part0 = Tensor::empty({chunks, l.channels}, DType::F32, x.device());
+  Tensor part1 = Tensor::empty({chunks, l.channels}, DType::F32, x.device());
+  Tensor terms = Tensor::empty({2, l.channels}, DType::F32, x.device());
+  float* mean_dy = static_cast<float*>(terms.data());
+  float* mean_dy_xhat = mean_dy + l.channels;
+  const float* pmean = static_cast<const float*>(mean.data());
+  const float* pinvstd = static_cast<const float*>(invstd.data());
+  KILN_CUDA_DISPATCH_FLOATING(x.dtype(), T, {
+    launch_sums<Sum::Gradient, T>(x, &dy, pmean, l, chunks, part0, part1, stream);
+    finalize_backward_kernel<<<channel_blocks(l.channels), 256, 0, stream>>>(
+        static_cast<const float*>(part0.data()), static_cast<const float*>(part1.data()), chunks,
+        l.channels, count, batch_stats, pinvstd, static_cast<float*>(dweight.data()),
+        static_cast<float*>(dbias.data()), mean_dy, mean_dy_xhat);
+    KILN_CUDA_LAUNCH_CHECK();
+    backward_dx_kernel<T><<<cuda::grid_for(n), 256, 0, stream>>>(
+        static_cast<const T*>(x.data()), static_cast<const T*>(dy.data()), pmean, pinvstd,
+        static_cast<const float*>(weight.data()), mean_dy, mean_dy_xhat, l, n,
+        static_cast<T*>(dx.data()));
+    KILN_CUDA_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace kiln::batchnorm_cuda

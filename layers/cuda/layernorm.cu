@@ -1,0 +1,154 @@
+// LayerNorm kernels: one warp per row forward (statistics in fp32, f64 for f64); backward writes
+// dx one warp per row and partial dweight/dbias sums per chunk of rows, then a second kernel adds
+// the partials in chunk order, so the parameter gradients are reproducible bit for bit.
+
+#include <algorithm>
+
+#include "core/cuda/cuda_check.h"
+#include "core/cuda/element.cuh"
+#include "core/stream.h"
+#include "layers/layernorm.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kRowsPerBlock = 8;  // warps per block
+constexpr std::int64_t kRowsPerChunk = 64;
+
+template <typename C>
+__device__ __forceinline__ C warp_sum(C v) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2)
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+template <typename T, typename C>
+__global__ void layernorm_forward_kernel(const T* __restrict__ x, const C* __restrict__ w,
+                                         const C* __restrict__ b, C eps, std::int64_t rows,
+                                         std::int64_t cols, T* __restrict__ y, C* __restrict__ mean,
+                                         C* __restrict__ rstd) {
+  std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
+  int lane = threadIdx.x % kWarp;
+  if (row >= rows) return;
+  const T* xr = x + row * cols;
+  C sum = 0;
+  for (std::int64_t c = lane; c < cols; c += kWarp) sum += static_cast<C>(load(xr[c]));
+  C mu = warp_sum(sum) / static_cast<C>(cols);
+  C var = 0;
+  for (std::int64_t c = lane; c < cols; c += kWarp) {
+    C d = static_cast<C>(load(xr[c])) - mu;
+    var += d * d;
+  }
+  C r = static_cast<C>(1) / sqrt(warp_sum(var) / static_cast<C>(cols) + eps);
+  T* yr = y + row * cols;
+  for (std::int64_t c = lane; c < cols; c += kWarp)
+    yr[c] = store<T>((static_cast<C>(load(xr[c])) - mu) * r * w[c] + b[c]);
+  if (lane == 0) {
+    mean[row] = mu;
+    rstd[row] = r;
+  }
+}
+
+// Block = one chunk of kRowsPerChunk rows: warps write dx row by row, then every thread sums its
+// columns over the chunk's rows in order into the chunk's partials.
+template <typename T, typename C>
+__global__ void layernorm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                          const C* __restrict__ w, const C* __restrict__ mean,
+                                          const C* __restrict__ rstd, std::int64_t rows,
+                                          std::int64_t cols, T* __restrict__ dx,
+                                          C* __restrict__ dw_partial, C* __restrict__ db_partial) {
+  std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * kRowsPerChunk;
+  std::int64_t last = min(first + kRowsPerChunk, rows);
+  int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  for (std::int64_t row = first + warp; row < last; row += blockDim.x / kWarp) {
+    const T* xr = x + row * cols;
+    const T* dyr = dy + row * cols;
+    C mu = mean[row], r = rstd[row];
+    C sum_g = 0, sum_g_xhat = 0;
+    for (std::int64_t c = lane; c < cols; c += kWarp) {
+      C xhat = (static_cast<C>(load(xr[c])) - mu) * r;
+      C g = static_cast<C>(load(dyr[c])) * w[c];
+      sum_g += g;
+      sum_g_xhat += g * xhat;
+    }
+    C mean_g = warp_sum(sum_g) / static_cast<C>(cols);
+    C mean_g_xhat = warp_sum(sum_g_xhat) / static_cast<C>(cols);
+    for (std::int64_t c = lane; c < cols; c += kWarp) {
+      C xhat = (static_cast<C>(load(xr[c])) - mu) * r;
+      C g = static_cast<C>(load(dyr[c])) * w[c];
+      dx[row * cols + c] = store<T>(r * (g - mean_g - xhat * mean_g_xhat));
+    }
+  }
+  for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    C sum_w = 0, sum_b = 0;
+    for (std::int64_t row = first; row < last; ++row) {
+      C d = static_cast<C>(load(dy[row * cols + c]));
+      sum_w += d * (static_cast<C>(load(x[row * cols + c])) - mean[row]) * rstd[row];
+      sum_b += d;
+    }
+    dw_partial[blockIdx.x * cols + c] = sum_w;
+    db_partial[blockIdx.x * cols + c] = sum_b;
+  }
+}
+
+template <typename C>
+__global__ void sum_partials_kernel(const C* __restrict__ partial, std::int64_t chunks,
+                                    std::int64_t cols, C* __restrict__ out) {
+  for (std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; c < cols;
+       c += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    C sum = 0;
+    for (std::int64_t k = 0; k < chunks; ++k) sum += partial[k * cols + c];
+    out[c] = sum;
+  }
+}
+
+}  // namespace
+
+void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                       Tensor& y, Tensor& mean, Tensor& rstd) {
+  std::int64_t rows = x.size(0), cols = x.size(1);
+  if (rows == 0) return;
+  cudaStream_t stream = static_cast<cudaStream_t>(current_stream(x.device()));
+  unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  KILN_CUDA_DISPATCH_FLOATING(x.dtype(), T, {
+    using C = typename Compute<T>::type;
+    layernorm_forward_kernel<T, C><<<blocks, kRowsPerBlock * kWarp, 0, stream>>>(
+        static_cast<const T*>(x.data()), static_cast<const C*>(weight.data()),
+        static_cast<const C*>(bias.data()), static_cast<C>(eps), rows, cols,
+        static_cast<T*>(y.data()), static_cast<C*>(mean.data()), static_cast<C*>(rstd.data()));
+    KILN_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias) {
+  std::int64_t rows = x.size(0), cols = x.size(1);
+  cudaStream_t stream = static_cast<cudaStream_t>(current_stream(x.device()));
+  if (rows == 0) {
+    dweight.zero();
+    dbias.zero();
+    return;
+  }
+  std::int64_t chunks = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
+  Tensor dw_partial = Tensor::empty({chunks, cols}, dweight.dtype(), x.device());
+  Tensor db_partial = Tensor::empty({chunks, cols}, dbias.dtype(), x.device());
+  KILN_CUDA_DISPATCH_FLOATING(x.dtype(), T, {
+    using C = typename Compute<T>::type;
+    layernorm_backward_kernel<T, C><<<static_cast<unsigned>(chunks), 256, 0, stream>>>(
+        static_cast<const T*>(dy.data()), static_cast<const T*>(x.data()),
+        static_cast<const C*>(weight.data()), static_cast<const C*>(mean.data()),
+        static_cast<const C*>(rstd.data()), rows, cols, static_cast<T*>(dx.data()),
+        static_cast<C*>(dw_partial.data()), static_cast<C*>(db_partial.data()));
+    KILN_CUDA_LAUNCH_CHECK();
+    unsigned grid = grid_for(cols, 256);
+    sum_partials_kernel<C><<<grid, 256, 0, stream>>>(static_cast<const C*>(dw_partial.data()),
+                                                     chunks, cols, static_cast<C*>(dweight.data()));
+    KILN_CUDA_LAUNCH_CHECK();
+    sum_partials_kernel<C><<<grid, 256, 0, stream>>>(static_cast<const C*>(db_partial.data()),
+                                                     chunks, cols, static_cast<C*>(dbias.data()));
+    KILN_CUDA_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,140 @@
+#include "layers/layernorm.h"
+
+#include <cmath>
+
+#include "core/cpu/element.h"
+#include "core/ops.h"
+#include "layers/attention.h"
+
+namespace kiln {
+
+LayerNorm::LayerNorm(std::int64_t normalized_size, double eps) : size_(normalized_size), eps_(eps) {
+  KILN_CHECK(normalized_size > 0, "LayerNorm: normalized size must be positive");
+  weight_ = &add_parameter("weight", {size_}, /*no_weight_decay=*/true, /*fp32_in_half=*/true);
+  bias_ = &add_parameter("bias", {size_}, true, true);
+  LayerNorm::reset_parameters(0);
+}
+
+void LayerNorm::reset_parameters(std::uint64_t) {
+  weight_->value.fill(1.0);
+  bias_->value.fill(0.0);
+}
+
+namespace {
+
+// Statistics type: f64 for f64 activations, fp32 otherwise.
+DType stats_dtype(DType x) {
+  return x == DType::F64 ? DType::F64 : DType::F32;
+}
+
+template <typename T, typename C>
+void forward_rows(const T* x, const C* w, const C* b, double eps, std::int64_t rows,
+                  std::int64_t cols, T* y, C* mean_out, C* rstd_out) {
+  using cpu::load;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * cols;
+    C sum = 0;
+    for (std::int64_t c = 0; c < cols; ++c) sum += load(xr[c]);
+    C mean = sum / static_cast<C>(cols);
+    C var = 0;
+    for (std::int64_t c = 0; c < cols; ++c) {
+      C d = load(xr[c]) - mean;
+      var += d * d;
+    }
+    var /= static_cast<C>(cols);
+    C rstd = static_cast<C>(1) / std::sqrt(var + static_cast<C>(eps));
+    for (std::int64_t c = 0; c < cols; ++c)
+      y[r * cols + c] = cpu::store<T>((load(xr[c]) - mean) * rstd * w[c] + b[c]);
+    mean_out[r] = mean;
+    rstd_out[r] = rstd;
+  }
+}
+
+template <typename T, typename C>
+void backward_rows(const T* dy, const T* x, const C* w, const C* mean, const C* rstd,
+                   std::int64_t rows, std::int64_t cols, T* dx, C* dw, C* db) {
+  using cpu::load;
+  for (std::int64_t c = 0; c < cols; ++c) dw[c] = db[c] = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * cols;
+    const T* dyr = dy + r * cols;
+    // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w.
+    C sum_g = 0, sum_g_xhat = 0;
+    for (std::int64_t c = 0; c < cols; ++c) {
+      C xhat = (load(xr[c]) - mean[r]) * rstd[r];
+      C g = load(dyr[c]) * w[c];
+      sum_g += g;
+      sum_g_xhat += g * xhat;
+      dw[c] += load(dyr[c]) * xhat;
+      db[c] += load(dyr[c]);
+    }
+    C mean_g = sum_g / static_cast<C>(cols), mean_g_xhat = sum_g_xhat / static_cast<C>(cols);
+    for (std::int64_t c = 0; c < cols; ++c) {
+      C xhat = (load(xr[c]) - mean[r]) * rstd[r];
+      C g = load(dyr[c]) * w[c];
+      dx[r * cols + c] = cpu::store<T>(rstd[r] * (g - mean_g - xhat * mean_g_xhat));
+    }
+  }
+}
+
+}  // namespace
+
+Tensor LayerNorm::forward_impl(Context& ctx, const Tensor& x) {
+  (void)ctx;
+  KILN_CHECK(x.dim() >= 1 && x.size(-1) == size_, "LayerNorm " + name() + ": expected (..., " +
+                                                      std::to_string(size_) + "), got " + x.str());
+  KILN_CHECK(is_floating(x.dtype()),
+             "LayerNorm " + name() + ": floating input expected, got " + x.str());
+  std::int64_t rows = x.numel() / size_;
+  DType sd = stats_dtype(x.dtype());
+  Tensor xc = x.contiguous().view({rows, size_});
+  Tensor w = weight_->value.to(x.device(), sd), b = bias_->value.to(x.device(), sd);
+  Tensor y = Tensor::empty({rows, size_}, x.dtype(), x.device());
+  saved_mean_ = Tensor::empty({rows}, sd, x.device());
+  saved_rstd_ = Tensor::empty({rows}, sd, x.device());
+  if (x.device().is_cuda()) {
+#if KILN_WITH_CUDA
+    DeviceGuard guard(x.device());
+    cuda::layernorm_forward(xc, w, b, eps_, y, saved_mean_, saved_rstd_);
+#endif
+  } else {
+    KILN_DISPATCH_FLOATING(x.dtype(), T, {
+      using C = typename cpu::Compute<T>::type;
+      forward_rows<T, C>(xc.data<T>(), w.data<C>(), b.data<C>(), eps_, rows, size_, y.data<T>(),
+                         saved_mean_.data<C>(), saved_rstd_.data<C>());
+    });
+  }
+  saved_x_ = xc;
+  return y.view(x.shape());
+}
+
+Tensor LayerNorm::backward_impl(Context& ctx, const Tensor& dy) {
+  (void)ctx;
+  KILN_CHECK(saved_x_.defined(), "LayerNorm " + name() + ": backward before forward");
+  KILN_CHECK(dy.numel() == saved_x_.numel(), "LayerNorm " + name() + ": dy " + dy.str() +
+                                                 " does not match the input " + saved_x_.str());
+  std::int64_t rows = saved_x_.size(0);
+  DType sd = saved_mean_.dtype();
+  Tensor dyc = dy.to(saved_x_.dtype()).contiguous().view({rows, size_});
+  Tensor w = weight_->value.to(dy.device(), sd);
+  Tensor dx = Tensor::empty({rows, size_}, saved_x_.dtype(), dy.device());
+  Tensor dw = Tensor::empty({size_}, sd, dy.device()), db = Tensor::empty({size_}, sd, dy.device());
+  if (dy.device().is_cuda()) {
+#if KILN_WITH_CUDA
+    DeviceGuard guard(dy.device());
+    cuda::layernorm_backward(dyc, saved_x_, w, saved_mean_, saved_rstd_, dx, dw, db);
+#endif
+  } else {
+    KILN_DISPATCH_FLOATING(saved_x_.dtype(), T, {
+      using C = typename cpu::Compute<T>::type;
+      backward_rows<T, C>(dyc.data<T>(), saved_x_.data<T>(), w.data<C>(), saved_mean_.data<C>(),
+                          saved_rstd_.data<C>(), rows, size_, dx.data<T>(), dw.data<C>(),
+                          db.data<C>());
+    });
+  }
+  transformer_ops::accumulate(weight_->grad, dw);
+  transformer_ops::accumulate(bias_->grad, db);
+  return dx.view(dy.shape());
+}
+
+}  // namespace kiln

@@ -1,0 +1,192 @@
+#include "layers/linear.h"
+
+#include <cmath>
+
+#include "core/cpu/element.h"
+#include "core/ops.h"
+
+namespace kiln {
+namespace {
+
+// grad += value, casting value to grad's dtype where they differ.
+void accumulate_into(Tensor& grad, const Tensor& value) {
+  ops::axpy(1.0, value.dtype() == grad.dtype() ? value : value.to(grad.dtype()), grad);
+}
+
+// z (M, out) += bias (out), then act in place; host, contiguous, z in f32 or f64.
+template <typename C>
+void cpu_bias_activation(Tensor& z, const Tensor& bias, Activation act, Tensor& y) {
+  C* pz = z.data<C>();
+  C* py = y.data<C>();
+  std::int64_t rows = z.size(0), cols = z.size(1);
+  const C* pb = bias.defined() ? bias.data<C>() : nullptr;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < cols; ++c) {
+      C v = pz[r * cols + c] + (pb ? pb[c] : C(0));
+      pz[r * cols + c] = v;
+      py[r * cols + c] = activation_apply<C>(act, v);
+    }
+  }
+}
+
+// dz = dy * act'(saved) elementwise (ReLU's saved is y, whose sign is z's).
+template <typename C>
+void cpu_activation_grad(const Tensor& dy, const Tensor& saved, Activation act, Tensor& dz) {
+  const C* g = dy.data<C>();
+  const C* s = saved.data<C>();
+  C* out = dz.data<C>();
+  for (std::int64_t i = 0, n = dy.numel(); i < n; ++i)
+    out[i] = g[i] * activation_grad<C>(act, s[i]);
+}
+
+}  // namespace
+
+Linear::Linear(std::int64_t in_features, std::int64_t out_features, bool bias,
+               Activation activation)
+    : in_features_(in_features), out_features_(out_features), activation_(activation) {
+  if (in_features <= 0 || out_features <= 0) {
+    throw InputError("Linear: features must be positive, got in=" + std::to_string(in_features) +
+                     " out=" + std::to_string(out_features));
+  }
+  weight_ = &add_parameter("weight", {out_features, in_features});
+  if (bias) bias_ = &add_parameter("bias", {out_features}, /*no_weight_decay=*/true);
+  reset_parameters(0);
+}
+
+Shape Linear::output_shape(const Shape& input) const {
+  KILN_CHECK(!input.empty() && input.back() == in_features_,
+             "Linear " + name() + ": input " + shape_str(input) + " does not end in " +
+                 std::to_string(in_features_));
+  Shape out = input;
+  out.back() = out_features_;
+  return out;
+}
+
+double Linear::forward_flops(const Shape& input) const {
+  double rows = static_cast<double>(shape_numel(input)) / static_cast<double>(in_features_);
+  return 2.0 * rows * static_cast<double>(in_features_) * static_cast<double>(out_features_);
+}
+
+void Linear::reset_parameters(std::uint64_t seed) {
+  double bound = 1.0 / std::sqrt(static_cast<double>(in_features_));
+  std::uint64_t base = seed * 0x9E3779B97F4A7C15ull + 0x1234567ull;
+  ops::fill_uniform(weight_->value, -bound, bound, base);
+  if (bias_) ops::fill_uniform(bias_->value, -bound, bound, base + 1);
+  weight_cache_ = CastCache{};
+  bias_cache_ = CastCache{};
+}
+
+const Tensor& Linear::weight_as(const Context& ctx, DType dtype) {
+  const Tensor& value = weight_->value;
+  if (value.dtype() == dtype) return value;
+  CastCache& c = weight_cache_;
+  if (!c.value.defined() || c.version != ctx.weights_version || c.source != value.data() ||
+      c.value.dtype() != dtype || c.value.device() != value.device()) {
+    c.value = value.to(dtype).contiguous();
+    c.version = ctx.weights_version;
+    c.source = value.data();
+  }
+  return c.value;
+}
+
+const Tensor& Linear::bias_as(const Context& ctx, DType dtype) {
+  const Tensor& value = bias_->value;
+  if (value.dtype() == dtype) return value;
+  CastCache& c = bias_cache_;
+  if (!c.value.defined() || c.version != ctx.weights_version || c.source != value.data() ||
+      c.value.dtype() != dtype || c.value.device() != value.device()) {
+    c.value = value.to(dtype).contiguous();
+    c.version = ctx.weights_version;
+    c.source = value.data();
+  }
+  return c.value;
+}
+
+Tensor Linear::forward_impl(Context& ctx, const Tensor& x) {  // (N..., in) -> (N..., out)
+  Shape out_shape = output_shape(x.shape());
+  KILN_CHECK(x.device() == weight_->value.device(), "Linear " + name() + ": input on " +
+                                                        x.device().str() + " but weights on " +
+                                                        weight_->value.device().str());
+  input_shape_ = x.shape();
+  std::int64_t rows = x.numel() / in_features_;
+  DType out_dtype = ctx.precision.activation;
+  if (x.device().is_cuda()) {
+#if KILN_WITH_CUDA
+    DType mm = ctx.precision.matmul;
+    saved_input_ = x.to(mm).contiguous().view({rows, in_features_});         // (M, in)
+    Tensor y = Tensor::empty({rows, out_features_}, out_dtype, x.device());  // (M, out)
+    Tensor bias = bias_ ? bias_as(ctx, out_dtype) : Tensor();
+    cuda::linear_forward(saved_input_, weight_as(ctx, mm), bias, activation_, y, saved_activation_,
+                         saved_ld_);
+    return y.view(out_shape);
+#else
+    KILN_CHECK(false, "CUDA tensor in a build without CUDA");
+#endif
+  }
+  // CPU: f64 when asked for, f32 otherwise (halves convert).
+  DType compute = (out_dtype == DType::F64 || x.dtype() == DType::F64) ? DType::F64 : DType::F32;
+  saved_input_ = x.to(compute).contiguous().view({rows, in_features_});  // (M, in)
+  Tensor w = weight_->value.to(compute).contiguous();                    // (out, in)
+  Tensor z = Tensor::empty({rows, out_features_}, compute);              // (M, out)
+  ops::gemm(false, true, 1.0, saved_input_, w, 0.0, z);
+  saved_activation_ = Tensor();
+  saved_ld_ = out_features_;
+  Tensor y = z;
+  if (bias_ || activation_ != Activation::None) {
+    Tensor b = bias_ ? bias_->value.to(compute).contiguous() : Tensor();
+    y = activation_ == Activation::None ? z : Tensor::empty(z.shape(), compute);
+    if (compute == DType::F64)
+      cpu_bias_activation<double>(z, b, activation_, y);
+    else
+      cpu_bias_activation<float>(z, b, activation_, y);
+  }
+  if (activation_ == Activation::ReLU) saved_activation_ = y;
+  if (activation_ == Activation::GELU || activation_ == Activation::GELUErf) saved_activation_ = z;
+  return y.to(out_dtype).view(out_shape);
+}
+
+Tensor Linear::backward_impl(Context& ctx, const Tensor& dy) {
+  KILN_CHECK(saved_input_.defined(), "Linear " + name() + ": backward without forward");
+  std::int64_t rows = saved_input_.size(0);
+  KILN_CHECK(dy.numel() == rows * out_features_ && dy.size(-1) == out_features_,
+             "Linear " + name() + ": dy " + dy.str() + " for input " + shape_str(input_shape_));
+  if (dy.device().is_cuda()) {
+#if KILN_WITH_CUDA
+    Tensor g = dy.contiguous().view({rows, out_features_});                    // (M, out)
+    Tensor dx = Tensor::empty({rows, in_features_}, dy.dtype(), dy.device());  // (M, in)
+    cuda::linear_backward(saved_input_, weight_as(ctx, saved_input_.dtype()), g, activation_,
+                          saved_activation_, saved_ld_, weight_->grad,
+                          bias_ ? &bias_->grad : nullptr, dx);
+    return dx.view(input_shape_);
+#else
+    KILN_CHECK(false, "CUDA tensor in a build without CUDA");
+#endif
+  }
+  DType compute = saved_input_.dtype();
+  Tensor g = dy.to(compute).contiguous().view({rows, out_features_});  // (M, out)
+  Tensor dz = g;
+  if (activation_ != Activation::None) {
+    dz = Tensor::empty(g.shape(), compute);
+    if (compute == DType::F64)
+      cpu_activation_grad<double>(g, saved_activation_, activation_, dz);
+    else
+      cpu_activation_grad<float>(g, saved_activation_, activation_, dz);
+  }
+  // weight.grad += dz^T x: straight into the grad when it has the compute dtype.
+  Tensor& wg = weight_->grad;
+  if (wg.dtype() == compute && wg.is_contiguous()) {
+    ops::gemm(true, false, 1.0, dz, saved_input_, 1.0, wg);
+  } else {
+    Tensor tmp = Tensor::empty({out_features_, in_features_}, compute);
+    ops::gemm(true, false, 1.0, dz, saved_input_, 0.0, tmp);
+    accumulate_into(wg, tmp);
+  }
+  if (bias_) accumulate_into(bias_->grad, ops::reduce_cols(dz, ops::Reduction::Sum));
+  Tensor w = weight_->value.to(compute).contiguous();
+  Tensor dx = Tensor::empty({rows, in_features_}, compute);  // (M, in) = dz (M, out) W (out, in)
+  ops::gemm(false, false, 1.0, dz, w, 0.0, dx);
+  (void)ctx;
+  return dx.to(dy.dtype()).view(input_shape_);
+}
+
+}  // namespace kiln

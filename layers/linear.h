@@ -1,0 +1,83 @@
+#pragma once
+// Linear: y = act(x W^T + b), PyTorch's nn.Linear followed by an optional fused activation.
+//   x (N..., in) -> y (N..., out); weight (out, in), bias (out) (PyTorch layout and names
+//   "weight", "bias"; bias has no weight decay).
+// Dtypes: the GEMM inputs are ctx.precision.matmul (fp32 accumulation for halves), y is
+// ctx.precision.activation. In O1 (fp32 weights, half matmul) the half copy of the weight is made
+// once per ctx.weights_version and cached. On the CPU halves compute in f32, f64 in f64.
+// Gradients: weight.grad and bias.grad are ACCUMULATED (+=, in the grads' dtype); dx is written
+// (=), in dy's dtype.
+// CUDA: cuBLASLt with the BIAS / RELU_BIAS / GELU_AUX_BIAS epilogues forward and BGRADB (bias
+// gradient fused into the weight-gradient GEMM) backward; where cuBLASLt reports an epilogue
+// unsupported for the dtypes, a plain GEMM plus Kiln's own bias/activation kernels. ReLU's
+// backward uses y > 0 as the mask (no aux buffer); GELU keeps the pre-activation.
+
+#include <cstdint>
+#include <string>
+
+#include "layers/activations.h"
+#include "layers/layer.h"
+
+namespace kiln {
+
+class Linear : public Layer {
+ public:
+  Linear(std::int64_t in_features, std::int64_t out_features, bool bias = true,
+         Activation activation = Activation::None);
+  std::string type() const override { return "Linear"; }
+  Shape output_shape(const Shape& input) const override;
+  double forward_flops(const Shape& input) const override;  // 2 * N * in * out
+  // U(-1/sqrt(in), 1/sqrt(in)) for weight and bias (PyTorch's kaiming_uniform(a=sqrt(5))).
+  void reset_parameters(std::uint64_t seed) override;
+
+  std::int64_t in_features() const { return in_features_; }
+  std::int64_t out_features() const { return out_features_; }
+  Activation activation() const { return activation_; }
+  bool has_bias() const { return bias_ != nullptr; }
+  Parameter& weight() { return *weight_; }
+  Parameter* bias() { return bias_; }  // null without bias
+
+ protected:
+  Tensor forward_impl(Context& ctx, const Tensor& x) override;
+  Tensor backward_impl(Context& ctx, const Tensor& dy) override;
+
+ private:
+  // The weight (and bias) in `dtype`: the parameter itself, or a copy cached per weights_version.
+  const Tensor& weight_as(const Context& ctx, DType dtype);
+  const Tensor& bias_as(const Context& ctx, DType dtype);
+
+  std::int64_t in_features_, out_features_;
+  Activation activation_;
+  Parameter* weight_ = nullptr;
+  Parameter* bias_ = nullptr;
+
+  struct CastCache {
+    Tensor value;
+    std::uint64_t version = 0;
+    const void* source = nullptr;
+  };
+  CastCache weight_cache_, bias_cache_;
+
+  // Saved by forward for backward.
+  Shape input_shape_;
+  Tensor saved_input_;         // (M, in) in the GEMM dtype
+  Tensor saved_activation_;    // ReLU: y (M, out); GELU: z = x W^T + b (M, ld >= out); else empty
+  std::int64_t saved_ld_ = 0;  // leading dimension of saved_activation_
+};
+
+#if KILN_WITH_CUDA
+namespace cuda {
+// Forward on CUDA: y (M, out) = act(x W^T + b). x (M, in) and w (out, in) share a dtype; bias
+// may be undefined. Returns what backward needs (y for ReLU, z for GELU, empty otherwise) and
+// its leading dimension.
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act, Tensor& y,
+                    Tensor& saved, std::int64_t& saved_ld);
+// Backward on CUDA: dz = dy * act'(saved); weight_grad += dz^T x; bias_grad += sum_rows dz
+// (undefined: none); dx (M, in) = dz W (undefined: not computed).
+void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Activation act,
+                     const Tensor& saved, std::int64_t saved_ld, Tensor& weight_grad,
+                     Tensor* bias_grad, Tensor& dx);
+}  // namespace cuda
+#endif
+
+}  // namespace kiln

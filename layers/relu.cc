@@ -1,0 +1,60 @@
+#include "layers/relu.h"
+
+#include "core/cpu/element.h"
+#include "layers/conv2d.h"
+
+namespace kiln {
+
+Tensor dense_memory(const Tensor& x, bool* channels_last) {
+  *channels_last = is_channels_last(x);
+  return *channels_last ? to_physical(x, true) : x.contiguous();
+}
+
+Tensor ReLU::forward_impl(Context& ctx, const Tensor& x) {
+  (void)ctx;
+  bool cl = false;
+  Tensor xd = dense_memory(x, &cl);
+  Tensor yd = inplace_ ? xd : Tensor::empty(xd.shape(), xd.dtype(), xd.device());
+  if (xd.device().is_cuda()) {
+#if KILN_WITH_CUDA
+    relu_cuda::forward(xd, yd);
+#endif
+  } else {
+    KILN_DISPATCH_FLOATING(xd.dtype(), T, {
+      const T* px = static_cast<const T*>(xd.data());
+      T* py = static_cast<T*>(yd.data());
+      for (std::int64_t i = 0, n = xd.numel(); i < n; ++i) {
+        auto v = cpu::load(px[i]);
+        py[i] = v > 0 ? px[i] : cpu::store<T>(0.0);
+      }
+    });
+  }
+  saved_y_ = yd;
+  saved_channels_last_ = cl;
+  return cl ? from_physical(yd, true) : yd;
+}
+
+Tensor ReLU::backward_impl(Context& ctx, const Tensor& dy) {
+  (void)ctx;
+  KILN_CHECK(saved_y_.defined(), "ReLU " + name() + ": backward without forward");
+  Tensor dyd = saved_channels_last_ ? to_physical(dy, true) : dy.contiguous();
+  if (dyd.dtype() != saved_y_.dtype()) dyd = dyd.to(saved_y_.dtype());
+  Tensor dx = Tensor::empty(dyd.shape(), dyd.dtype(), dyd.device());
+  if (dyd.device().is_cuda()) {
+#if KILN_WITH_CUDA
+    relu_cuda::backward(saved_y_, dyd, dx);
+#endif
+  } else {
+    KILN_DISPATCH_FLOATING(dyd.dtype(), T, {
+      const T* py = static_cast<const T*>(saved_y_.data());
+      const T* pd = static_cast<const T*>(dyd.data());
+      T* pdx = static_cast<T*>(dx.data());
+      for (std::int64_t i = 0, n = dyd.numel(); i < n; ++i) {
+        pdx[i] = cpu::load(py[i]) > 0 ? pd[i] : cpu::store<T>(0.0);
+      }
+    });
+  }
+  return saved_channels_last_ ? from_physical(dx, true) : dx;
+}
+
+}  // namespace kiln

@@ -1,0 +1,36 @@
+#pragma once
+// ReLU: y = max(x, 0), elementwise on any shape; keeps the input's memory order (NCHW or NHWC).
+//   x (any), y (same shape). Backward uses the saved output: dx = dy * (y > 0), written (=).
+// In place (inplace=true) overwrites x; use it only where nothing else needs x afterwards.
+
+#include "layers/layer.h"
+
+namespace kiln {
+
+class ReLU : public Layer {
+ public:
+  explicit ReLU(bool inplace = false) : inplace_(inplace) {}
+  std::string type() const override { return "ReLU"; }
+  Shape output_shape(const Shape& input) const override { return input; }
+
+ protected:
+  Tensor forward_impl(Context& ctx, const Tensor& x) override;
+  Tensor backward_impl(Context& ctx, const Tensor& dy) override;
+
+ private:
+  bool inplace_;
+  bool saved_channels_last_ = false;
+  Tensor saved_y_;  // dense (contiguous, or NHWC memory of an (N, C, H, W) view)
+};
+
+// CUDA launchers (layers/cuda/relu.cu) on dense tensors of one dtype; defined when KILN_WITH_CUDA.
+namespace relu_cuda {
+void forward(const Tensor& x, Tensor& y);                      // y may be x
+void backward(const Tensor& y, const Tensor& dy, Tensor& dx);  // dx may be dy
+}  // namespace relu_cuda
+
+// The dense memory of x in its own order: contiguous, or the (N, H, W, C) tensor behind an NHWC
+// view. `channels_last` tells which, for from_physical (layers/conv2d.h).
+Tensor dense_memory(const Tensor& x, bool* channels_last);
+
+}  // namespace kiln

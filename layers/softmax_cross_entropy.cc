@@ -1,0 +1,131 @@
+#include "layers/softmax_cross_entropy.h"
+
+#include <cmath>
+#include <limits>
+
+#include "core/cpu/element.h"
+
+namespace kiln {
+
+SoftmaxCrossEntropy::SoftmaxCrossEntropy(double label_smoothing, std::int64_t ignore_index)
+    : label_smoothing_(label_smoothing), ignore_index_(ignore_index) {
+  if (!(label_smoothing >= 0.0 && label_smoothing <= 1.0)) {
+    throw InputError("SoftmaxCrossEntropy: label_smoothing " + std::to_string(label_smoothing) +
+                     " is not in [0, 1]");
+  }
+}
+
+Tensor SoftmaxCrossEntropy::forward(Context& ctx, const Tensor& logits, const Tensor& targets) {
+  (void)ctx;
+  KILN_CHECK(logits.dim() >= 2 && is_floating(logits.dtype()),
+             "SoftmaxCrossEntropy: logits must be floating (N, C), got " + logits.str());
+  std::int64_t classes = logits.size(-1),
+               rows = logits.numel() / std::max<std::int64_t>(classes, 1);
+  KILN_CHECK(targets.numel() == rows, "SoftmaxCrossEntropy: " + std::to_string(rows) +
+                                          " rows of logits " + logits.str() + " but targets " +
+                                          targets.str());
+  Device device = logits.device();
+  logits_shape_ = logits.shape();
+  logits_ = logits.contiguous().view({rows, classes});                  // (N, C)
+  targets_ = targets.to(device, DType::I64).contiguous().view({rows});  // (N)
+  if (device.is_cuda()) {
+#if KILN_WITH_CUDA
+    row_lse_ = Tensor::empty({rows}, DType::F32, device);
+    Tensor loss = Tensor::empty({}, DType::F32, device);
+    counted_ = Tensor::empty({}, DType::F32, device);
+    correct_ = Tensor::empty({}, DType::F32, device);
+    if (!invalid_.defined() || invalid_.device() != device) {
+      invalid_ = Tensor::zeros({}, DType::I32, device);
+    }
+    cuda::softmax_cross_entropy_forward(logits_, targets_, label_smoothing_, ignore_index_,
+                                        row_lse_, loss, counted_, correct_, invalid_);
+    return loss;
+#endif
+  }
+  row_lse_ = Tensor::empty({rows}, DType::F64);
+  double* lse_out = row_lse_.data<double>();
+  const std::int64_t* t = targets_.data<std::int64_t>();
+  double total = 0, counted = 0, correct = 0;
+  double eps = label_smoothing_;
+  KILN_DISPATCH_FLOATING(logits_.dtype(), T, {
+    const T* x = logits_.data<T>();
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* row = x + r * classes;
+      double max = -std::numeric_limits<double>::infinity(), sum_x = 0;
+      std::int64_t argmax = 0;
+      for (std::int64_t c = 0; c < classes; ++c) {
+        double v = cpu::load(row[c]);
+        if (v > max) {
+          max = v;
+          argmax = c;
+        }
+        sum_x += v;
+      }
+      double sum_exp = 0;
+      for (std::int64_t c = 0; c < classes; ++c) sum_exp += std::exp(cpu::load(row[c]) - max);
+      double lse = max + std::log(sum_exp);
+      lse_out[r] = lse;
+      if (t[r] == ignore_index_) continue;
+      if (t[r] < 0 || t[r] >= classes) {
+        throw InputError("SoftmaxCrossEntropy: target " + std::to_string(t[r]) + " of row " +
+                         std::to_string(r) + " is outside [0, " + std::to_string(classes) +
+                         ") and is not ignore_index " + std::to_string(ignore_index_));
+      }
+      double nll = lse - static_cast<double>(cpu::load(row[t[r]]));
+      double smooth = lse - sum_x / static_cast<double>(classes);
+      total += (1.0 - eps) * nll + eps * smooth;
+      counted += 1;
+      if (argmax == t[r]) correct += 1;
+    }
+  });
+  counted_ = Tensor::scalar(counted, DType::F32);
+  correct_ = Tensor::scalar(correct, DType::F32);
+  return Tensor::scalar(total / std::max(counted, 1.0), DType::F32);
+}
+
+Tensor SoftmaxCrossEntropy::backward(Context& ctx, double scale) {
+  (void)ctx;
+  KILN_CHECK(logits_.defined(), "SoftmaxCrossEntropy: backward without forward");
+  std::int64_t rows = logits_.size(0), classes = logits_.size(1);
+  Tensor dlogits = Tensor::empty({rows, classes}, logits_.dtype(), logits_.device());  // (N, C)
+  if (logits_.device().is_cuda()) {
+#if KILN_WITH_CUDA
+    cuda::softmax_cross_entropy_backward(logits_, targets_, label_smoothing_, ignore_index_,
+                                         row_lse_, counted_, scale, dlogits);
+    return dlogits.view(logits_shape_);
+#endif
+  }
+  const double* lse = row_lse_.data<double>();
+  const std::int64_t* t = targets_.data<std::int64_t>();
+  double eps = label_smoothing_;
+  double factor = scale / std::max(counted_.item(), 1.0);
+  KILN_DISPATCH_FLOATING(logits_.dtype(), T, {
+    const T* x = logits_.data<T>();
+    T* dx = dlogits.data<T>();
+    for (std::int64_t r = 0; r < rows; ++r) {
+      bool ignored = t[r] == ignore_index_;
+      for (std::int64_t c = 0; c < classes; ++c) {
+        double g = 0;
+        if (!ignored) {
+          double p = std::exp(static_cast<double>(cpu::load(x[r * classes + c])) - lse[r]);
+          g = factor * (p - (c == t[r] ? 1.0 - eps : 0.0) - eps / static_cast<double>(classes));
+        }
+        dx[r * classes + c] = cpu::store<T>(g);
+      }
+    }
+  });
+  return dlogits.view(logits_shape_);
+}
+
+void SoftmaxCrossEntropy::check_targets() {
+  if (!invalid_.defined()) return;  // the CPU path throws in forward
+  double bad = invalid_.item();
+  if (bad > 0) {
+    invalid_.zero();
+    throw InputError("SoftmaxCrossEntropy: " + std::to_string(static_cast<long long>(bad)) +
+                     " target(s) outside [0, classes) and not ignore_index " +
+                     std::to_string(ignore_index_) + " since the last check (their loss is NaN)");
+  }
+}
+
+}  // namespace kiln

@@ -1,0 +1,73 @@
+#pragma once
+// SoftmaxCrossEntropy: PyTorch's F.cross_entropy(logits, targets, label_smoothing=eps,
+// ignore_index=ignore, reduction="mean"), fused with the softmax, and its gradient.
+//   logits (N, C) any floating dtype (or (B, T, C): every dimension but the last is a row),
+//   targets (N) I64 (I32 is converted), on the logits' device (moved there otherwise).
+//   loss = sum over non-ignored rows i of [(1 - eps) * (lse_i - x_i,t_i) + eps * (lse_i -
+//          mean_c x_i,c)] / max(1, number of non-ignored rows)
+// so a batch whose rows are all ignored has loss 0 (PyTorch gives NaN there) and a zero gradient.
+// The math is fp32 for half and f32 logits, f64 for f64 on the CPU. Not a Layer: it has two
+// inputs and a scalar output; backward(scale) WRITES dlogits = scale * dloss/dlogits in the
+// logits' dtype and shape.
+//
+// The CUDA path never synchronises with the host: the loss, the non-ignored row count and the
+// number of correct rows stay on the device. A target outside [0, C) that is not ignore_index
+// throws InputError at once on the CPU; on CUDA it makes that batch's loss NaN (its row gets no
+// gradient) and is counted in a sticky device counter, which check_targets() reads (a host
+// sync) and reports as an InputError. The trainer calls check_targets() whenever it reads the
+// loss on the host (logging), so a bad label surfaces at the next host read.
+
+#include <cstdint>
+
+#include "layers/layer.h"
+
+namespace kiln {
+
+class SoftmaxCrossEntropy {
+ public:
+  explicit SoftmaxCrossEntropy(double label_smoothing = 0.0, std::int64_t ignore_index = -100);
+
+  // A one-element F32 tensor on the logits' device.
+  Tensor forward(Context& ctx, const Tensor& logits, const Tensor& targets);
+  // dlogits = scale * dloss/dlogits for the last forward, in the logits' dtype and shape.
+  Tensor backward(Context& ctx, double scale);
+
+  // From the last forward, F32 one-element tensors on the logits' device: rows (not ignored)
+  // whose argmax (first maximum) equals the target, and rows not ignored.
+  Tensor correct_count() const { return correct_; }
+  Tensor counted_rows() const { return counted_; }
+  // Throws InputError if any forward since the last check saw an out-of-range target (on CUDA
+  // this reads the device counter: a host sync), and resets the counter.
+  void check_targets();
+
+  double label_smoothing() const { return label_smoothing_; }
+  std::int64_t ignore_index() const { return ignore_index_; }
+
+ private:
+  double label_smoothing_;
+  std::int64_t ignore_index_;
+  Tensor logits_;  // (N, C), contiguous
+  Shape logits_shape_;
+  Tensor targets_;  // (N) I64
+  Tensor row_lse_;  // (N) F32 (F64 on the CPU for f64 logits): log-sum-exp of each row
+  Tensor counted_;  // () F32
+  Tensor correct_;  // () F32
+  Tensor invalid_;  // () I32, CUDA: out-of-range targets since the last check_targets()
+};
+
+#if KILN_WITH_CUDA
+namespace cuda {
+// One block per row: row_lse, row_loss and row_flags (1 counted, 2 correct, 4 invalid target);
+// then one block reduces the rows in a fixed order into loss, counted, correct and adds the
+// batch's invalid rows to `invalid`.
+void softmax_cross_entropy_forward(const Tensor& logits, const Tensor& targets, double smoothing,
+                                   std::int64_t ignore_index, Tensor& row_lse, Tensor& loss,
+                                   Tensor& counted, Tensor& correct, Tensor& invalid);
+// One block per row: dlogits = scale / max(1, counted) * (softmax - (1 - eps) onehot - eps / C).
+void softmax_cross_entropy_backward(const Tensor& logits, const Tensor& targets, double smoothing,
+                                    std::int64_t ignore_index, const Tensor& row_lse,
+                                    const Tensor& counted, double scale, Tensor& dlogits);
+}  // namespace cuda
+#endif
+
+}  // namespace kiln

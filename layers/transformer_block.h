@@ -1,0 +1,77 @@
+#pragma once
+// A transformer encoder block: self-attention and a GELU MLP, each with a residual connection,
+// layer-normalised after (post-LN, BERT) or before (pre-LN, ViT):
+//   post-LN: h = LN1(x + drop(attn(x)));      y = LN2(h + drop(W2 gelu(W1 h)))
+//   pre-LN:  h = x + drop(attn(LN1(x)));      y = h + drop(W2 drop'(gelu(W1 LN2(h))))
+//   x, y (B, T, hidden). drop' (ViT's dropout between the MLP linears) only when mlp_inner_dropout.
+// Gradient contract: parameter gradients are accumulated (+=); dx is written (=).
+// Child names are configurable so that parameter names match the reference implementation.
+
+#include <cstdint>
+#include <string>
+
+#include "layers/attention.h"
+#include "layers/dropout.h"
+#include "layers/layer.h"
+#include "layers/layernorm.h"
+#include "layers/linear.h"
+
+namespace kiln {
+
+struct TransformerBlockConfig {
+  std::int64_t hidden = 768;
+  std::int64_t heads = 12;
+  std::int64_t intermediate = 3072;
+  double dropout = 0.1;            // on the attention output and the MLP output
+  double attention_dropout = 0.1;  // on the attention probabilities
+  double layer_norm_eps = 1e-12;
+  bool pre_norm = false;
+  bool mlp_inner_dropout = false;
+  QkvLayout qkv_layout = QkvLayout::SeparateQKV;
+  // Child names: the prefixes of their parameters.
+  std::string attention_name = "attention";
+  std::string attention_norm_name = "attention.output.LayerNorm";
+  std::string mlp_in_name = "intermediate.dense";
+  std::string mlp_out_name = "output.dense";
+  std::string mlp_norm_name = "output.LayerNorm";
+
+  // HuggingFace BertLayer: post-LN, eps 1e-12, separate q/k/v, dropout everywhere.
+  static TransformerBlockConfig bert(std::int64_t hidden, std::int64_t heads,
+                                     std::int64_t intermediate, double dropout);
+  // torchvision EncoderBlock: pre-LN (ln_1, ln_2), eps 1e-6, nn.MultiheadAttention's fused
+  // in_proj, mlp.0 / mlp.3, no attention dropout.
+  static TransformerBlockConfig vit(std::int64_t hidden, std::int64_t heads,
+                                    std::int64_t intermediate, double dropout);
+};
+
+class TransformerBlock : public Layer {
+ public:
+  explicit TransformerBlock(const TransformerBlockConfig& config);
+  std::string type() const override { return "TransformerBlock"; }
+  Shape output_shape(const Shape& input) const override { return input; }
+  double forward_flops(const Shape& input) const override;
+
+  const TransformerBlockConfig& config() const { return config_; }
+  MultiHeadSelfAttention& attention() { return *attention_; }
+  LayerNorm& attention_norm() { return *norm1_; }
+  LayerNorm& mlp_norm() { return *norm2_; }
+  Linear& mlp_in() { return *mlp_in_; }
+  Linear& mlp_out() { return *mlp_out_; }
+
+ protected:
+  Tensor forward_impl(Context& ctx, const Tensor& x) override;
+  Tensor backward_impl(Context& ctx, const Tensor& dy) override;
+
+ private:
+  TransformerBlockConfig config_;
+  MultiHeadSelfAttention* attention_;
+  LayerNorm* norm1_;
+  LayerNorm* norm2_;
+  Linear* mlp_in_;
+  Linear* mlp_out_;
+  Dropout* attention_output_dropout_;
+  Dropout* mlp_inner_dropout_ = nullptr;
+  Dropout* mlp_output_dropout_;
+};
+
+}  // namespace kiln

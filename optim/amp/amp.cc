@@ -1,0 +1,272 @@
+// Mixed precision: opt levels, the loss scaler and the optimizer wrapper that owns fp32 masters.
+
+#include "optim/amp/amp.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "core/stream.h"
+
+namespace kiln::optim {
+
+const char* opt_level_name(OptLevel level) {
+  switch (level) {
+    case OptLevel::O0:
+      return "O0";
+    case OptLevel::O1:
+      return "O1";
+    case OptLevel::O2:
+      return "O2";
+    case OptLevel::O3:
+      return "O3";
+  }
+  return "?";
+}
+
+OptLevel opt_level_from_name(const std::string& name) {
+  for (OptLevel l : {OptLevel::O0, OptLevel::O1, OptLevel::O2, OptLevel::O3}) {
+    if (name == opt_level_name(l)) return l;
+  }
+  throw InputError("unknown opt level '" + name + "' (known: O0, O1, O2, O3)");
+}
+
+const char* half_type_name(HalfType half) {
+  return half == HalfType::BF16 ? "bf16" : "fp16";
+}
+
+HalfType half_type_from_name(const std::string& name) {
+  if (name == "fp16" || name == "FP16" || name == "f16") return HalfType::FP16;
+  if (name == "bf16" || name == "BF16") return HalfType::BF16;
+  throw InputError("unknown half type '" + name + "' (known: fp16, bf16)");
+}
+
+const char* loss_scale_mode_name(LossScaleMode mode) {
+  switch (mode) {
+    case LossScaleMode::Auto:
+      return "auto";
+    case LossScaleMode::Dynamic:
+      return "dynamic";
+    case LossScaleMode::Static:
+      return "static";
+    case LossScaleMode::None:
+      return "none";
+  }
+  return "?";
+}
+
+LossScaleMode loss_scale_mode_from_name(const std::string& name) {
+  for (LossScaleMode m :
+       {LossScaleMode::Auto, LossScaleMode::Dynamic, LossScaleMode::Static, LossScaleMode::None}) {
+    if (name == loss_scale_mode_name(m)) return m;
+  }
+  throw InputError("unknown loss scale mode '" + name + "' (known: auto, dynamic, static, none)");
+}
+
+DType half_dtype(HalfType half) {
+  return half == HalfType::BF16 ? DType::BF16 : DType::F16;
+}
+
+PrecisionPolicy precision_policy(const AmpOptions& options) {
+  PrecisionPolicy policy;
+  if (options.level != OptLevel::O0) {
+    policy.activation = half_dtype(options.half);
+    policy.matmul = half_dtype(options.half);
+  }
+  return policy;
+}
+
+DType parameter_dtype(const AmpOptions& options) {
+  return options.level == OptLevel::O2 || options.level == OptLevel::O3 ? half_dtype(options.half)
+                                                                        : DType::F32;
+}
+
+bool uses_master_weights(const AmpOptions& options) {
+  return options.level == OptLevel::O2;
+}
+
+bool uses_loss_scaling(const AmpOptions& options) {
+  switch (options.loss_scale) {
+    case LossScaleMode::Auto:
+      return options.level != OptLevel::O0 && options.half == HalfType::FP16;
+    case LossScaleMode::None:
+      return false;
+    default:
+      return true;
+  }
+}
+
+static LossScaleMode resolved_mode(const AmpOptions& options) {
+  if (options.loss_scale == LossScaleMode::Auto) {
+    return uses_loss_scaling(options) ? LossScaleMode::Dynamic : LossScaleMode::None;
+  }
+  return options.loss_scale;
+}
+
+void validate(const AmpOptions& options) {
+  const LossScalerOptions& s = options.scaler;
+  auto fail = [](const std::string& what) { throw InputError("amp loss scaler: " + what); };
+  if (!(s.init_scale > 0) || !std::isfinite(s.init_scale)) fail("init_scale must be > 0");
+  if (!(s.growth_factor > 1)) fail("growth_factor must be > 1");
+  if (!(s.backoff_factor > 0 && s.backoff_factor < 1)) fail("backoff_factor must be in (0, 1)");
+  if (s.growth_interval < 1) fail("growth_interval must be >= 1");
+  if (!(s.min_scale >= 0) || s.min_scale > s.init_scale) {
+    fail("min_scale must be in [0, init_scale]");
+  }
+}
+
+LossScaler::LossScaler(const LossScalerOptions& options, LossScaleMode mode)
+    : options_(options), mode_(mode == LossScaleMode::Auto ? LossScaleMode::Dynamic : mode) {
+  state_.scale = options.init_scale;
+}
+
+bool LossScaler::update(bool found_inf) {
+  if (!enabled()) return false;
+  if (found_inf) {
+    if (dynamic()) {
+      if (options_.min_scale > 0 && state_.scale <= options_.min_scale) {
+        std::ostringstream msg;
+        msg << "loss scale overflow at the minimum scale " << options_.min_scale
+            << ": the gradients are inf/NaN whatever the scale (the model diverged or the data "
+               "holds inf/NaN); lower optim.lr, check the input data, or train in bf16 or O0";
+        throw Error(msg.str());
+      }
+      state_.scale = std::max(state_.scale * options_.backoff_factor, options_.min_scale);
+    }
+    state_.growth_tracker = 0;
+    return true;
+  }
+  if (dynamic() && ++state_.growth_tracker >= options_.growth_interval) {
+    state_.scale *= options_.growth_factor;
+    state_.growth_tracker = 0;
+  }
+  return false;
+}
+
+void LossScaler::load_state(const State& state) {
+  if (!(state.scale > 0) || !std::isfinite(state.scale) || state.growth_tracker < 0) {
+    throw InputError("loss scaler state: scale " + std::to_string(state.scale) +
+                     ", growth tracker " + std::to_string(state.growth_tracker) + " is invalid");
+  }
+  state_ = state;
+}
+
+MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<Parameter*>& params,
+                                                 const OptimizerOptions& optim,
+                                                 const AmpOptions& amp)
+    : amp_((validate(amp), amp)), scaler_(amp.scaler, resolved_mode(amp)), params_(params) {
+  if (!params_.empty()) device_ = params_.front()->value.device();
+  masters_.resize(params_.size());
+  master_grads_.resize(params_.size());
+  std::vector<OptimizedTensor> tensors;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    Parameter& p = *params_[i];
+    OptimizedTensor t;
+    t.name = p.name;
+    t.no_weight_decay = p.no_weight_decay;
+    std::tie(t.lr_multiplier, t.weight_decay) = resolve_group(p.name, p.no_weight_decay, optim);
+    if (uses_master_weights(amp) && is_half(p.value.dtype())) {
+      masters_[i] = Tensor::empty(p.value.shape(), DType::F32, p.value.device());
+      masters_[i].copy_from(p.value);
+      master_grads_[i] = Tensor::zeros(p.value.shape(), DType::F32, p.value.device());
+      t.value = masters_[i];
+      t.grad = master_grads_[i];
+      t.model_copy = p.value;
+      master_state_.emplace_back(p.name + ".master", &masters_[i]);
+    } else {
+      t.value = p.value;
+      t.grad = p.grad;
+    }
+    tensors.push_back(std::move(t));
+  }
+  optimizer_ = make_optimizer(std::move(tensors), optim);
+  stats_ = Tensor::zeros({2}, DType::F32, device_);
+  found_inf_ = stats_.slice(0, 0, 1);
+}
+
+MixedPrecisionOptimizer::~MixedPrecisionOptimizer() = default;
+
+void MixedPrecisionOptimizer::zero_grad() {
+  for (Parameter* p : params_) p->grad.zero();
+  unscaled_ = false;
+}
+
+std::vector<detail::TensorEntry> MixedPrecisionOptimizer::unscale_entries() {
+  std::vector<detail::TensorEntry> entries;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Parameter& p = *params_[i];
+    KILN_CHECK(p.grad.is_contiguous(), "amp: gradient of '" + p.name + "' must be contiguous");
+    detail::TensorEntry e;
+    e.grad = p.grad.data();
+    e.grad_dtype = static_cast<std::int32_t>(p.grad.dtype());
+    const Tensor& out = master_grads_[i].defined() ? master_grads_[i] : p.grad;
+    e.value = out.data();
+    e.value_dtype = static_cast<std::int32_t>(out.dtype());
+    e.numel = p.grad.numel();
+    entries.push_back(e);
+  }
+  return entries;
+}
+
+void MixedPrecisionOptimizer::unscale_and_check() {
+  // GradScaler's inverse scale: computed in double, used as a float.
+  const float inv_scale = static_cast<float>(1.0 / scaler_.scale());
+  const bool write = inv_scale != 1.0f || !master_state_.empty();
+  auto entries = unscale_entries();
+  if (device_.is_cpu()) {
+    bool found_inf = false;
+    double sumsq = detail::cpu_unscale_check_sumsq(entries, inv_scale, write, &found_inf);
+    float* stats = stats_.data<float>();
+    stats[0] = found_inf ? 1.0f : 0.0f;
+    stats[1] = static_cast<float>(std::sqrt(sumsq));
+  } else {
+#if KILN_WITH_CUDA
+    void* stream = current_stream(device_);
+    found_inf_.fill(0.0);
+    unscale_table_.set(std::move(entries), device_);
+    float* stats = static_cast<float*>(stats_.data());
+    detail::cuda_unscale_check_sumsq(unscale_table_, inv_scale, write, stats, stream);
+    detail::cuda_partials_norm(unscale_table_, stats + 1, stream);
+#endif
+  }
+  unscaled_ = true;
+}
+
+StepResult MixedPrecisionOptimizer::step() {
+  if (!unscaled_) unscale_and_check();
+  if (hook_) hook_(found_inf_);
+  // The one host sync of the step: the skip decision and the norm for clipping and logging.
+  std::vector<float> stats = stats_.to_vector<float>();
+  StepResult result;
+  result.found_inf = stats[0] > 0.0f;
+  result.grad_norm = stats[1];
+  result.scale = scaler_.scale();
+  unscaled_ = false;
+  result.skipped = scaler_.update(result.found_inf);
+  result.next_scale = scaler_.scale();
+  if (result.skipped) return result;
+  optimizer_->step(result.grad_norm);
+  ++weights_version_;
+  return result;
+}
+
+std::vector<std::pair<std::string, Tensor*>> MixedPrecisionOptimizer::state() {
+  auto out = optimizer_->state();
+  out.insert(out.end(), master_state_.begin(), master_state_.end());
+  return out;
+}
+
+void MixedPrecisionOptimizer::refresh_model_weights() {
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (masters_[i].defined()) params_[i]->value.copy_from(masters_[i]);
+  }
+  ++weights_version_;
+}
+
+GradientAccumulation::GradientAccumulation(int micro_batches_in) : micro_batches(micro_batches_in) {
+  if (micro_batches < 1) {
+    throw InputError("gradient accumulation needs >= 1 micro-batches, got " +
+                     std::to_string(micro_batches));
+  }
+}
+
+}  // namespace kiln::optim

@@ -1,0 +1,219 @@
+// The multi-tensor descriptor table and the CPU passes (the reference the CUDA kernels are checked
+// against).
+
+#include "optim/multi_tensor.h"
+
+#include <cstring>
+
+#include "core/cpu/element.h"
+
+namespace kiln::optim::detail {
+namespace {
+
+bool same_entries(const std::vector<TensorEntry>& a, const std::vector<TensorEntry>& b) {
+  if (a.size() != b.size()) return false;
+  return a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(TensorEntry)) == 0;
+}
+
+DType dtype_of(std::int32_t code) {
+  return static_cast<DType>(code);
+}
+
+template <typename V>
+using ComputeOf = typename cpu::Compute<V>::type;
+
+// Runs f(V{}, G{}) with V, G the host types of the entry's value and grad.
+template <typename F>
+void dispatch_value_grad(const TensorEntry& e, F&& f) {
+  KILN_DISPATCH_FLOATING(dtype_of(e.value_dtype), V,
+                         { KILN_DISPATCH_FLOATING(dtype_of(e.grad_dtype), G, f(V{}, G{})); });
+}
+
+template <typename C>
+void store_copy(const TensorEntry& e, std::int64_t i, C value) {
+  if (e.copy == nullptr) return;
+  KILN_DISPATCH_FLOATING(dtype_of(e.copy_dtype), T,
+                         static_cast<T*>(e.copy)[i] = cpu::store<T>(static_cast<double>(value)));
+}
+
+template <typename T, typename C>
+inline T store_value(C v) {
+  if constexpr (std::is_same<T, float>::value || std::is_same<T, double>::value) {
+    return static_cast<T>(v);
+  } else {
+    return cpu::store_float<T>(static_cast<float>(v));
+  }
+}
+
+}  // namespace
+
+void MultiTensorTable::set(std::vector<TensorEntry> entries, Device device) {
+  bool changed = !same_entries(entries, entries_) || device != device_ || !device_buffer_.defined();
+  // Chunk indices are part of the entries, so they are filled before the comparison is used.
+  std::int32_t chunk = 0;
+  std::vector<ChunkEntry> chunks;
+  for (std::size_t t = 0; t < entries.size(); ++t) {
+    entries[t].first_chunk = chunk;
+    std::int32_t count = 0;
+    for (std::int64_t start = 0; start < entries[t].numel; start += kChunkElements) {
+      ChunkEntry c;
+      c.tensor = static_cast<std::int32_t>(t);
+      c.start = start;
+      c.count = std::min(kChunkElements, entries[t].numel - start);
+      chunks.push_back(c);
+      ++count;
+    }
+    entries[t].chunk_count = count;
+    chunk += count;
+  }
+  changed = changed || !same_entries(entries, entries_);
+  entries_ = std::move(entries);
+  chunks_ = std::move(chunks);
+  device_ = device;
+  if (!changed || device.is_cpu()) return;
+  std::size_t entry_bytes = entries_.size() * sizeof(TensorEntry);
+  std::size_t chunk_bytes = chunks_.size() * sizeof(ChunkEntry);
+  Tensor host =
+      Tensor::empty({static_cast<std::int64_t>(entry_bytes + chunk_bytes + 1)}, DType::U8);
+  if (entry_bytes) std::memcpy(host.data(), entries_.data(), entry_bytes);
+  if (chunk_bytes) {
+    std::memcpy(static_cast<char*>(host.data()) + entry_bytes, chunks_.data(), chunk_bytes);
+  }
+  device_buffer_ = host.to(device);
+  std::int64_t nchunks = std::max<std::int64_t>(1, num_chunks());
+  if (!partials_[0].defined() || partials_[0].numel() < nchunks) {
+    partials_[0] = Tensor::empty({nchunks}, DType::F64, device);
+    partials_[1] = Tensor::empty({nchunks}, DType::F64, device);
+  }
+  std::int64_t ntensors = std::max<std::int64_t>(1, num_tensors());
+  if (!tensor_scalars_.defined() || tensor_scalars_.numel() < ntensors) {
+    tensor_scalars_ = Tensor::empty({ntensors}, DType::F32, device);
+  }
+}
+
+const TensorEntry* MultiTensorTable::device_entries() const {
+  return static_cast<const TensorEntry*>(device_buffer_.data());
+}
+const ChunkEntry* MultiTensorTable::device_chunks() const {
+  return reinterpret_cast<const ChunkEntry*>(static_cast<const char*>(device_buffer_.data()) +
+                                             entries_.size() * sizeof(TensorEntry));
+}
+double* MultiTensorTable::chunk_partials(int which) {
+  return static_cast<double*>(partials_[which].data());
+}
+float* MultiTensorTable::tensor_scalars() {
+  return static_cast<float*>(tensor_scalars_.data());
+}
+
+double cpu_unscale_check_sumsq(const std::vector<TensorEntry>& entries, double inv_scale,
+                               bool write, bool* found_inf) {
+  double sumsq = 0.0;
+  for (const TensorEntry& e : entries) {
+    dispatch_value_grad(e, [&](auto v_tag, auto g_tag) {
+      using V = decltype(v_tag);
+      using G = decltype(g_tag);
+      using C = ComputeOf<V>;
+      const G* in = static_cast<const G*>(e.grad);
+      V* out = static_cast<V*>(e.value);
+      C factor = static_cast<C>(inv_scale);
+      for (std::int64_t i = 0; i < e.numel; ++i) {
+        C g = static_cast<C>(cpu::load(in[i]));
+        if (!finite(g)) *found_inf = true;
+        C x = g * factor;
+        sumsq += static_cast<double>(x) * static_cast<double>(x);
+        if (write) out[i] = store_value<V>(x);
+      }
+    });
+  }
+  return sumsq;
+}
+
+void cpu_scale_grads(const std::vector<TensorEntry>& entries, double factor) {
+  for (const TensorEntry& e : entries) {
+    KILN_DISPATCH_FLOATING(dtype_of(e.grad_dtype), G, {
+      using C = ComputeOf<G>;
+      G* g = static_cast<G*>(e.grad);
+      C f = static_cast<C>(factor);
+      for (std::int64_t i = 0; i < e.numel; ++i) {
+        g[i] = store_value<G>(static_cast<C>(cpu::load(g[i])) * f);
+      }
+    });
+  }
+}
+
+void cpu_sgd(const std::vector<TensorEntry>& entries, const SgdStep& step) {
+  for (const TensorEntry& e : entries) {
+    dispatch_value_grad(e, [&](auto v_tag, auto g_tag) {
+      using V = decltype(v_tag);
+      using G = decltype(g_tag);
+      using C = ComputeOf<V>;
+      SgdScalars<C> s = sgd_scalars<C>(step, e);
+      V* p = static_cast<V*>(e.value);
+      const G* g = static_cast<const G*>(e.grad);
+      C* buf = static_cast<C*>(e.state0);
+      for (std::int64_t i = 0; i < e.numel; ++i) {
+        C pv = static_cast<C>(cpu::load(p[i]));
+        sgd_element(pv, static_cast<C>(cpu::load(g[i])), buf ? buf + i : nullptr, s);
+        p[i] = store_value<V>(pv);
+        store_copy(e, i, pv);
+      }
+    });
+  }
+}
+
+void cpu_adamw(const std::vector<TensorEntry>& entries, const AdamWStep& step) {
+  for (const TensorEntry& e : entries) {
+    dispatch_value_grad(e, [&](auto v_tag, auto g_tag) {
+      using V = decltype(v_tag);
+      using G = decltype(g_tag);
+      using C = ComputeOf<V>;
+      AdamWScalars<C> s = adamw_scalars<C>(step, e);
+      V* p = static_cast<V*>(e.value);
+      const G* g = static_cast<const G*>(e.grad);
+      C* m = static_cast<C*>(e.state0);
+      C* v = static_cast<C*>(e.state1);
+      C* v_max = static_cast<C*>(e.state2);
+      for (std::int64_t i = 0; i < e.numel; ++i) {
+        C pv = static_cast<C>(cpu::load(p[i]));
+        adamw_element(pv, static_cast<C>(cpu::load(g[i])), m[i], v[i], v_max ? v_max + i : nullptr,
+                      s);
+        p[i] = store_value<V>(pv);
+        store_copy(e, i, pv);
+      }
+    });
+  }
+}
+
+void cpu_lamb(const std::vector<TensorEntry>& entries, const LambStep& step) {
+  for (const TensorEntry& e : entries) {
+    dispatch_value_grad(e, [&](auto v_tag, auto g_tag) {
+      using V = decltype(v_tag);
+      using G = decltype(g_tag);
+      using C = ComputeOf<V>;
+      LambScalars<C> s = lamb_scalars<C>(step, e);
+      V* p = static_cast<V*>(e.value);
+      const G* g = static_cast<const G*>(e.grad);
+      C* m = static_cast<C*>(e.state0);
+      C* v = static_cast<C*>(e.state1);
+      double param_sumsq = 0.0, update_sumsq = 0.0;
+      for (std::int64_t i = 0; i < e.numel; ++i) {
+        lamb_moments(static_cast<C>(cpu::load(g[i])), m[i], v[i], s);
+        C pv = static_cast<C>(cpu::load(p[i]));
+        C u = lamb_update(pv, m[i], v[i], s);
+        param_sumsq += static_cast<double>(pv) * static_cast<double>(pv);
+        update_sumsq += static_cast<double>(u) * static_cast<double>(u);
+      }
+      C ratio = lamb_trust_ratio<C>(param_sumsq, update_sumsq, e.adapt != 0);
+      C step_size = s.lr * ratio;
+      for (std::int64_t i = 0; i < e.numel; ++i) {
+        C pv = static_cast<C>(cpu::load(p[i]));
+        C u = lamb_update(pv, m[i], v[i], s);
+        pv = pv - step_size * u;
+        p[i] = store_value<V>(pv);
+        store_copy(e, i, pv);
+      }
+    });
+  }
+}
+
+}  // namespace kiln::optim::detail

@@ -1,0 +1,278 @@
+// CUDA multi-tensor kernels: one block per chunk of ChunkEntry; the element rules come from
+// optim/update_rules.h (this file is compiled with --fmad=false so that they round as on the CPU).
+// Per-chunk partial sums are combined in a fixed order, so norms are deterministic.
+
+#include "core/cuda/cuda_check.h"
+#include "core/cuda/element.cuh"
+#include "optim/multi_tensor.h"
+
+namespace kiln::optim::detail {
+namespace {
+
+constexpr int kThreads = 256;
+
+cudaStream_t as_stream(void* stream) {
+  return static_cast<cudaStream_t>(stream);
+}
+
+// Runs f(T{}) with T the device type of a half/float dtype code (f64 is refused on the host).
+template <typename F>
+__device__ __forceinline__ void with_type(std::int32_t code, F&& f) {
+  switch (static_cast<DType>(code)) {
+    case DType::F16:
+      f(__half{});
+      break;
+    case DType::BF16:
+      f(__nv_bfloat16{});
+      break;
+    default:
+      f(float{});
+      break;
+  }
+}
+
+__device__ __forceinline__ void store_copy(const TensorEntry& e, std::int64_t i, float value) {
+  if (e.copy == nullptr) return;
+  if (static_cast<DType>(e.copy_dtype) == DType::BF16) {
+    static_cast<__nv_bfloat16*>(e.copy)[i] = cuda::store<__nv_bfloat16>(value);
+  } else if (static_cast<DType>(e.copy_dtype) == DType::F16) {
+    static_cast<__half*>(e.copy)[i] = cuda::store<__half>(value);
+  } else {
+    static_cast<float*>(e.copy)[i] = value;
+  }
+}
+
+// Sum over the block in a fixed tree order; the result is valid in thread 0.
+__device__ double block_sum(double v) {
+  __shared__ double shared[kThreads];
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (static_cast<int>(threadIdx.x) < half) shared[threadIdx.x] += shared[threadIdx.x + half];
+    __syncthreads();
+  }
+  double total = shared[0];
+  __syncthreads();
+  return total;
+}
+
+__global__ void unscale_check_sumsq_kernel(const TensorEntry* entries, const ChunkEntry* chunks,
+                                           float inv_scale, bool write, float* found_inf,
+                                           double* partials) {
+  const ChunkEntry c = chunks[blockIdx.x];
+  const TensorEntry& e = entries[c.tensor];
+  double sumsq = 0.0;
+  bool bad = false;
+  with_type(e.value_dtype, [&](auto v_tag) {
+    with_type(e.grad_dtype, [&](auto g_tag) {
+      using V = decltype(v_tag);
+      using G = decltype(g_tag);
+      const G* in = static_cast<const G*>(e.grad) + c.start;
+      V* out = static_cast<V*>(e.value) + c.start;
+      for (std::int64_t i = threadIdx.x; i < c.count; i += kThreads) {
+        float g = cuda::load(in[i]);
+        if (!finite(g)) bad = true;
+        float x = g * inv_scale;
+        sumsq += static_cast<double>(x) * static_cast<double>(x);
+        if (write) out[i] = cuda::store<V>(x);
+      }
+    });
+  });
+  if (bad) *found_inf = 1.0f;  // every writer stores the same value
+  double total = block_sum(sumsq);
+  if (threadIdx.x == 0) partials[blockIdx.x] = total;
+}
+
+__global__ void partials_norm_kernel(const double* partials, int n, float* out) {
+  double acc = 0.0;
+  for (int i = threadIdx.x; i < n; i += kThreads) acc += partials[i];
+  double total = block_sum(acc);
+  if (threadIdx.x == 0) out[0] = static_cast<float>(sqrt(total));
+}
+
+__global__ void scale_grads_kernel(const TensorEntry* entries, const ChunkEntry* chunks,
+                                   float factor) {
+  const ChunkEntry c = chunks[blockIdx.x];
+  const TensorEntry& e = entries[c.tensor];
+  with_type(e.grad_dtype, [&](auto g_tag) {
+    using G = decltype(g_tag);
+    G* g = static_cast<G*>(e.grad) + c.start;
+    for (std::int64_t i = threadIdx.x; i < c.count; i += kThreads) {
+      g[i] = cuda::store<G>(cuda::load(g[i]) * factor);
+    }
+  });
+}
+
+__global__ void sgd_kernel(const TensorEntry* entries, const ChunkEntry* chunks, SgdStep step) {
+  const ChunkEntry c = chunks[blockIdx.x];
+  const TensorEntry& e = entries[c.tensor];
+  const SgdScalars<float> s = sgd_scalars<float>(step, e);
+  with_type(e.value_dtype, [&](auto v_tag) {
+    with_type(e.grad_dtype, [&](auto g_tag) {
+      using V = decltype(v_tag);
+      using G = decltype(g_tag);
+      V* p = static_cast<V*>(e.value);
+      const G* g = static_cast<const G*>(e.grad);
+      float* buf = static_cast<float*>(e.state0);
+      for (std::int64_t i = c.start + threadIdx.x; i < c.start + c.count; i += kThreads) {
+        float pv = cuda::load(p[i]);
+        sgd_element(pv, cuda::load(g[i]), buf ? buf + i : nullptr, s);
+        p[i] = cuda::store<V>(pv);
+        store_copy(e, i, pv);
+      }
+    });
+  });
+}
+
+__global__ void adamw_kernel(const TensorEntry* entries, const ChunkEntry* chunks, AdamWStep step) {
+  const ChunkEntry c = chunks[blockIdx.x];
+  const TensorEntry& e = entries[c.tensor];
+  const AdamWScalars<float> s = adamw_scalars<float>(step, e);
+  with_type(e.value_dtype, [&](auto v_tag) {
+    with_type(e.grad_dtype, [&](auto g_tag) {
+      using V = decltype(v_tag);
+      using G = decltype(g_tag);
+      V* p = static_cast<V*>(e.value);
+      const G* g = static_cast<const G*>(e.grad);
+      float* m = static_cast<float*>(e.state0);
+      float* v = static_cast<float*>(e.state1);
+      float* v_max = static_cast<float*>(e.state2);
+      for (std::int64_t i = c.start + threadIdx.x; i < c.start + c.count; i += kThreads) {
+        float pv = cuda::load(p[i]);
+        float mv = m[i], vv = v[i];
+        adamw_element(pv, cuda::load(g[i]), mv, vv, v_max ? v_max + i : nullptr, s);
+        m[i] = mv;
+        v[i] = vv;
+        p[i] = cuda::store<V>(pv);
+        store_copy(e, i, pv);
+      }
+    });
+  });
+}
+
+// LAMB stage 1: moments, and per-chunk sums of squares of the weights and of the update.
+__global__ void lamb_moments_kernel(const TensorEntry* entries, const ChunkEntry* chunks,
+                                    LambStep step, double* param_partials,
+                                    double* update_partials) {
+  const ChunkEntry c = chunks[blockIdx.x];
+  const TensorEntry& e = entries[c.tensor];
+  const LambScalars<float> s = lamb_scalars<float>(step, e);
+  double param_sumsq = 0.0, update_sumsq = 0.0;
+  with_type(e.value_dtype, [&](auto v_tag) {
+    with_type(e.grad_dtype, [&](auto g_tag) {
+      using V = decltype(v_tag);
+      using G = decltype(g_tag);
+      const V* p = static_cast<const V*>(e.value);
+      const G* g = static_cast<const G*>(e.grad);
+      float* m = static_cast<float*>(e.state0);
+      float* v = static_cast<float*>(e.state1);
+      for (std::int64_t i = c.start + threadIdx.x; i < c.start + c.count; i += kThreads) {
+        float mv = m[i], vv = v[i];
+        lamb_moments(cuda::load(g[i]), mv, vv, s);
+        m[i] = mv;
+        v[i] = vv;
+        float pv = cuda::load(p[i]);
+        float u = lamb_update(pv, mv, vv, s);
+        param_sumsq += static_cast<double>(pv) * static_cast<double>(pv);
+        update_sumsq += static_cast<double>(u) * static_cast<double>(u);
+      }
+    });
+  });
+  double p_total = block_sum(param_sumsq);
+  double u_total = block_sum(update_sumsq);
+  if (threadIdx.x == 0) {
+    param_partials[blockIdx.x] = p_total;
+    update_partials[blockIdx.x] = u_total;
+  }
+}
+
+// LAMB stage 2: one block per tensor turns its chunks' partials into the trust ratio.
+__global__ void lamb_ratio_kernel(const TensorEntry* entries, const double* param_partials,
+                                  const double* update_partials, float* ratios) {
+  const TensorEntry& e = entries[blockIdx.x];
+  double p_acc = 0.0, u_acc = 0.0;
+  for (int i = threadIdx.x; i < e.chunk_count; i += kThreads) {
+    p_acc += param_partials[e.first_chunk + i];
+    u_acc += update_partials[e.first_chunk + i];
+  }
+  double p_total = block_sum(p_acc);
+  double u_total = block_sum(u_acc);
+  if (threadIdx.x == 0)
+    ratios[blockIdx.x] = lamb_trust_ratio<float>(p_total, u_total, e.adapt != 0);
+}
+
+// LAMB stage 3: p -= lr * ratio * update, the update recomputed from (p, m, v).
+__global__ void lamb_apply_kernel(const TensorEntry* entries, const ChunkEntry* chunks,
+                                  LambStep step, const float* ratios) {
+  const ChunkEntry c = chunks[blockIdx.x];
+  const TensorEntry& e = entries[c.tensor];
+  const LambScalars<float> s = lamb_scalars<float>(step, e);
+  const float step_size = s.lr * ratios[c.tensor];
+  with_type(e.value_dtype, [&](auto v_tag) {
+    using V = decltype(v_tag);
+    V* p = static_cast<V*>(e.value);
+    const float* m = static_cast<const float*>(e.state0);
+    const float* v = static_cast<const float*>(e.state1);
+    for (std::int64_t i = c.start + threadIdx.x; i < c.start + c.count; i += kThreads) {
+      float pv = cuda::load(p[i]);
+      pv = pv - step_size * lamb_update(pv, m[i], v[i], s);
+      p[i] = cuda::store<V>(pv);
+      store_copy(e, i, pv);
+    }
+  });
+}
+
+}  // namespace
+
+void cuda_unscale_check_sumsq(MultiTensorTable& table, float inv_scale, bool write,
+                              float* found_inf, void* stream) {
+  if (table.num_chunks() == 0) return;
+  unscale_check_sumsq_kernel<<<table.num_chunks(), kThreads, 0, as_stream(stream)>>>(
+      table.device_entries(), table.device_chunks(), inv_scale, write, found_inf,
+      table.chunk_partials(0));
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+void cuda_partials_norm(MultiTensorTable& table, float* out, void* stream) {
+  partials_norm_kernel<<<1, kThreads, 0, as_stream(stream)>>>(table.chunk_partials(0),
+                                                              table.num_chunks(), out);
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+void cuda_scale_grads(MultiTensorTable& table, float factor, void* stream) {
+  if (table.num_chunks() == 0) return;
+  scale_grads_kernel<<<table.num_chunks(), kThreads, 0, as_stream(stream)>>>(
+      table.device_entries(), table.device_chunks(), factor);
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+void cuda_sgd(MultiTensorTable& table, const SgdStep& step, void* stream) {
+  if (table.num_chunks() == 0) return;
+  sgd_kernel<<<table.num_chunks(), kThreads, 0, as_stream(stream)>>>(table.device_entries(),
+                                                                     table.device_chunks(), step);
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+void cuda_adamw(MultiTensorTable& table, const AdamWStep& step, void* stream) {
+  if (table.num_chunks() == 0) return;
+  adamw_kernel<<<table.num_chunks(), kThreads, 0, as_stream(stream)>>>(table.device_entries(),
+                                                                       table.device_chunks(), step);
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+void cuda_lamb(MultiTensorTable& table, const LambStep& step, void* stream) {
+  if (table.num_chunks() == 0) return;
+  lamb_moments_kernel<<<table.num_chunks(), kThreads, 0, as_stream(stream)>>>(
+      table.device_entries(), table.device_chunks(), step, table.chunk_partials(0),
+      table.chunk_partials(1));
+  KILN_CUDA_LAUNCH_CHECK();
+  lamb_ratio_kernel<<<table.num_tensors(), kThreads, 0, as_stream(stream)>>>(
+      table.device_entries(), table.chunk_partials(0), table.chunk_partials(1),
+      table.tensor_scalars());
+  KILN_CUDA_LAUNCH_CHECK();
+  lamb_apply_kernel<<<table.num_chunks(), kThreads, 0, as_stream(stream)>>>(
+      table.device_entries(), table.device_chunks(), step, table.tensor_scalars());
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace kiln::optim::detail

@@ -1,0 +1,167 @@
+#pragma once
+// Optimizers: SGD (momentum, dampening, Nesterov, weight decay), AdamW (decoupled weight decay,
+// bias correction, AMSGrad) and LAMB (trust ratio, Apex FusedLAMB clipping), with the semantics of
+// torch.optim.SGD / torch.optim.AdamW and of the LAMB paper, on CPU and CUDA. On CUDA a step is
+// one multi-tensor launch over all parameters (LAMB: three), see optim/multi_tensor.h.
+//
+// The optimizer reads OptimizedTensor::grad and updates OptimizedTensor::value in place; state
+// (moments, the step count) lives in named tensors so that checkpoints can save and restore it.
+// Weights, gradients and state must be contiguous and on one device; state is f32 (f64 for f64
+// weights on CPU). Half weights with fp32 state are allowed (O3); O2 passes fp32 masters and
+// asks the optimizer to write the half copy (`model_copy`) in the same pass.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+#include "layers/layer.h"
+#include "optim/multi_tensor.h"
+
+namespace kiln::optim {
+
+enum class OptimizerKind { SGD, AdamW, LAMB };
+const char* optimizer_kind_name(OptimizerKind kind);              // "sgd", "adamw", "lamb"
+OptimizerKind optimizer_kind_from_name(const std::string& name);  // InputError lists the known
+
+// A rule giving the parameters whose name matches `pattern` (glob: * and ?, matched against the
+// full dotted name) their own learning-rate multiplier and weight decay. The first match wins.
+struct ParamGroupRule {
+  std::string pattern;
+  double lr_multiplier = 1.0;
+  double weight_decay = -1.0;  // < 0: the optimizer's weight_decay
+};
+
+struct OptimizerOptions {
+  OptimizerKind kind = OptimizerKind::AdamW;
+  double lr = 1e-3;  // the base rate; set_lr() changes it (schedules)
+  double weight_decay = 0.0;
+  // SGD
+  double momentum = 0.0;
+  double dampening = 0.0;
+  bool nesterov = false;
+  // AdamW and LAMB
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  bool amsgrad = false;         // AdamW
+  bool bias_correction = true;  // LAMB (AdamW always corrects)
+  // Clipping by the global L2 norm of all gradients, 0 = off. SGD/AdamW: grads *= min(1,
+  // max / (norm + 1e-6)) (torch.nn.utils.clip_grad_norm_); LAMB: grads /= max(1, norm / max)
+  // (Apex FusedLAMB).
+  double max_grad_norm = 0.0;
+  std::vector<ParamGroupRule> groups;
+  // Parameters flagged no_weight_decay (biases, norm weights) get weight decay 0 whatever the
+  // group says, and LAMB leaves them out of the trust ratio.
+  bool exclude_flagged_from_decay = true;
+};
+
+// One tensor the optimizer updates.
+struct OptimizedTensor {
+  std::string name;   // the parameter's name: state is "<name>.exp_avg" etc.
+  Tensor value;       // updated in place
+  Tensor grad;        // same shape; read only (f32, or the value's dtype)
+  Tensor model_copy;  // optional: half weights written from the new value in the same pass (O2)
+  bool no_weight_decay = false;
+  double lr_multiplier = 1.0;  // resolved from the groups by make_optimized_tensors()
+  double weight_decay = 0.0;
+};
+
+// Resolves groups and flags: one OptimizedTensor per parameter (value and grad shared).
+std::vector<OptimizedTensor> make_optimized_tensors(const std::vector<Parameter*>& params,
+                                                    const OptimizerOptions& options);
+// The same resolution for one name and flag: {lr_multiplier, weight_decay}.
+std::pair<double, double> resolve_group(const std::string& name, bool no_weight_decay,
+                                        const OptimizerOptions& options);
+
+class Optimizer {
+ public:
+  Optimizer(std::vector<OptimizedTensor> tensors, const OptimizerOptions& options);
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  virtual const char* name() const = 0;  // "sgd"
+
+  void set_lr(double lr) { lr_ = lr; }
+  double lr() const { return lr_; }
+  // Completed steps (skipped ones not counted); lives in the "optimizer.step" state tensor.
+  std::int64_t step_count() const;
+
+  // One update from the current gradients. `grad_norm` is the global L2 norm of the gradients
+  // when the caller already knows it (the mixed-precision pass computes it); < 0: computed here
+  // if clipping needs it (one device-to-host read). Returns the norm used, or -1 if none.
+  double step(double grad_norm = -1.0);
+
+  // Named state tensors for checkpoints: "optimizer.step" (i64, CPU) and per tensor
+  // "<name>.momentum_buffer" | "<name>.exp_avg", "<name>.exp_avg_sq", "<name>.max_exp_avg_sq".
+  // Restoring = copy_from() into these tensors.
+  std::vector<std::pair<std::string, Tensor*>> state();
+
+  const std::vector<OptimizedTensor>& tensors() const { return tensors_; }
+  const OptimizerOptions& options() const { return options_; }
+  Device device() const { return device_; }
+
+ protected:
+  // Applies one update; `grad_norm` is known (>= 0) when max_grad_norm > 0.
+  virtual void apply(double grad_norm) = 0;
+  // Allocates a zeroed state tensor shaped like tensor i and registers it under "<name>.<key>".
+  Tensor& add_state(std::size_t i, const std::string& key);
+  // The descriptor list; `state_keys` names which state tensors go to state0..2.
+  std::vector<detail::TensorEntry> entries(const std::vector<std::string>& state_keys);
+
+  std::vector<OptimizedTensor> tensors_;
+  OptimizerOptions options_;
+  Device device_;
+  double lr_;
+  detail::MultiTensorTable table_;
+
+ private:
+  std::vector<std::pair<std::string, std::unique_ptr<Tensor>>> state_;
+  std::vector<std::vector<std::pair<std::string, Tensor*>>> tensor_state_;  // per tensor: key
+  Tensor step_count_;                                                       // I64 (1) on CPU
+};
+
+class Sgd : public Optimizer {
+ public:
+  Sgd(std::vector<OptimizedTensor> tensors, const OptimizerOptions& options);
+  const char* name() const override { return "sgd"; }
+
+ protected:
+  void apply(double grad_norm) override;
+};
+
+class AdamW : public Optimizer {
+ public:
+  AdamW(std::vector<OptimizedTensor> tensors, const OptimizerOptions& options);
+  const char* name() const override { return "adamw"; }
+
+ protected:
+  void apply(double grad_norm) override;
+};
+
+class Lamb : public Optimizer {
+ public:
+  Lamb(std::vector<OptimizedTensor> tensors, const OptimizerOptions& options);
+  const char* name() const override { return "lamb"; }
+
+ protected:
+  void apply(double grad_norm) override;
+};
+
+std::unique_ptr<Optimizer> make_optimizer(std::vector<OptimizedTensor> tensors,
+                                          const OptimizerOptions& options);
+std::unique_ptr<Optimizer> make_optimizer(const std::vector<Parameter*>& params,
+                                          const OptimizerOptions& options);
+
+// The global L2 norm over every tensor (one multi-tensor pass on CUDA, partial sums in double
+// combined in a fixed order: deterministic). One device-to-host read.
+double global_norm(const std::vector<Tensor>& tensors);
+// torch.nn.utils.clip_grad_norm_: grads *= min(1, max_norm / (norm + 1e-6)); returns the norm
+// before clipping. A non-finite norm leaves the gradients as they are.
+double clip_grad_norm(const std::vector<Tensor>& grads, double max_norm);
+double clip_grad_norm(const std::vector<Parameter*>& params, double max_norm);
+
+}  // namespace kiln::optim

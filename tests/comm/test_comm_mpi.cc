@@ -1,0 +1,307 @@
+// Multi-rank tests of comm/ on the CPU, run under mpirun with 2 and 3 ranks (label mpi): the
+// collectives against closed-form answers (each rank contributes values built from its rank, so
+// the result is known exactly), the host helpers, and DataParallel against a single-process run.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+
+#include "comm/mpi_communicator.h"
+#include "comm/watchdog.h"
+#include "comm/world.h"
+#include "tests/comm/dp_training.h"
+
+namespace kiln {
+namespace {
+
+using testing::DpRun;
+
+MpiCommunicator& comm() {
+  static MpiCommunicator* c = [] {
+    CommunicatorOptions options;
+    options.timeout_s = 120;  // a rank stuck in a test fails the job instead of hanging CI
+    return new MpiCommunicator(world(), options);
+  }();
+  return *c;
+}
+
+const DType kFloatTypes[] = {DType::F32, DType::F64, DType::BF16, DType::F16};
+
+TEST(World, MatchesTheLauncher) {
+  const World& w = world();
+  const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
+  ASSERT_NE(size, nullptr) << "these tests run under mpirun";
+  EXPECT_EQ(w.size, std::atoi(size));
+  EXPECT_EQ(w.rank, std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")));
+  EXPECT_EQ(w.local_size, w.size);  // one host in CI
+  EXPECT_EQ(w.local_rank, w.rank);
+  EXPECT_NE(process_identity().find("rank " + std::to_string(w.rank) + "/"), std::string::npos);
+}
+
+TEST(MpiCommunicator, AllReduceSumAndAverageAreExact) {
+  const int P = comm().size(), r = comm().rank();
+  for (DType dtype : kFloatTypes) {
+    for (std::int64_t n : {std::int64_t{1}, std::int64_t{1037}}) {
+      std::vector<double> values(n);
+      for (std::int64_t i = 0; i < n; ++i) values[i] = (r + 1) * (i % 7 + 1);
+      Tensor t = Tensor::from_vector(values, {n}).to(dtype);
+      Tensor a = t.clone();
+      comm().all_reduce(t, ReduceOp::Sum);
+      comm().all_reduce(a, ReduceOp::Average);
+      std::vector<double> sum = t.to_vector<double>(), avg = a.to_vector<double>();
+      int wrong = 0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const double expected = P * (P + 1) / 2.0 * (i % 7 + 1);
+        wrong += sum[i] != expected;
+        wrong += avg[i] != expected / P;
+      }
+      EXPECT_EQ(wrong, 0) << dtype_name(dtype) << " n=" << n;
+    }
+  }
+}
+
+TEST(MpiCommunicator, AllReduceOfALargeTensorCrossesChunks) {
+  const int P = comm().size(), r = comm().rank();
+  const std::int64_t n = (std::int64_t{1} << 22) + 3;  // more than one 4M-element chunk
+  Tensor t = Tensor::full({n}, r + 1.0, DType::F32);
+  comm().all_reduce(t, ReduceOp::Sum);
+  std::vector<float> v = t.to_vector<float>();
+  std::int64_t wrong = 0;
+  for (float x : v) wrong += x != P * (P + 1) / 2.0f;
+  EXPECT_EQ(wrong, 0);
+}
+
+TEST(MpiCommunicator, AllReduceOfIntegers) {
+  const int P = comm().size(), r = comm().rank();
+  Tensor t = Tensor::from_vector(std::vector<std::int64_t>{r, 10 * r, 1}, {3});
+  comm().all_reduce(t, ReduceOp::Sum);
+  EXPECT_EQ(t.to_vector<std::int64_t>(),
+            (std::vector<std::int64_t>{P * (P - 1) / 2, 10 * P * (P - 1) / 2, P}));
+  EXPECT_THROW(comm().all_reduce(t, ReduceOp::Average), Error);
+}
+
+TEST(MpiCommunicator, BroadcastFromTheLastRank) {
+  const int P = comm().size(), r = comm().rank();
+  for (DType dtype : kFloatTypes) {
+    Tensor t = Tensor::full({2, 9}, 3.0 + r, dtype);
+    comm().broadcast(t, P - 1);
+    for (double v : t.to_vector<double>()) ASSERT_EQ(v, 3.0 + (P - 1)) << dtype_name(dtype);
+  }
+}
+
+TEST(MpiCommunicator, AllGatherPlacesEachRanksBlock) {
+  const int P = comm().size(), r = comm().rank();
+  for (DType dtype : kFloatTypes) {
+    const std::int64_t n = 11;
+    std::vector<double> mine(n);
+    for (std::int64_t i = 0; i < n; ++i) mine[i] = 20 * r + i;
+    Tensor in = Tensor::from_vector(mine, {n}).to(dtype);
+    Tensor out = Tensor::full({P * n}, NAN, dtype);
+    comm().all_gather(in, out);
+    std::vector<double> v = out.to_vector<double>();
+    int wrong = 0;
+    for (int q = 0; q < P; ++q) {
+      for (std::int64_t i = 0; i < n; ++i) wrong += v[q * n + i] != 20 * q + i;
+    }
+    EXPECT_EQ(wrong, 0) << dtype_name(dtype);
+  }
+}
+
+TEST(MpiCommunicator, ReduceScatterGivesEachRankItsBlockSum) {
+  const int P = comm().size(), r = comm().rank();
+  for (DType dtype : kFloatTypes) {
+    const std::int64_t n = 5;
+    std::vector<double> in_values(P * n);
+    for (std::int64_t j = 0; j < P * n; ++j) in_values[j] = (r + 1) * (j % 9 + 1);
+    Tensor in = Tensor::from_vector(in_values, {P * n}).to(dtype);
+    Tensor out = Tensor::full({n}, NAN, dtype);
+    comm().reduce_scatter(in, out, ReduceOp::Sum);
+    std::vector<double> v = out.to_vector<double>();
+    for (std::int64_t i = 0; i < n; ++i) {
+      EXPECT_EQ(v[i], P * (P + 1) / 2.0 * ((r * n + i) % 9 + 1)) << dtype_name(dtype);
+    }
+  }
+}
+
+TEST(MpiCommunicator, RejectsMisuse) {
+  Tensor t = Tensor::zeros({4, 4}, DType::F32);
+  Tensor strided = t.transpose(0, 1);
+  EXPECT_THROW(comm().all_reduce(strided), Error);
+  Tensor out = Tensor::zeros({3}, DType::F32);
+  EXPECT_THROW(comm().all_gather(t, out), Error);
+}
+
+TEST(HostCollectives, ScalarsAndTheFoundInfFlag) {
+  const int P = comm().size(), r = comm().rank();
+  EXPECT_EQ(comm().all_reduce_host(r + 0.5, HostReduceOp::Sum), P * (P - 1) / 2.0 + 0.5 * P);
+  EXPECT_EQ(comm().all_reduce_host(static_cast<std::int64_t>(r), HostReduceOp::Max), P - 1);
+  EXPECT_EQ(comm().all_reduce_host(static_cast<std::int64_t>(r) + 4, HostReduceOp::Min), 4);
+  // An inf or NaN on one rank reaches every rank, so all skip the same step.
+  double flag = r == P - 1 ? NAN : 0.0;
+  EXPECT_TRUE(std::isnan(comm().all_reduce_host(flag, HostReduceOp::Max)));
+  std::vector<double> metrics{1.0 * r, 2.0};
+  comm().all_reduce_host(metrics, HostReduceOp::Average);
+  EXPECT_EQ(metrics[0], (P - 1) / 2.0);
+  EXPECT_EQ(metrics[1], 2.0);
+}
+
+TEST(HostCollectives, ConfigHashMismatchNamesTheRanks) {
+  const int P = comm().size(), r = comm().rank();
+  EXPECT_NO_THROW(comm().check_same_on_all_ranks(0xabcdefull, "config hash"));
+  try {
+    comm().check_same_on_all_ranks(r == P - 1 ? 2 : 1, "config hash");
+    FAIL() << "no error for differing hashes";
+  } catch (const InputError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("config hash differs between ranks"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank " + std::to_string(P - 1) + " has 0x0000000000000002"),
+              std::string::npos)
+        << m;
+  }
+}
+
+// DataParallel against a single-process run on the whole global batch.
+class DataParallelCpu : public ::testing::TestWithParam<DType> {};
+
+TEST_P(DataParallelCpu, MatchesSingleProcessAndRanksAgreeBitwise) {
+  const DType dtype = GetParam();
+  DpRun run;
+  auto result = testing::data_parallel_run(comm(), 7, dtype, run);
+  auto reference =
+      testing::reference_run(7, Device::cpu(), dtype, run.steps, run.global_batch, run.lr);
+  EXPECT_TRUE(testing::bitwise_equal_on_all_ranks(comm(), result.values));
+  // f32 sums in a different order than the single process; f64 leaves no room at all.
+  EXPECT_LT(testing::max_relative_difference(result.values, reference), 1e-6);
+  // The parameters moved: the comparison is not of two untouched initialisations.
+  auto initial = testing::reference_run(7, Device::cpu(), dtype, 0, run.global_batch, run.lr);
+  EXPECT_GT(testing::max_relative_difference(initial, reference), 1e-3);
+  EXPECT_EQ(result.bucket_all_reduces, run.steps * result.buckets);
+}
+
+TEST_P(DataParallelCpu, GradientAccumulationReducesOncePerStep) {
+  const DType dtype = GetParam();
+  DpRun run;
+  run.micro_steps = 2;
+  auto result = testing::data_parallel_run(comm(), 7, dtype, run);
+  auto reference =
+      testing::reference_run(7, Device::cpu(), dtype, run.steps, run.global_batch, run.lr);
+  EXPECT_TRUE(testing::bitwise_equal_on_all_ranks(comm(), result.values));
+  EXPECT_LT(testing::max_relative_difference(result.values, reference), 1e-6);
+  EXPECT_EQ(result.bucket_all_reduces, run.steps * result.buckets);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, DataParallelCpu, ::testing::Values(DType::F64, DType::F32),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+TEST(DataParallel, BucketSizesGiveIdenticalResults) {
+  DpRun one_bucket;  // 25 MiB: the whole model in one bucket
+  DpRun per_parameter;
+  per_parameter.options.bucket_bytes = 1;  // every parameter alone
+  DpRun medium;
+  medium.options.bucket_bytes = 1024;  // fc2.bias, fc2.weight, fc1.bias | fc1.weight
+  auto a = testing::data_parallel_run(comm(), 3, DType::F32, one_bucket);
+  auto b = testing::data_parallel_run(comm(), 3, DType::F32, per_parameter);
+  auto c = testing::data_parallel_run(comm(), 3, DType::F32, medium);
+  EXPECT_EQ(a.buckets, 1u);
+  EXPECT_EQ(b.buckets, 4u);
+  EXPECT_GT(c.buckets, 1u);
+  EXPECT_LT(c.buckets, 4u);
+  EXPECT_EQ(a.values, b.values);
+  EXPECT_EQ(a.values, c.values);
+}
+
+TEST(DataParallel, UnusedParametersAndMissingHooksDoNotHang) {
+  DpRun unused;
+  unused.with_unused = true;
+  unused.options.bucket_bytes = 1;
+  auto a = testing::data_parallel_run(comm(), 5, DType::F64, unused);
+  DpRun no_hook;
+  no_hook.install_hook = false;  // finish() reduces every bucket
+  auto b = testing::data_parallel_run(comm(), 5, DType::F64, no_hook);
+  auto reference = testing::reference_run(5, Device::cpu(), DType::F64, unused.steps,
+                                          unused.global_batch, unused.lr);
+  ASSERT_EQ(a.values.size(), reference.size() + 3 * testing::kOut + 3);
+  std::vector<double> used(a.values.begin(), a.values.begin() + reference.size());
+  EXPECT_LT(testing::max_relative_difference(used, reference), 1e-6);
+  EXPECT_LT(testing::max_relative_difference(b.values, reference), 1e-6);
+  EXPECT_TRUE(testing::bitwise_equal_on_all_ranks(comm(), a.values));
+}
+
+TEST(DataParallel, HalfPrecisionReductionStaysClose) {
+  DpRun run;
+  run.options.reduce_in_half = true;
+  run.options.half_dtype = DType::BF16;
+  auto result = testing::data_parallel_run(comm(), 7, DType::F32, run);
+  auto reference =
+      testing::reference_run(7, Device::cpu(), DType::F32, run.steps, run.global_batch, run.lr);
+  EXPECT_TRUE(testing::bitwise_equal_on_all_ranks(comm(), result.values));
+  const double diff = testing::max_relative_difference(result.values, reference);
+  EXPECT_LT(diff, 2e-2);
+}
+
+TEST(DataParallel, GradientsAreViewsOfBucketsAndBuffersBroadcast) {
+  const int r = comm().rank();
+  auto model = testing::make_tiny_model(11 + r, Device::cpu(), DType::F32);
+  for (Buffer* b : model->buffers()) b->value.fill(r + 1.0);
+  DataParallelOptions options;
+  options.bucket_bytes = 1;
+  DataParallel dp(model->parameters(), model->buffers(), comm(), options);
+  // Reverse registration order: the last parameter (fc2.bias) leads the first bucket.
+  auto layout = dp.bucket_layout();
+  ASSERT_EQ(layout.size(), 4u);
+  EXPECT_EQ(layout[0].parameter_names, std::vector<std::string>{"fc2.bias"});
+  EXPECT_EQ(layout[3].parameter_names, std::vector<std::string>{"fc1.weight"});
+  for (Buffer* b : model->buffers()) EXPECT_EQ(b->value.item(), 1.0);  // rank 0's
+  // Buffers broadcast on request.
+  for (Buffer* b : model->buffers()) b->value.fill(5.0 + r);
+  dp.broadcast_buffers();
+  for (Buffer* b : model->buffers()) EXPECT_EQ(b->value.item(), 5.0);
+  // zero_grad clears the views through the flat buffers.
+  for (Parameter* p : model->parameters()) p->grad.fill(3.0);
+  dp.zero_grad();
+  for (Parameter* p : model->parameters()) {
+    for (float v : p->grad.to_vector<float>()) ASSERT_EQ(v, 0.0f) << p->name;
+  }
+  // Replacing a gradient behind DataParallel's back is caught.
+  Parameter* first = model->parameters()[0];
+  first->grad = Tensor::zeros(first->value.shape(), DType::F32);
+  EXPECT_THROW(dp.grad_ready_hook()(*first), Error);
+  dp.finish();
+}
+
+}  // namespace
+}  // namespace kiln
+
+// Failures on ranks other than 0, whose progress printer is removed.
+class RankFailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& result) override {
+    if (result.failed()) {
+      std::fprintf(stderr, "[rank %d] %s:%d: %s\n", rank_,
+                   result.file_name() ? result.file_name() : "?", result.line_number(),
+                   result.summary());
+    }
+  }
+
+ private:
+  int rank_;
+};
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  const kiln::World& w = kiln::init_world(&argc, &argv);
+  if (w.rank != 0) {
+    // Only rank 0 prints progress; a failure on another rank still fails the job's exit code.
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new RankFailurePrinter(w.rank));
+  }
+  int status = RUN_ALL_TESTS();
+  const bool all_passed =
+      kiln::comm().all_reduce_host(static_cast<std::int64_t>(status), kiln::HostReduceOp::Max) == 0;
+  if (w.rank == 0 && !all_passed) std::fprintf(stderr, "a test failed on some rank\n");
+  kiln::finalize_world();
+  return status;
+}

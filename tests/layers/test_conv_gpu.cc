@@ -1,0 +1,454 @@
+// Convolutional layers on CUDA against the CPU backend: fresh random inputs each run (the seed is
+// in every failure message), the caching allocator pre-filled with NaN so that an element the GPU
+// forgets to write shows up, references required not all zero, and one tolerance rule:
+// |gpu - cpu| <= factor * eps(dtype) * (max|cpu| + |cpu|). A failing comparison writes both
+// tensors to conv_gpu_<case>.txt in the working directory.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include "core/ops.h"
+#include "core/stream.h"
+#include "layers/batchnorm.h"
+#include "layers/conv2d.h"
+#include "layers/models/model.h"
+#include "layers/pooling.h"
+#include "layers/relu.h"
+
+namespace kiln {
+namespace {
+
+const Device kGpu = Device::cuda(0);
+using Pair = std::pair<std::int64_t, std::int64_t>;
+
+std::uint64_t fresh_seed() {
+  return static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+}
+
+double eps_of(DType t) {
+  switch (t) {
+    case DType::F64:
+      return 2.2e-16;
+    case DType::F32:
+      return 1.2e-7;
+    case DType::F16:
+      return 9.8e-4;
+    default:
+      return 7.8e-3;
+  }
+}
+
+void poison_gpu_cache() {
+  for (std::int64_t n : {1 << 10, 1 << 14, 1 << 18, 1 << 22}) {
+    std::vector<Tensor> blocks;
+    for (int i = 0; i < 4; ++i) {
+      blocks.push_back(Tensor::full({n}, NAN, DType::F32, kGpu));
+      blocks.push_back(Tensor::full({n / 2 + 3}, NAN, DType::F16, kGpu));
+    }
+  }
+  device_synchronize(kGpu);
+}
+
+// A CPU tensor of `dtype` holding uniform values (already rounded to dtype, so both sides see
+// the same numbers).
+Tensor random_cpu(const Shape& shape, std::uint64_t seed, DType dtype) {
+  Tensor t = Tensor::empty(shape, DType::F32);
+  ops::fill_uniform(t, -1.0, 1.0, seed);
+  return t.to(dtype);
+}
+
+std::string file_safe(std::string s) {
+  for (char& ch : s) {
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_' && ch != '-') ch = '_';
+  }
+  return s;
+}
+
+void expect_close(const Tensor& gpu, const Tensor& cpu, DType dtype, const std::string& what,
+                  double factor = 16.0) {
+  ASSERT_TRUE(gpu.device().is_cuda()) << what << " is not on the GPU: " << gpu.str();
+  ASSERT_EQ(gpu.shape(), cpu.shape()) << what;
+  std::vector<double> g = gpu.to_vector<double>(), c = cpu.to_vector<double>();
+  double max_ref = 0;
+  for (double v : c) max_ref = std::max(max_ref, std::fabs(v));
+  EXPECT_GT(max_ref, 0.0) << what << ": the reference is all zeros, the test proves nothing";
+  const double eps = eps_of(dtype);
+  int bad = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    double tol = factor * eps * (max_ref + std::fabs(c[i]));
+    if (!(std::fabs(g[i] - c[i]) <= tol)) {  // also catches NaN
+      if (++bad <= 5) ADD_FAILURE() << what << "[" << i << "]: gpu " << g[i] << " cpu " << c[i];
+    }
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << g.size() << " elements differ";
+  if (bad > 0) {
+    std::ofstream out("conv_gpu_" + file_safe(what) + ".txt");
+    out << "# index gpu cpu\n";
+    for (std::size_t i = 0; i < g.size(); ++i) out << i << " " << g[i] << " " << c[i] << "\n";
+  }
+}
+
+// ||gpu - cpu|| / ||cpu|| for whole networks, where elementwise bounds are meaningless.
+double relative_l2(const Tensor& gpu, const Tensor& cpu) {
+  std::vector<double> g = gpu.to_vector<double>(), c = cpu.to_vector<double>();
+  double diff = 0, ref = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    diff += (g[i] - c[i]) * (g[i] - c[i]);
+    ref += c[i] * c[i];
+  }
+  return std::sqrt(diff / std::max(ref, 1e-300));
+}
+
+class ConvGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_FAIL() << "no GPU visible: the gpu suite needs one";
+    poison_gpu_cache();
+  }
+};
+
+// One precision setting: parameter storage, tensors between layers, convolution inputs.
+struct Precision {
+  const char* name;
+  DType parameters, activation, matmul;
+};
+const Precision kPrecisions[] = {
+    {"f32", DType::F32, DType::F32, DType::F32},
+    {"f16", DType::F16, DType::F16, DType::F16},  // O2-like: half weights
+    {"bf16", DType::BF16, DType::BF16, DType::BF16},
+    {"o1_f16", DType::F32, DType::F32, DType::F16},  // fp32 weights and activations, half conv
+};
+
+DType worst(const Precision& p) {
+  if (p.matmul == DType::BF16 || p.activation == DType::BF16) return DType::BF16;
+  if (p.matmul == DType::F16 || p.activation == DType::F16) return DType::F16;
+  return DType::F32;
+}
+
+Context gpu_context(const Precision& p, bool channels_last) {
+  Context ctx;
+  ctx.device = kGpu;
+  ctx.precision.activation = p.activation;
+  ctx.precision.matmul = p.matmul;
+  ctx.channels_last = channels_last;
+  return ctx;
+}
+
+// Runs `cpu_layer` on the CPU and `gpu_layer` (same parameters) on the GPU, forward and backward,
+// and compares output, input gradient and every parameter gradient.
+void compare_layers(Layer& cpu_layer, Layer& gpu_layer, const Precision& p, bool channels_last,
+                    const Shape& input, std::uint64_t seed, const std::string& what,
+                    double factor = 16.0) {
+  SCOPED_TRACE(what + " seed " + std::to_string(seed));
+  Tensor x = random_cpu(input, seed, p.activation);
+  Context cpu_ctx;
+  cpu_ctx.channels_last = channels_last;
+  // The CPU computes halves in f32 from the same rounded values; it sees the O1 cast too.
+  Tensor x_cpu = is_half(p.matmul) ? x.to(p.matmul) : x;
+  Tensor y_cpu = cpu_layer.forward(cpu_ctx, x_cpu);
+  Context gpu_ctx = gpu_context(p, channels_last);
+  Tensor y_gpu = gpu_layer.forward(gpu_ctx, x.to(kGpu));
+  EXPECT_EQ(y_gpu.dtype(), x.dtype()) << what;
+  if (y_gpu.dim() == 4) {
+    EXPECT_EQ(is_channels_last(y_gpu), channels_last) << what;
+  }
+  expect_close(y_gpu, y_cpu, worst(p), what + " y", factor);
+  Tensor dy = random_cpu(y_cpu.shape(), seed + 1, p.activation);
+  Tensor dy_cpu = is_half(p.matmul) ? dy.to(p.matmul) : dy;
+  Tensor dx_cpu = cpu_layer.backward(cpu_ctx, dy_cpu);
+  Tensor dx_gpu = gpu_layer.backward(gpu_ctx, dy.to(kGpu));
+  EXPECT_EQ(dx_gpu.dtype(), x.dtype()) << what;
+  expect_close(dx_gpu, dx_cpu, worst(p), what + " dx", factor);
+  auto cpu_params = cpu_layer.parameters(), gpu_params = gpu_layer.parameters();
+  ASSERT_EQ(cpu_params.size(), gpu_params.size());
+  for (std::size_t i = 0; i < cpu_params.size(); ++i) {
+    expect_close(gpu_params[i]->grad, cpu_params[i]->grad, worst(p),
+                 what + " d" + cpu_params[i]->name, factor);
+  }
+}
+
+// ---- Conv2d ------------------------------------------------------------------------------------
+
+struct ConvCase {
+  const char* label;
+  std::int64_t in, out;
+  Pair kernel, stride, padding, dilation;
+  std::int64_t groups;
+  bool bias;
+  Shape input;
+};
+
+const ConvCase kConvCases[] = {
+    {"basic3x3", 8, 16, {3, 3}, {1, 1}, {1, 1}, {1, 1}, 1, true, {4, 8, 12, 10}},
+    {"stride2_odd", 3, 16, {3, 3}, {2, 2}, {1, 1}, {1, 1}, 1, true, {2, 3, 13, 11}},
+    {"resnet_stem", 3, 64, {7, 7}, {2, 2}, {3, 3}, {1, 1}, 1, false, {2, 3, 33, 31}},
+    {"dilation2", 16, 8, {3, 3}, {1, 1}, {2, 2}, {2, 2}, 1, true, {2, 16, 9, 9}},
+    {"groups4", 16, 32, {3, 3}, {1, 1}, {1, 1}, {1, 1}, 4, true, {2, 16, 8, 8}},
+    {"depthwise", 32, 32, {3, 3}, {2, 2}, {1, 1}, {1, 1}, 32, true, {2, 32, 9, 9}},
+    {"pointwise_stride2", 64, 128, {1, 1}, {2, 2}, {0, 0}, {1, 1}, 1, false, {2, 64, 14, 14}},
+    {"rectangular", 8, 8, {3, 1}, {1, 2}, {1, 0}, {1, 1}, 1, true, {2, 8, 7, 9}},
+};
+
+std::unique_ptr<Conv2d> make_conv(const ConvCase& c) {
+  return std::make_unique<Conv2d>(c.in, c.out, c.kernel, c.stride, c.padding, c.dilation, c.groups,
+                                  c.bias);
+}
+
+TEST_F(ConvGpuTest, Conv2dMatchesCpuInEveryPrecisionLayoutAndSearchMode) {
+  for (const ConvCase& c : kConvCases) {
+    for (const Precision& p : kPrecisions) {
+      for (bool cl : {false, true}) {
+        for (ConvAlgorithmSearch search :
+             {ConvAlgorithmSearch::Heuristic, ConvAlgorithmSearch::Benchmark}) {
+          const std::uint64_t seed = fresh_seed();
+          auto cpu_conv = make_conv(c), gpu_conv = make_conv(c);
+          cpu_conv->reset_parameters(seed);
+          gpu_conv->reset_parameters(seed);
+          cpu_conv->to(Device::cpu(), p.parameters);
+          gpu_conv->to(kGpu, p.parameters);
+          ConvAlgorithmOptions options;
+          options.search = search;
+          gpu_conv->set_algorithm_options(options);
+          std::string what =
+              std::string("conv_") + c.label + "_" + p.name + (cl ? "_nhwc" : "_nchw") +
+              (search == ConvAlgorithmSearch::Benchmark ? "_benchmark" : "_heuristic");
+          compare_layers(*cpu_conv, *gpu_conv, p, cl, c.input, seed, what);
+          const ConvAlgorithmChoice& a = gpu_conv->last_algorithms();
+          EXPECT_GE(a.forward, 0) << what;
+          EXPECT_GE(a.backward_data, 0) << what;
+          EXPECT_GE(a.backward_filter, 0) << what;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(ConvGpuTest, WeightGradientsAccumulateOnTheGpu) {
+  const ConvCase& c = kConvCases[0];
+  for (const Precision& p : kPrecisions) {
+    for (bool cl : {false, true}) {
+      auto conv = make_conv(c);
+      conv->to(kGpu, p.parameters);
+      Context ctx = gpu_context(p, cl);
+      Tensor x = random_cpu(c.input, fresh_seed(), p.activation).to(kGpu);
+      Tensor y = conv->forward(ctx, x);
+      Tensor dy = random_cpu(y.shape(), fresh_seed(), p.activation).to(kGpu);
+      conv->backward(ctx, dy);
+      Tensor once = conv->weight().grad.clone();
+      conv->forward(ctx, x);
+      conv->backward(ctx, dy);
+      Tensor doubled = once.to(DType::F32);
+      ops::scale(doubled, 2.0);
+      expect_close(conv->weight().grad, doubled, worst(p), std::string("accumulate_") + p.name);
+    }
+  }
+}
+
+TEST_F(ConvGpuTest, LifecycleCanImplementSetupRun) {
+  Conv2dGeometry g;
+  g.batch = 2;
+  g.in_channels = 8;
+  g.height = 10;
+  g.width = 9;
+  g.out_channels = 16;
+  g.kernel_h = g.kernel_w = 3;
+  g.pad_h = g.pad_w = 1;
+  g.dtype = DType::F16;
+  g.channels_last = true;
+  std::string why;
+  EXPECT_TRUE(cudnn_conv::can_implement(g, &why)) << why;
+  Conv2dGeometry f64 = g;
+  f64.dtype = DType::F64;
+  EXPECT_FALSE(cudnn_conv::can_implement(f64, &why));
+  EXPECT_NE(why.find("f64"), std::string::npos) << why;
+  Conv2dGeometry bad_groups = g;
+  bad_groups.groups = 3;
+  EXPECT_FALSE(cudnn_conv::can_implement(bad_groups, &why));
+
+  // Deterministic algorithms, chosen once and cached, give bit-identical weight gradients.
+  for (ConvAlgorithmSearch search :
+       {ConvAlgorithmSearch::Heuristic, ConvAlgorithmSearch::Benchmark}) {
+    ConvAlgorithmOptions options;
+    options.search = search;
+    options.deterministic = true;
+    std::size_t plans_before = cudnn_conv::cached_plans();
+    ConvAlgorithmChoice a = cudnn_conv::setup(g, options);
+    EXPECT_EQ(cudnn_conv::cached_plans(), plans_before + 1);
+    ConvAlgorithmChoice again = cudnn_conv::setup(g, options);
+    EXPECT_EQ(cudnn_conv::cached_plans(), plans_before + 1);
+    EXPECT_EQ(again.forward, a.forward);
+    EXPECT_TRUE(a.forward_deterministic && a.backward_data_deterministic &&
+                a.backward_filter_deterministic);
+    const std::uint64_t seed = fresh_seed();
+    Tensor x = random_cpu({2, 10, 9, 8}, seed, DType::F16).to(kGpu);      // NHWC
+    Tensor w = random_cpu({16, 3, 3, 8}, seed + 1, DType::F16).to(kGpu);  // KRSC
+    Tensor dy = random_cpu({2, 10, 9, 16}, seed + 2, DType::F16).to(kGpu);
+    Tensor y = Tensor::full({2, 10, 9, 16}, NAN, DType::F16, kGpu);
+    cudnn_conv::forward(g, a, x, w, y);
+    // The CPU reference through the layer API.
+    Conv2d conv(8, 16, {3, 3}, {1, 1}, {1, 1}, {1, 1}, 1, false);
+    conv.weight().value.copy_from(w.to(Device::cpu()).permute({0, 3, 1, 2}));
+    Context cpu_ctx;
+    Tensor y_ref = conv.forward(cpu_ctx, from_physical(x.to(Device::cpu()), true));
+    expect_close(from_physical(y, true).contiguous(), y_ref, DType::F16, "lifecycle_forward");
+    Tensor dw1 = Tensor::full({16, 3, 3, 8}, NAN, DType::F16, kGpu);
+    Tensor dw2 = Tensor::full({16, 3, 3, 8}, NAN, DType::F16, kGpu);
+    cudnn_conv::backward_filter(g, a, x, dy, dw1, 0.0);
+    cudnn_conv::backward_filter(g, a, x, dy, dw2, 0.0);
+    EXPECT_EQ(dw1.to_vector<float>(), dw2.to_vector<float>());
+    Tensor dx = Tensor::full({2, 10, 9, 8}, NAN, DType::F16, kGpu);
+    cudnn_conv::backward_data(g, a, dy, w, dx);
+    for (float v : dx.to_vector<float>()) ASSERT_TRUE(std::isfinite(v));
+  }
+}
+
+// ---- BatchNorm2d, pooling, ReLU ----------------------------------------------------------------
+
+TEST_F(ConvGpuTest, BatchNormMatchesCpu) {
+  for (const Precision& p : kPrecisions) {
+    if (p.matmul != p.activation) continue;  // batch norm has no O1 cast
+    for (bool cl : {false, true}) {
+      for (bool training : {true, false}) {
+        for (const Shape& shape : {Shape{4, 16, 9, 7}, Shape{2, 64, 16, 16}, Shape{3, 5, 1, 3}}) {
+          const std::uint64_t seed = fresh_seed();
+          BatchNorm2d cpu_bn(shape[1]), gpu_bn(shape[1]);
+          for (BatchNorm2d* bn : {&cpu_bn, &gpu_bn}) {
+            ops::fill_uniform(bn->weight().value, 0.5, 1.5, seed);
+            ops::fill_uniform(bn->bias().value, -0.5, 0.5, seed + 1);
+            ops::fill_uniform(bn->running_mean().value, -0.2, 0.2, seed + 2);
+            ops::fill_uniform(bn->running_var().value, 0.5, 1.5, seed + 3);
+            bn->set_training(training);
+          }
+          cpu_bn.to(Device::cpu(), p.parameters);
+          gpu_bn.to(kGpu, p.parameters);
+          EXPECT_EQ(gpu_bn.weight().value.dtype(), DType::F32);  // fp32_in_half
+          std::string what = std::string("batchnorm_") + p.name + (cl ? "_nhwc" : "_nchw") +
+                             (training ? "_train_" : "_eval_") + shape_str(shape);
+          compare_layers(cpu_bn, gpu_bn, p, cl, shape, seed, what);
+          expect_close(gpu_bn.running_mean().value, cpu_bn.running_mean().value, DType::F32,
+                       what + " running_mean", 64);
+          expect_close(gpu_bn.running_var().value, cpu_bn.running_var().value, DType::F32,
+                       what + " running_var", 64);
+          EXPECT_EQ(gpu_bn.num_batches_tracked().value.item(), training ? 1.0 : 0.0);
+        }
+      }
+    }
+  }
+}
+
+TEST_F(ConvGpuTest, PoolingAndReluMatchCpu) {
+  for (const Precision& p : kPrecisions) {
+    if (p.matmul != p.activation) continue;  // no O1 cast here
+    for (bool cl : {false, true}) {
+      for (int kind = 0; kind < 6; ++kind) {
+        std::unique_ptr<Layer> cpu_layer, gpu_layer;
+        const char* label = "";
+        for (std::unique_ptr<Layer>* l : {&cpu_layer, &gpu_layer}) {
+          switch (kind) {
+            case 0:
+              *l = std::make_unique<MaxPool2d>(3, 2, 1), label = "maxpool3s2p1";
+              break;
+            case 1:
+              *l = std::make_unique<MaxPool2d>(2), label = "maxpool2";
+              break;
+            case 2:
+              *l = std::make_unique<AvgPool2d>(3, 2, 1), label = "avgpool3s2p1";
+              break;
+            case 3:
+              *l = std::make_unique<AvgPool2d>(2), label = "avgpool2";
+              break;
+            case 4:
+              *l = std::make_unique<GlobalAvgPool>(), label = "globalavg";
+              break;
+            default:
+              *l = std::make_unique<ReLU>(), label = "relu";
+          }
+        }
+        const std::uint64_t seed = fresh_seed();
+        std::string what = std::string(label) + "_" + p.name + (cl ? "_nhwc" : "_nchw");
+        compare_layers(*cpu_layer, *gpu_layer, p, cl, {3, 24, 13, 11}, seed, what, 4.0);
+      }
+    }
+  }
+}
+
+// ---- ResNet-50 ---------------------------------------------------------------------------------
+
+TEST_F(ConvGpuTest, ResNet50ForwardBackwardMatchesCpu) {
+  ModelOptions options;
+  options.image_channels = 3;
+  options.num_classes = 1000;
+  options.image_size = 224;
+  struct Run {
+    const char* name;
+    DType dtype;
+    bool channels_last;
+    ConvAlgorithmSearch search;
+    double logits_tol, grad_tol;
+  };
+  const Run runs[] = {
+      {"f32_nchw_heuristic", DType::F32, false, ConvAlgorithmSearch::Heuristic, 1e-4, 1e-3},
+      {"f32_nhwc_benchmark", DType::F32, true, ConvAlgorithmSearch::Benchmark, 1e-4, 1e-3},
+      {"f16_nchw_heuristic", DType::F16, false, ConvAlgorithmSearch::Heuristic, 3e-2, 8e-2},
+      {"f16_nhwc_benchmark", DType::F16, true, ConvAlgorithmSearch::Benchmark, 3e-2, 8e-2},
+      {"bf16_nhwc_heuristic", DType::BF16, true, ConvAlgorithmSearch::Heuristic, 1e-1, 3e-1},
+  };
+  Model cpu = make_resnet(options, 50);
+  const std::uint64_t seed = fresh_seed();
+  Tensor x = random_cpu({2, 3, 224, 224}, seed, DType::F32);
+  Tensor dy = random_cpu({2, 1000}, seed + 1, DType::F32);
+  Context cpu_ctx;
+  Tensor logits_cpu = cpu.net->forward(cpu_ctx, x);
+  cpu.net->backward(cpu_ctx, dy);
+  auto cpu_params = cpu.net->parameters();
+  for (const Run& run : runs) {
+    SCOPED_TRACE(std::string(run.name) + " seed " + std::to_string(seed));
+    ConvAlgorithmOptions algo;
+    algo.search = run.search;
+    set_default_conv_algorithm_options(algo);
+    Model gpu = make_resnet(options, 50);  // the same deterministic initialisation
+    set_default_conv_algorithm_options(ConvAlgorithmOptions());
+    gpu.net->to(kGpu, run.dtype);
+    Context ctx;
+    ctx.device = kGpu;
+    ctx.precision.activation = run.dtype;
+    ctx.precision.matmul = run.dtype;
+    ctx.channels_last = run.channels_last;
+    Tensor logits = gpu.net->forward(ctx, x.to(kGpu, run.dtype));
+    ASSERT_EQ(logits.shape(), (Shape{2, 1000}));
+    const double logits_err = relative_l2(logits, logits_cpu);
+    EXPECT_LE(logits_err, run.logits_tol) << "logits";
+    Tensor dx = gpu.net->backward(ctx, dy.to(kGpu, run.dtype));
+    EXPECT_EQ(dx.shape(), x.shape());
+    auto gpu_params = gpu.net->parameters();
+    ASSERT_EQ(gpu_params.size(), cpu_params.size());
+    int checked = 0;
+    double worst_err = 0;
+    std::string worst_name;
+    for (std::size_t i = 0; i < cpu_params.size(); ++i) {
+      double err = relative_l2(gpu_params[i]->grad, cpu_params[i]->grad);
+      EXPECT_LE(err, run.grad_tol) << cpu_params[i]->name;
+      if (!(err <= worst_err)) {
+        worst_err = err;
+        worst_name = cpu_params[i]->name;
+      }
+      ++checked;
+    }
+    std::printf("resnet50 %s: logits relative L2 error %.2e, worst gradient %.2e (%s)\n", run.name,
+                logits_err, worst_err, worst_name.c_str());
+    EXPECT_EQ(checked, 161);
+    auto cpu_buffers = cpu.net->buffers(), gpu_buffers = gpu.net->buffers();
+    for (std::size_t i = 0; i < cpu_buffers.size(); ++i) {
+      EXPECT_LE(relative_l2(gpu_buffers[i]->value, cpu_buffers[i]->value), run.logits_tol * 10)
+          << cpu_buffers[i]->name;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,339 @@
+// Dense layers on CUDA against the CPU backend: fresh random inputs each run (the seed is in
+// every failure message), the caching allocator pre-filled with NaN so an output element the
+// GPU forgets to write shows up, outputs required finite and not all zero, and one tolerance
+// rule: |gpu - cpu| <= factor * eps(dtype) * (max|cpu| + |cpu|). A failing comparison writes
+// both tensors to dense_gpu_<case>.txt in the working directory.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <memory>
+
+#include "core/ops.h"
+#include "core/stream.h"
+#include "layers/activations.h"
+#include "layers/dropout.h"
+#include "layers/linear.h"
+#include "layers/models/model.h"
+#include "layers/reshape.h"
+#include "layers/softmax_cross_entropy.h"
+
+namespace kiln {
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+std::uint64_t fresh_seed() {
+  return static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+}
+
+double eps_of(DType t) {
+  switch (t) {
+    case DType::F64:
+      return 2.2e-16;
+    case DType::F32:
+      return 1.2e-7;
+    case DType::F16:
+      return 9.8e-4;
+    default:
+      return 7.8e-3;
+  }
+}
+
+// Fills the GPU caching allocator's free blocks with NaN: layer outputs allocated next reuse them.
+void poison_gpu_cache() {
+  for (std::int64_t n : {1 << 10, 1 << 14, 1 << 18, 1 << 22}) {
+    std::vector<Tensor> blocks;
+    for (int i = 0; i < 4; ++i) {
+      blocks.push_back(Tensor::full({n}, NAN, DType::F32, kGpu));
+      blocks.push_back(Tensor::full({n / 2 + 3}, NAN, DType::F16, kGpu));
+    }
+  }
+  device_synchronize(kGpu);
+}
+
+Tensor random_cpu(const Shape& shape, std::uint64_t seed, double low = -1.0, double high = 1.0) {
+  Tensor t = Tensor::empty(shape, DType::F32);
+  ops::fill_uniform(t, low, high, seed);
+  return t;
+}
+
+void expect_close(const Tensor& gpu, const Tensor& cpu, DType dtype, const std::string& what,
+                  double factor = 32.0) {
+  ASSERT_TRUE(gpu.device().is_cuda()) << what << " is not on the GPU: " << gpu.str();
+  ASSERT_EQ(gpu.shape(), cpu.shape()) << what;
+  std::vector<double> g = gpu.to_vector<double>(), c = cpu.to_vector<double>();
+  double max_ref = 0;
+  for (double v : c) max_ref = std::max(max_ref, std::fabs(v));
+  EXPECT_GT(max_ref, 0.0) << what << ": the reference is all zeros, the test proves nothing";
+  double eps = eps_of(dtype);
+  int bad = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    double tol = factor * eps * (max_ref + std::fabs(c[i]));
+    if (!(std::fabs(g[i] - c[i]) <= tol)) {  // also catches NaN
+      if (++bad <= 5) ADD_FAILURE() << what << "[" << i << "]: gpu " << g[i] << " cpu " << c[i];
+    }
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << g.size() << " elements differ";
+  if (bad > 0) {
+    std::string file = "dense_gpu_" + what + ".txt";
+    for (char& ch : file) {
+      if (ch == ' ' || ch == '/' || ch == '(' || ch == ')' || ch == ',') ch = '_';
+    }
+    std::ofstream out(file);
+    out << "# index gpu cpu\n";
+    for (std::size_t i = 0; i < g.size(); ++i) out << i << " " << g[i] << " " << c[i] << "\n";
+  }
+}
+
+class DenseGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_FAIL() << "no GPU visible: the gpu suite needs one";
+    poison_gpu_cache();
+  }
+};
+
+// One precision setting: parameter storage, tensors between layers, GEMM inputs.
+struct Precision {
+  const char* name;
+  DType parameters, activation, matmul;
+};
+const Precision kPrecisions[] = {
+    {"f32", DType::F32, DType::F32, DType::F32},
+    {"f16", DType::F16, DType::F16, DType::F16},  // O2/O3-like: half weights
+    {"bf16", DType::BF16, DType::BF16, DType::BF16},
+    {"o1_f16", DType::F32, DType::F16, DType::F16},  // fp32 weights, half GEMM (cached cast)
+    {"o1_bf16_f32_activations", DType::F32, DType::F32, DType::BF16},
+};
+
+Context gpu_context(const Precision& p) {
+  Context ctx;
+  ctx.device = kGpu;
+  ctx.precision.activation = p.activation;
+  ctx.precision.matmul = p.matmul;
+  return ctx;
+}
+
+// The tolerance's dtype: the least precise storage a value passed through.
+DType worst(const Precision& p) {
+  if (p.matmul == DType::BF16 || p.activation == DType::BF16) return DType::BF16;
+  if (p.matmul == DType::F16 || p.activation == DType::F16) return DType::F16;
+  return DType::F32;
+}
+
+TEST_F(DenseGpu, LinearMatchesCpu) {
+  struct Size {
+    Shape input;
+    std::int64_t out;
+  };
+  const Size sizes[] = {{{7, 13}, 5}, {{64, 128}, 96}, {{33, 257}, 130}, {{2, 5, 24}, 17}};
+  for (const Precision& prec : kPrecisions) {
+    for (Activation act :
+         {Activation::None, Activation::ReLU, Activation::GELU, Activation::GELUErf}) {
+      for (bool bias : {true, false}) {
+        for (const Size& size : sizes) {
+          std::uint64_t seed = fresh_seed();
+          std::int64_t in = size.input.back();
+          std::string name = std::string("linear_") + prec.name + "_" + activation_name(act) +
+                             (bias ? "_bias_" : "_nobias_") + shape_str(size.input);
+          SCOPED_TRACE(name + " seed " + std::to_string(seed));
+          Linear gpu_layer(in, size.out, bias, act), cpu_layer(in, size.out, bias, act);
+          gpu_layer.reset_parameters(seed);
+          gpu_layer.to(kGpu, prec.parameters);
+          std::vector<Parameter*> gp = gpu_layer.parameters(), cp = cpu_layer.parameters();
+          for (std::size_t i = 0; i < gp.size(); ++i) {
+            cp[i]->value.copy_from(gp[i]->value);  // the same (rounded) values on both
+            // Gradients start non-zero to check that they accumulate.
+            Tensor g0 = random_cpu(gp[i]->grad.shape(), seed + 100 + i);
+            gp[i]->grad.copy_from(g0);
+            cp[i]->grad.copy_from(gp[i]->grad);
+          }
+          Context gctx = gpu_context(prec), cctx;
+          Tensor x = random_cpu(size.input, seed + 1).to(kGpu, prec.activation);
+          Shape out_shape = size.input;
+          out_shape.back() = size.out;
+          Tensor dy = random_cpu(out_shape, seed + 2).to(kGpu, prec.activation);
+          Tensor y_gpu = gpu_layer.forward(gctx, x);
+          Tensor dx_gpu = gpu_layer.backward(gctx, dy);
+          Tensor y_cpu = cpu_layer.forward(cctx, x.to(Device::cpu(), DType::F32));
+          Tensor dx_cpu = cpu_layer.backward(cctx, dy.to(Device::cpu(), DType::F32));
+          EXPECT_EQ(y_gpu.dtype(), prec.activation);
+          EXPECT_EQ(dx_gpu.dtype(), prec.activation);
+          DType tol = worst(prec);
+          expect_close(y_gpu, y_cpu, tol, name + "_y");
+          expect_close(dx_gpu, dx_cpu, tol, name + "_dx");
+          for (std::size_t i = 0; i < gp.size(); ++i) {
+            EXPECT_EQ(gp[i]->grad.dtype(), prec.parameters);
+            expect_close(gp[i]->grad, cp[i]->grad, tol, name + "_" + gp[i]->name + "_grad");
+          }
+          if (::testing::Test::HasFailure()) return;  // one failing case is enough to read
+        }
+      }
+    }
+  }
+}
+
+TEST_F(DenseGpu, LinearCachesTheHalfWeightPerWeightsVersion) {
+  Linear layer(8, 4);
+  layer.reset_parameters(fresh_seed());
+  layer.to(kGpu, DType::F32);
+  Context ctx = gpu_context(kPrecisions[3]);  // fp32 weights, f16 GEMM
+  Tensor x = random_cpu({3, 8}, fresh_seed()).to(kGpu, DType::F16);
+  std::vector<float> before = layer.forward(ctx, x).to_vector<float>();
+  layer.weight().value.fill(0.0);  // not announced through weights_version: the cache stays
+  EXPECT_EQ(layer.forward(ctx, x).to_vector<float>(), before);
+  ++ctx.weights_version;  // announced: the cast is redone
+  std::vector<float> after = layer.forward(ctx, x).to_vector<float>();
+  std::vector<float> bias = layer.bias()->value.to_vector<float>();
+  for (std::size_t i = 0; i < after.size(); ++i) EXPECT_NEAR(after[i], bias[i % 4], 1e-3);
+}
+
+TEST_F(DenseGpu, GeluMatchesCpu) {
+  for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
+    for (GeluForm form : {GeluForm::Erf, GeluForm::Tanh}) {
+      for (Shape shape : {Shape{1}, Shape{3, 333}, Shape{4097}, Shape{2, 3, 1025}}) {
+        std::uint64_t seed = fresh_seed();
+        std::string name = std::string("gelu_") + dtype_name(dtype) +
+                           (form == GeluForm::Erf ? "_erf_" : "_tanh_") + shape_str(shape);
+        SCOPED_TRACE(name + " seed " + std::to_string(seed));
+        GELU layer(form);
+        Context gctx, cctx;
+        gctx.device = kGpu;
+        gctx.precision.activation = gctx.precision.matmul = dtype;
+        Tensor x = random_cpu(shape, seed, -4, 4).to(kGpu, dtype);
+        Tensor dy = random_cpu(shape, seed + 1).to(kGpu, dtype);
+        Tensor y_gpu = layer.forward(gctx, x), dx_gpu = layer.backward(gctx, dy);
+        Tensor y_cpu = layer.forward(cctx, x.to(Device::cpu(), DType::F32));
+        Tensor dx_cpu = layer.backward(cctx, dy.to(Device::cpu(), DType::F32));
+        expect_close(y_gpu, y_cpu, dtype, name + "_y", 4);
+        expect_close(dx_gpu, dx_cpu, dtype, name + "_dx", 4);
+      }
+    }
+  }
+}
+
+TEST_F(DenseGpu, DropoutMatchesCpuMask) {
+  for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
+    for (Shape shape : {Shape{5}, Shape{7, 129}, Shape{100003}}) {
+      std::uint64_t seed = fresh_seed();
+      std::string name = std::string("dropout_") + dtype_name(dtype) + "_" + shape_str(shape);
+      SCOPED_TRACE(name + " seed " + std::to_string(seed));
+      Dropout layer(0.25);  // one layer on both devices: the same layer_id, the same mask
+      Context gctx, cctx;
+      gctx.device = kGpu;
+      gctx.precision.activation = dtype;
+      gctx.seed = cctx.seed = seed;
+      gctx.step = cctx.step = seed % 1000;
+      Tensor x = random_cpu(shape, seed, 0.5, 1.5).to(kGpu, dtype);
+      Tensor dy = random_cpu(shape, seed + 1, 0.5, 1.5).to(kGpu, dtype);
+      Tensor y_gpu = layer.forward(gctx, x), dx_gpu = layer.backward(gctx, dy);
+      Tensor y_cpu = layer.forward(cctx, x.to(Device::cpu(), DType::F32));
+      Tensor dx_cpu = layer.backward(cctx, dy.to(Device::cpu(), DType::F32));
+      expect_close(y_gpu, y_cpu, dtype, name + "_y", 2);
+      expect_close(dx_gpu, dx_cpu, dtype, name + "_dx", 2);
+    }
+  }
+}
+
+TEST_F(DenseGpu, ReshapeOnGpu) {
+  Flatten flatten;
+  Context ctx;
+  ctx.device = kGpu;
+  Tensor x = random_cpu({3, 2, 5}, fresh_seed()).to(kGpu);
+  Tensor y = flatten.forward(ctx, x);
+  EXPECT_EQ(y.shape(), (Shape{3, 10}));
+  EXPECT_TRUE(y.device().is_cuda());
+  EXPECT_EQ(y.to_vector<float>(), x.to_vector<float>());
+  EXPECT_EQ(flatten.backward(ctx, y).shape(), (Shape{3, 2, 5}));
+}
+
+TEST_F(DenseGpu, SoftmaxCrossEntropyMatchesCpu) {
+  struct Case {
+    std::int64_t rows, classes;
+  };
+  for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
+    for (Case c : {Case{7, 10}, Case{64, 1000}, Case{5, 30522}, Case{1031, 3}}) {
+      for (double smoothing : {0.0, 0.1}) {
+        std::uint64_t seed = fresh_seed();
+        std::string name = std::string("xent_") + dtype_name(dtype) + "_" + std::to_string(c.rows) +
+                           "x" + std::to_string(c.classes) + (smoothing > 0 ? "_smooth" : "");
+        SCOPED_TRACE(name + " seed " + std::to_string(seed));
+        Tensor logits = random_cpu({c.rows, c.classes}, seed, -4, 4).to(kGpu, dtype);
+        std::vector<std::int64_t> t(static_cast<std::size_t>(c.rows));
+        for (std::int64_t r = 0; r < c.rows; ++r) {
+          t[r] = r % 5 == 2 ? -100 : static_cast<std::int64_t>((seed / 7 + 13 * r) % c.classes);
+        }
+        Tensor targets = Tensor::from_vector<std::int64_t>(t, {c.rows});
+        SoftmaxCrossEntropy gpu_loss(smoothing), cpu_loss(smoothing);
+        Context gctx, cctx;
+        gctx.device = kGpu;
+        Tensor lg = gpu_loss.forward(gctx, logits, targets.to(kGpu));
+        Tensor dg = gpu_loss.backward(gctx, 1024.0);
+        Tensor lc = cpu_loss.forward(cctx, logits.to(Device::cpu(), DType::F32), targets);
+        Tensor dc = cpu_loss.backward(cctx, 1024.0);
+        EXPECT_TRUE(lg.device().is_cuda());
+        EXPECT_EQ(lg.dtype(), DType::F32);
+        EXPECT_EQ(dg.dtype(), dtype);
+        expect_close(lg, lc, DType::F32, name + "_loss", 64);
+        EXPECT_EQ(gpu_loss.counted_rows().item(), cpu_loss.counted_rows().item());
+        EXPECT_EQ(gpu_loss.correct_count().item(), cpu_loss.correct_count().item());
+        expect_close(dg, dc, dtype, name + "_dlogits", 8);
+        EXPECT_NO_THROW(gpu_loss.check_targets());
+      }
+    }
+  }
+}
+
+TEST_F(DenseGpu, SoftmaxCrossEntropyEdgeCases) {
+  Context ctx;
+  ctx.device = kGpu;
+  Tensor logits = random_cpu({4, 6}, fresh_seed()).to(kGpu);
+  SoftmaxCrossEntropy loss_fn(0.1);
+  // All rows ignored: loss 0, gradient 0, nothing counted.
+  Tensor all_ignored = Tensor::full({4}, -100, DType::I64, kGpu);
+  EXPECT_EQ(loss_fn.forward(ctx, logits, all_ignored).item(), 0.0);
+  EXPECT_EQ(loss_fn.counted_rows().item(), 0.0);
+  for (float g : loss_fn.backward(ctx, 1.0).to_vector<float>()) EXPECT_EQ(g, 0.0f);
+  // An out-of-range target: NaN loss, reported by the next check, which then resets.
+  Tensor bad = Tensor::from_vector<std::int64_t>({0, 6, 1, -100}, {4}).to(kGpu);
+  EXPECT_TRUE(std::isnan(loss_fn.forward(ctx, logits, bad).item()));
+  EXPECT_THROW(loss_fn.check_targets(), InputError);
+  EXPECT_NO_THROW(loss_fn.check_targets());
+}
+
+TEST_F(DenseGpu, MlpForwardBackwardMatchesCpu) {
+  ModelOptions options;
+  options.image_size = 9;  // odd sizes: 81 inputs
+  options.mlp_hidden = {37, 19};
+  for (const Precision& prec : {kPrecisions[0], kPrecisions[1], kPrecisions[2]}) {
+    std::uint64_t seed = fresh_seed();
+    std::string name = std::string("mlp_") + prec.name;
+    SCOPED_TRACE(name + " seed " + std::to_string(seed));
+    Model gpu_model = make_mlp(options), cpu_model = make_mlp(options);
+    gpu_model.net->reset_parameters(seed);
+    gpu_model.net->to(kGpu, prec.parameters);
+    std::vector<Parameter*> gp = gpu_model.net->parameters(), cp = cpu_model.net->parameters();
+    for (std::size_t i = 0; i < gp.size(); ++i) cp[i]->value.copy_from(gp[i]->value);
+    Tensor x = random_cpu({13, 1, 9, 9}, seed + 1).to(kGpu, prec.activation);
+    std::vector<std::int64_t> labels;
+    for (int i = 0; i < 13; ++i) labels.push_back(i % 10);
+    Tensor targets = Tensor::from_vector<std::int64_t>(labels, {13});
+    Context gctx = gpu_context(prec), cctx;
+    SoftmaxCrossEntropy gl, cl;
+    Tensor loss_gpu = gl.forward(gctx, gpu_model.net->forward(gctx, x), targets.to(kGpu));
+    gpu_model.net->backward(gctx, gl.backward(gctx, 1.0));
+    Tensor loss_cpu =
+        cl.forward(cctx, cpu_model.net->forward(cctx, x.to(Device::cpu(), DType::F32)), targets);
+    cpu_model.net->backward(cctx, cl.backward(cctx, 1.0));
+    expect_close(loss_gpu, loss_cpu, worst(prec), name + "_loss", 8);
+    for (std::size_t i = 0; i < gp.size(); ++i) {
+      expect_close(gp[i]->grad, cp[i]->grad, worst(prec), name + "_" + gp[i]->name, 64);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln

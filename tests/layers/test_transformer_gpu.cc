@@ -1,0 +1,457 @@
+// Transformer layers on the GPU against the CPU backend, in f32, f16 and bf16 (O2-style: half
+// weights and activations, LayerNorm parameters fp32), on fresh random inputs. Launchers are
+// called with NaN-poisoned outputs; whole layers run after the caching allocator's free blocks
+// have been filled with NaN. Tolerance: |gpu - cpu| <= factor * eps(dtype) * (rms(cpu) + |cpu|).
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "core/ops.h"
+#include "core/stream.h"
+#include "layers/attention.h"
+#include "layers/embedding.h"
+#include "layers/layernorm.h"
+#include "layers/models/model.h"
+#include "layers/transformer_block.h"
+
+namespace kiln {
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+std::uint64_t fresh_seed() {
+  return static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+}
+
+double epsilon(DType dt) {
+  return dt == DType::F32 ? 1.2e-7 : dt == DType::F16 ? 9.8e-4 : 7.8e-3;
+}
+
+// f32 CPU values that are exactly representable in `dt`.
+Tensor random_cpu(const Shape& shape, DType dt, std::uint64_t seed, double bound = 1.0) {
+  Tensor t = Tensor::empty(shape, DType::F32);
+  ops::fill_uniform(t, -bound, bound, seed);
+  return t.to(dt).to(DType::F32);
+}
+
+Tensor poisoned(const Shape& shape, DType dtype) {
+  Tensor t = Tensor::empty(shape, dtype, kGpu);
+  t.fill(NAN);
+  return t;
+}
+
+// Fills the caching allocator's free memory with NaN, so that a layer's fresh outputs start
+// poisoned.
+void poison_allocator() {
+  for (std::int64_t bytes : {std::int64_t{1} << 26, std::int64_t{1} << 22, std::int64_t{1} << 16}) {
+    Tensor t = Tensor::empty({bytes / 4}, DType::F32, kGpu);
+    t.fill(NAN);
+  }
+  device_synchronize(kGpu);
+}
+
+// `floor` raises the scale of a tensor whose exact values are ~0 (see compare_layer).
+void expect_close(const Tensor& got, const Tensor& want, DType dt, const std::string& what,
+                  double factor, double floor = 0.0) {
+  ASSERT_TRUE(got.defined()) << what;
+  ASSERT_EQ(got.numel(), want.numel()) << what;
+  auto g = got.to_vector<double>(), w = want.to_vector<double>();
+  double rms = 0;
+  for (double v : w) rms += v * v;
+  rms = std::sqrt(rms / std::max<std::size_t>(w.size(), 1));
+  bool noise = rms < floor;  // a gradient that is zero in exact arithmetic
+  if (!noise) {
+    ASSERT_GT(rms, 0.0) << what << ": the CPU reference is all zero";
+  }
+  int bad = 0;
+  double nonzero = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    nonzero += std::fabs(g[i]);
+    double tol = factor * epsilon(dt) * (std::max(rms, floor) + std::fabs(w[i]));
+    if (!(std::fabs(g[i] - w[i]) <= tol)) {
+      if (++bad <= 5) ADD_FAILURE() << what << "[" << i << "]: gpu " << g[i] << ", cpu " << w[i];
+    }
+  }
+  EXPECT_EQ(bad, 0) << what << " (" << g.size() << " elements, rms " << rms << ")";
+  if (!noise) {
+    EXPECT_GT(nonzero, 0.0) << what << ": all zero";
+  }
+}
+
+class TransformerGpu : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_FAIL() << "no GPU visible: the gpu suite needs one";
+  }
+};
+
+struct Run {
+  Tensor y, dx;
+  std::vector<Tensor> grads;
+};
+
+// Runs `layer` forward and backward on the CPU in f32, then on the GPU in `dt` (parameters in
+// `dt` except fp32_in_half ones), from the same parameter values, inputs and dropout masks, and
+// compares outputs, input gradients and parameter gradients.
+void compare_layer(Layer& layer, const Tensor& x, const Shape& y_shape, DType dt, Context ctx,
+                   double factor, std::uint64_t seed, const std::string& what) {
+  for (Parameter* p : layer.parameters()) {
+    ops::fill_uniform(p->value, -0.5, 0.5, ++seed);
+    p->value.copy_from(p->value.to(dt));  // representable in dt: both sides start equal
+  }
+  Tensor dy = random_cpu(y_shape, dt, ++seed);
+  auto run = [&](Device device, DType act) {
+    Context c = ctx;
+    c.device = device;
+    c.precision.activation = act;
+    c.precision.matmul = act;
+    if (c.attention_mask.defined()) c.attention_mask = c.attention_mask.to(device);
+    Run r;
+    Tensor in = is_floating(x.dtype()) ? x.to(device, act) : x.to(device);
+    r.y = layer.forward(c, in);
+    r.dx = layer.backward(c, dy.to(device, act));
+    for (Parameter* p : layer.parameters()) r.grads.push_back(p->grad.to(Device::cpu()).clone());
+    return r;
+  };
+  layer.to(Device::cpu(), DType::F32);
+  Run want = run(Device::cpu(), DType::F32);
+  layer.to(kGpu, dt);
+  poison_allocator();
+  Run got = run(kGpu, dt);
+  EXPECT_EQ(got.y.dtype(), dt) << what;
+  EXPECT_EQ(got.y.shape(), want.y.shape()) << what;
+  expect_close(got.y, want.y, dt, what + " y", factor);
+  if (want.dx.defined()) expect_close(got.dx, want.dx, dt, what + " dx", factor);
+  // The key bias's gradient is zero in exact arithmetic (softmax ignores a shift shared by a
+  // row), so both sides hold rounding noise: its scale is the layer's largest gradient's.
+  std::vector<Parameter*> params = layer.parameters();
+  double largest_rms = 0;
+  for (const Tensor& g : want.grads) {
+    double sum = 0;
+    for (double v : g.to_vector<double>()) sum += v * v;
+    largest_rms = std::max(largest_rms, std::sqrt(sum / std::max<std::int64_t>(g.numel(), 1)));
+  }
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const std::string& n = params[i]->name;
+    bool key_bias = n.size() >= 8 && n.compare(n.size() - 8, 8, "key.bias") == 0;
+    expect_close(got.grads[i], want.grads[i], dt, what + " grad " + n, factor,
+                 key_bias ? largest_rms : 0.0);
+  }
+}
+
+Context training_context(std::uint64_t seed) {
+  Context ctx;
+  ctx.training = true;
+  ctx.seed = seed;
+  ctx.step = 7;
+  return ctx;
+}
+
+Tensor padding_mask(std::int64_t b, std::int64_t t) {
+  std::vector<float> m(static_cast<std::size_t>(b * t), 1.0f);
+  for (std::int64_t i = 1; i < b; ++i)
+    for (std::int64_t j = t - 3 * i; j < t; ++j) m[static_cast<std::size_t>(i * t + j)] = 0.0f;
+  return Tensor::from_vector(m, {b, t});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launchers with poisoned outputs.
+
+TEST_P(TransformerGpu, LayerNormLaunchersMatchCpu) {
+  DType dt = GetParam();
+  std::uint64_t seed = fresh_seed();
+  for (std::int64_t cols : {50, 768}) {
+    const std::int64_t rows = 203;  // several 64-row chunks and a partial one
+    LayerNorm ln(cols, 1e-5);
+    ops::fill_uniform(ln.weight().value, 0.5, 1.5, seed + 1);
+    ops::fill_uniform(ln.bias().value, -0.5, 0.5, seed + 2);
+    Tensor x = random_cpu({rows, cols}, dt, seed + 3, 2.0),
+           dy = random_cpu({rows, cols}, dt, seed + 4);
+    Context cpu;
+    Tensor y_ref = ln.forward(cpu, x);
+    Tensor dx_ref = ln.backward(cpu, dy);
+    Tensor gx = x.to(kGpu, dt), gdy = dy.to(kGpu, dt);
+    Tensor w = ln.weight().value.to(kGpu), b = ln.bias().value.to(kGpu);
+    Tensor y = poisoned({rows, cols}, dt), mean = poisoned({rows}, DType::F32),
+           rstd = poisoned({rows}, DType::F32);
+    cuda::layernorm_forward(gx, w, b, 1e-5, y, mean, rstd);
+    expect_close(y, y_ref, dt, "layernorm y", 8);
+    Tensor dx = poisoned({rows, cols}, dt), dw = poisoned({cols}, DType::F32),
+           db = poisoned({cols}, DType::F32);
+    cuda::layernorm_backward(gdy, gx, w, mean, rstd, dx, dw, db);
+    expect_close(dx, dx_ref, dt, "layernorm dx", 16);
+    expect_close(dw, ln.weight().grad, dt, "layernorm dweight", 16);
+    expect_close(db, ln.bias().grad, dt, "layernorm dbias", 16);
+    // Deterministic: a second backward gives the same bits.
+    Tensor dw2 = poisoned({cols}, DType::F32), db2 = poisoned({cols}, DType::F32);
+    Tensor dx2 = poisoned({rows, cols}, dt);
+    cuda::layernorm_backward(gdy, gx, w, mean, rstd, dx2, dw2, db2);
+    EXPECT_EQ(dw.to_vector<float>(), dw2.to_vector<float>());
+    EXPECT_EQ(db.to_vector<float>(), db2.to_vector<float>());
+  }
+}
+
+TEST_P(TransformerGpu, EmbeddingLaunchersMatchCpu) {
+  DType dt = GetParam();
+  std::uint64_t seed = fresh_seed();
+  const std::int64_t num = 50, dim = 33, pad = 3, n = 4 * 37;
+  Embedding emb(num, dim, pad);
+  emb.weight().value.copy_from(emb.weight().value.to(dt));
+  std::vector<std::int64_t> id(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i)  // many repeats, the padding id among them
+    id[static_cast<std::size_t>(i)] = static_cast<std::int64_t>((seed >> (i % 40)) % 9) * 5 % num;
+  id[5] = pad;
+  Tensor ids = Tensor::from_vector(id, {4, 37});
+  Tensor dy = random_cpu({4, 37, dim}, dt, seed + 1);
+  Tensor initial_grad = random_cpu({num, dim}, dt, seed + 2);
+  emb.weight().grad.copy_from(initial_grad);
+  Context cpu;
+  Tensor y_ref = emb.forward(cpu, ids);
+  emb.backward(cpu, dy);
+  Tensor gids = ids.view({n}).to(kGpu);
+  Tensor y = poisoned({n, dim}, dt);
+  cuda::embedding_forward(gids, emb.weight().value.to(kGpu, dt), y);
+  expect_close(y, y_ref, dt, "embedding y", 1);
+  Tensor grad = initial_grad.to(kGpu, dt);
+  cuda::embedding_backward(gids, dy.to(kGpu, dt).view({n, dim}), pad, grad);
+  expect_close(grad, emb.weight().grad, dt, "embedding grad (accumulated)", 8);
+  auto g = grad.to_vector<double>(), g0 = initial_grad.to(dt).to_vector<double>();
+  for (std::int64_t c = 0; c < dim; ++c)
+    EXPECT_EQ(g[static_cast<std::size_t>(pad * dim + c)],
+              g0[static_cast<std::size_t>(pad * dim + c)]);
+}
+
+TEST_P(TransformerGpu, SoftmaxLaunchersMatchCpuThroughAttention) {
+  // The fused softmax is checked through the attention layer (CPU loops vs CUDA kernel) with a
+  // mask, odd T > 32 and dropout: the layer's probabilities feed everything after them.
+  DType dt = GetParam();
+  std::uint64_t seed = fresh_seed();
+  const std::int64_t b = 3, t = 37, e = 64;
+  for (QkvLayout layout : {QkvLayout::SeparateQKV, QkvLayout::FusedQKV}) {
+    MultiHeadSelfAttention attn(e, 4, 0.1, layout);
+    Context ctx = training_context(seed);
+    ctx.attention_mask = padding_mask(b, t);
+    compare_layer(attn, random_cpu({b, t, e}, dt, seed + 1), {b, t, e}, dt, ctx,
+                  dt == DType::F32 ? 200 : 24, seed + 2,
+                  layout == QkvLayout::FusedQKV ? "attention (fused)" : "attention (separate)");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Whole layers.
+
+TEST_P(TransformerGpu, LayerNormLayerMatchesCpu) {
+  DType dt = GetParam();
+  std::uint64_t seed = fresh_seed();
+  LayerNorm ln(96, 1e-6);
+  compare_layer(ln, random_cpu({3, 45, 96}, dt, seed, 2.0), {3, 45, 96}, dt, Context(),
+                dt == DType::F32 ? 64 : 16, seed + 1, "layernorm");
+}
+
+TEST_P(TransformerGpu, EmbeddingLayerMatchesCpu) {
+  DType dt = GetParam();
+  std::uint64_t seed = fresh_seed();
+  Embedding emb(40, 24, 0);
+  std::vector<std::int64_t> id(2 * 29);
+  for (std::size_t i = 0; i < id.size(); ++i)
+    id[i] = static_cast<std::int64_t>((seed + i * i) % 40);
+  compare_layer(emb, Tensor::from_vector(id, {2, 29}), {2, 29, 24}, dt, Context(), 8, seed,
+                "embedding");
+}
+
+TEST_P(TransformerGpu, AttentionWithoutMaskOrDropoutMatchesCpu) {
+  DType dt = GetParam();
+  std::uint64_t seed = fresh_seed();
+  MultiHeadSelfAttention attn(48, 3);
+  compare_layer(attn, random_cpu({2, 129, 48}, dt, seed), {2, 129, 48}, dt, training_context(seed),
+                dt == DType::F32 ? 200 : 24, seed + 1, "attention");
+}
+
+TEST_P(TransformerGpu, TransformerBlocksMatchCpu) {
+  DType dt = GetParam();
+  std::uint64_t seed = fresh_seed();
+  double factor = dt == DType::F32 ? 400 : 32;
+  {
+    TransformerBlock block(TransformerBlockConfig::bert(64, 4, 128, 0.1));
+    block.set_name("layer");
+    Context ctx = training_context(seed);
+    ctx.attention_mask = padding_mask(2, 19);
+    compare_layer(block, random_cpu({2, 19, 64}, dt, seed), {2, 19, 64}, dt, ctx, factor, seed + 1,
+                  "post-LN block");
+  }
+  {
+    TransformerBlock block(TransformerBlockConfig::vit(64, 4, 128, 0.1));
+    block.set_name("encoder_layer");
+    compare_layer(block, random_cpu({2, 17, 64}, dt, seed + 2), {2, 17, 64}, dt,
+                  training_context(seed), factor, seed + 3, "pre-LN block");
+  }
+}
+
+TEST_P(TransformerGpu, TinyModelsMatchCpu) {
+  DType dt = GetParam();
+  std::uint64_t seed = fresh_seed();
+  double factor = dt == DType::F32 ? 1000 : 64;
+  {
+    ModelOptions o;
+    o.name = "bert_base";
+    o.vocab_size = 101;
+    o.hidden_size = 32;
+    o.num_layers = 2;
+    o.num_heads = 2;
+    o.intermediate_size = 64;
+    o.seq_len = 11;
+    Model m = make_model(o);
+    std::vector<std::int64_t> id(3 * 11);
+    for (std::size_t i = 0; i < id.size(); ++i)
+      id[i] = 1 + static_cast<std::int64_t>((seed + 7 * i) % 100);
+    Context ctx = training_context(seed);
+    ctx.attention_mask = padding_mask(3, 11);
+    compare_layer(*m.net, Tensor::from_vector(id, {3, 11}), {3, 11, 101}, dt, ctx, factor, seed + 1,
+                  "tiny bert");
+  }
+  {
+    ModelOptions o;
+    o.name = "vit_b16";
+    o.image_size = 48;
+    o.image_channels = 3;
+    o.num_classes = 10;
+    o.hidden_size = 32;
+    o.num_layers = 2;
+    o.num_heads = 4;
+    o.intermediate_size = 64;
+    Model m = make_model(o);
+    compare_layer(*m.net, random_cpu({2, 3, 48, 48}, dt, seed + 2), {2, 10}, dt,
+                  training_context(seed), factor, seed + 3, "tiny vit");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, TransformerGpu,
+                         ::testing::Values(DType::F32, DType::F16, DType::BF16),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(dtype_name(info.param));
+                         });
+
+// ---------------------------------------------------------------------------------------------
+// Determinism.
+
+TEST(TransformerGpuDeterminism, EmbeddingBackwardIsBitwiseReproducible) {
+  if (cuda_device_count() == 0) GTEST_FAIL() << "no GPU visible: the gpu suite needs one";
+  std::uint64_t seed = fresh_seed();
+  const std::int64_t num = 7, dim = 768, n = 8 * 512;  // every id repeated hundreds of times
+  std::vector<std::int64_t> id(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i)
+    id[static_cast<std::size_t>(i)] = static_cast<std::int64_t>((seed + i * 31) % num);
+  Tensor ids = Tensor::from_vector(id, {n}).to(kGpu);
+  Tensor dy = random_cpu({n, dim}, DType::F32, seed + 1).to(kGpu);
+  std::vector<std::vector<float>> results;
+  for (int run = 0; run < 2; ++run) {
+    Tensor grad = Tensor::zeros({num, dim}, DType::F32, kGpu);
+    cuda::embedding_backward(ids, dy, Embedding::kNoPadding, grad);
+    results.push_back(grad.to_vector<float>());
+  }
+  ASSERT_EQ(results[0].size(), results[1].size());
+  EXPECT_EQ(0,
+            std::memcmp(results[0].data(), results[1].data(), results[0].size() * sizeof(float)));
+  // And it is the sum, in position order, of the rows of each id.
+  auto d = dy.to_vector<float>();
+  std::vector<double> want(static_cast<std::size_t>(num * dim), 0.0);
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t c = 0; c < dim; ++c)
+      want[static_cast<std::size_t>(id[static_cast<std::size_t>(i)] * dim + c)] +=
+          d[static_cast<std::size_t>(i * dim + c)];
+  for (std::size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(results[0][i], want[i], 1e-3) << i;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Full size: BERT-base and ViT-B/16 run a bf16 step with finite results (and print their speed).
+
+double timed_steps(Layer& net, Context& ctx, const Tensor& x, const Tensor& dy, int steps) {
+  net.forward(ctx, x);
+  net.backward(ctx, dy);
+  device_synchronize(kGpu);
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; ++i) {
+    ctx.step++;
+    net.forward(ctx, x);
+    net.backward(ctx, dy);
+  }
+  device_synchronize(kGpu);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / steps;
+}
+
+void expect_finite(const Tensor& t, const std::string& what) {
+  auto v = t.to_vector<float>();
+  std::size_t bad = 0;
+  double sum = 0;
+  for (float f : v) {
+    if (!std::isfinite(f)) ++bad;
+    sum += std::fabs(f);
+  }
+  EXPECT_EQ(bad, 0u) << what;
+  EXPECT_GT(sum, 0.0) << what;
+}
+
+TEST(TransformerGpuFullSize, BertBaseAndVitB16StepInBf16) {
+  if (cuda_device_count() == 0) GTEST_FAIL() << "no GPU visible: the gpu suite needs one";
+  std::uint64_t seed = fresh_seed();
+  Context ctx = training_context(seed);
+  ctx.device = kGpu;
+  ctx.precision.activation = DType::BF16;
+  ctx.precision.matmul = DType::BF16;
+  {
+    ModelOptions o;
+    o.name = "bert_base";
+    Model m = make_model(o);
+    m.net->to(kGpu, DType::BF16);
+    const std::int64_t b = 32, t = 128;
+    std::vector<std::int64_t> id(static_cast<std::size_t>(b * t));
+    for (std::size_t i = 0; i < id.size(); ++i)
+      id[i] = static_cast<std::int64_t>((seed + i * 7919) % 30522);
+    Tensor ids = Tensor::from_vector(id, {b, t}).to(kGpu);
+    Tensor y = m.net->forward(ctx, ids);
+    EXPECT_EQ(y.shape(), (Shape{b, t, 30522}));
+    expect_finite(y, "bert logits");
+    Tensor dy = random_cpu({b, t, 30522}, DType::BF16, seed, 1e-3).to(kGpu, DType::BF16);
+    double s = timed_steps(*m.net, ctx, ids, dy, 3);
+    double flops = 3 * m.net->forward_flops({b, t});
+    std::printf("bert_base bf16 B=%lld T=%lld: %.2f ms/step, %.1f TFLOP/s\n",
+                static_cast<long long>(b), static_cast<long long>(t), s * 1e3, flops / s / 1e12);
+    for (Parameter* p : m.net->parameters()) {
+      if (p->name == "bert.embeddings.word_embeddings.weight" ||
+          p->name == "bert.encoder.layer.0.attention.self.query.weight")
+        expect_finite(p->grad, p->name);
+    }
+  }
+  {
+    ModelOptions o;
+    o.name = "vit_b16";
+    o.image_size = 224;
+    o.image_channels = 3;
+    o.num_classes = 1000;
+    Model m = make_model(o);
+    for (Parameter* p : m.net->parameters())  // torchvision's zero head would stop the gradient
+      if (p->name == "heads.head.weight") ops::fill_normal(p->value, 0.0, 0.02, seed);
+    m.net->to(kGpu, DType::BF16);
+    const std::int64_t b = 32;
+    Tensor images = random_cpu({b, 3, 224, 224}, DType::BF16, seed + 1).to(kGpu, DType::F32);
+    Tensor y = m.net->forward(ctx, images);
+    EXPECT_EQ(y.shape(), (Shape{b, 1000}));
+    Tensor dy = random_cpu({b, 1000}, DType::BF16, seed + 2).to(kGpu, DType::BF16);
+    double s = timed_steps(*m.net, ctx, images, dy, 3);
+    double flops = 3 * m.net->forward_flops({b, 3, 224, 224});
+    std::printf("vit_b16 bf16 B=%lld: %.2f ms/step, %.1f TFLOP/s\n", static_cast<long long>(b),
+                s * 1e3, flops / s / 1e12);
+    for (Parameter* p : m.net->parameters()) {
+      if (p->name == "conv_proj.weight" || p->name == "encoder.pos_embedding")
+        expect_finite(p->grad, p->name);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln

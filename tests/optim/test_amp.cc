@@ -1,0 +1,405 @@
+// Mixed precision: opt levels, the loss scaler's state machine, the wrapper's skip/unscale/master
+// logic, a tiny linear regression trained under O0..O3 (fp16 and bf16 parameter tensors on CPU)
+// and gradient accumulation equivalence.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "core/ops.h"
+#include "optim/amp/amp.h"
+#include "optim/schedule.h"
+
+namespace kiln::optim {
+namespace {
+
+TEST(AmpPolicy, OptLevels) {
+  AmpOptions a;
+  a.level = OptLevel::O0;
+  EXPECT_EQ(precision_policy(a).matmul, DType::F32);
+  EXPECT_EQ(parameter_dtype(a), DType::F32);
+  EXPECT_FALSE(uses_loss_scaling(a));
+  a.level = OptLevel::O1;
+  EXPECT_EQ(precision_policy(a).activation, DType::F16);
+  EXPECT_EQ(parameter_dtype(a), DType::F32);
+  EXPECT_TRUE(uses_loss_scaling(a));
+  a.level = OptLevel::O2;
+  a.half = HalfType::BF16;
+  EXPECT_EQ(precision_policy(a).matmul, DType::BF16);
+  EXPECT_EQ(parameter_dtype(a), DType::BF16);
+  EXPECT_TRUE(uses_master_weights(a));
+  EXPECT_FALSE(uses_loss_scaling(a));  // bf16: no scaler by default
+  a.loss_scale = LossScaleMode::Dynamic;
+  EXPECT_TRUE(uses_loss_scaling(a));
+  a.level = OptLevel::O3;
+  EXPECT_FALSE(uses_master_weights(a));
+  EXPECT_EQ(opt_level_from_name("O2"), OptLevel::O2);
+  EXPECT_THROW(opt_level_from_name("O4"), InputError);
+  EXPECT_EQ(half_type_from_name("bf16"), HalfType::BF16);
+  AmpOptions bad;
+  bad.scaler.backoff_factor = 1.5;
+  EXPECT_THROW(validate(bad), InputError);
+}
+
+TEST(LossScaler, GrowthBackoffAndState) {
+  LossScalerOptions o;
+  o.growth_interval = 3;
+  LossScaler s(o, LossScaleMode::Dynamic);
+  EXPECT_EQ(s.scale(), 65536.0);
+  EXPECT_FALSE(s.update(false));
+  EXPECT_FALSE(s.update(false));
+  EXPECT_EQ(s.scale(), 65536.0);
+  EXPECT_EQ(s.growth_tracker(), 2);
+  EXPECT_FALSE(s.update(false));  // third clean step: x2
+  EXPECT_EQ(s.scale(), 131072.0);
+  EXPECT_EQ(s.growth_tracker(), 0);
+  EXPECT_FALSE(s.update(false));
+  EXPECT_TRUE(s.update(true));  // overflow: skip, x0.5, tracker reset
+  EXPECT_EQ(s.scale(), 65536.0);
+  EXPECT_EQ(s.growth_tracker(), 0);
+  EXPECT_FALSE(s.update(false));
+  LossScaler::State saved = s.state();
+  LossScaler r(o, LossScaleMode::Dynamic);
+  r.load_state(saved);
+  EXPECT_EQ(r.scale(), 65536.0);
+  EXPECT_EQ(r.growth_tracker(), 1);
+  EXPECT_THROW(r.load_state({-1.0, 0}), InputError);
+}
+
+TEST(LossScaler, MinScaleOverflowIsAnError) {
+  LossScalerOptions o;
+  o.init_scale = 4.0;
+  o.min_scale = 1.0;
+  LossScaler s(o, LossScaleMode::Dynamic);
+  EXPECT_TRUE(s.update(true));
+  EXPECT_EQ(s.scale(), 2.0);
+  EXPECT_TRUE(s.update(true));
+  EXPECT_EQ(s.scale(), 1.0);
+  try {
+    s.update(true);
+    FAIL() << "expected an error at the minimum scale";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("minimum scale"), std::string::npos) << e.what();
+  }
+}
+
+TEST(LossScaler, StaticAndNone) {
+  LossScalerOptions o;
+  o.init_scale = 128.0;
+  o.growth_interval = 1;
+  LossScaler st(o, LossScaleMode::Static);
+  EXPECT_FALSE(st.update(false));
+  EXPECT_TRUE(st.update(true));  // still skipped
+  EXPECT_EQ(st.scale(), 128.0);
+  LossScaler none(o, LossScaleMode::None);
+  EXPECT_EQ(none.scale(), 1.0);
+  EXPECT_FALSE(none.update(true));
+}
+
+struct TwoParams {
+  Parameter w, b;
+  std::vector<Parameter*> list() { return {&w, &b}; }
+  TwoParams(DType dtype, std::vector<float> wv, std::vector<float> bv) {
+    w.name = "fc.weight";
+    w.value = Tensor::from_vector(wv, {static_cast<std::int64_t>(wv.size())}).to(dtype);
+    w.grad = Tensor::zeros(w.value.shape(), dtype);
+    b.name = "fc.bias";
+    b.no_weight_decay = true;
+    b.fp32_in_half = true;
+    b.value = Tensor::from_vector(bv, {static_cast<std::int64_t>(bv.size())});
+    b.grad = Tensor::zeros(b.value.shape(), DType::F32);
+  }
+};
+
+TEST(MixedPrecision, OverflowSkipsWithoutTouchingAnything) {
+  TwoParams m(DType::F32, {1.0f, 2.0f}, {0.5f});
+  OptimizerOptions o;
+  o.lr = 0.1;
+  AmpOptions a;
+  a.level = OptLevel::O1;
+  MixedPrecisionOptimizer opt(m.list(), o, a);
+  EXPECT_EQ(opt.scale(), 65536.0);
+  m.w.grad.copy_from(Tensor::from_vector(std::vector<float>{INFINITY, 1.0f}, {2}));
+  m.b.grad.fill(3.0);
+  StepResult r = opt.step();
+  EXPECT_TRUE(r.skipped);
+  EXPECT_TRUE(r.found_inf);
+  EXPECT_EQ(r.scale, 65536.0);
+  EXPECT_EQ(r.next_scale, 32768.0);
+  EXPECT_EQ(m.w.value.to_vector<float>(), (std::vector<float>{1.0f, 2.0f}));
+  EXPECT_EQ(m.b.value.to_vector<float>()[0], 0.5f);
+  EXPECT_EQ(opt.optimizer().step_count(), 0);
+  for (auto& [name, t] : opt.optimizer().state()) {
+    if (name != "optimizer.step") {
+      EXPECT_EQ(ops::reduce(*t, ops::Reduction::Max).item(), 0.0) << name;
+    }
+  }
+  EXPECT_EQ(opt.weights_version(), 0u);
+  // NaN is caught as well.
+  opt.zero_grad();
+  m.b.grad.fill(NAN);
+  EXPECT_TRUE(opt.step().skipped);
+  EXPECT_EQ(opt.scale(), 16384.0);
+}
+
+TEST(MixedPrecision, UnscaledStepEqualsPlainStep) {
+  TwoParams scaled(DType::F32, {1.0f, -2.0f}, {0.5f}), plain(DType::F32, {1.0f, -2.0f}, {0.5f});
+  OptimizerOptions o;
+  o.lr = 0.01;
+  o.weight_decay = 0.1;
+  AmpOptions a;
+  a.level = OptLevel::O1;
+  a.scaler.init_scale = 1024.0;  // a power of two: unscaling is exact
+  MixedPrecisionOptimizer amp(scaled.list(), o, a);
+  auto ref = make_optimizer(plain.list(), o);
+  for (int s = 0; s < 3; ++s) {
+    std::vector<float> gw = {0.25f * (s + 1), -0.5f}, gb = {0.125f};
+    plain.w.grad.copy_from(Tensor::from_vector(gw, {2}));
+    plain.b.grad.copy_from(Tensor::from_vector(gb, {1}));
+    for (float& g : gw) g *= 1024.0f;
+    for (float& g : gb) g *= 1024.0f;
+    amp.zero_grad();
+    scaled.w.grad.copy_from(Tensor::from_vector(gw, {2}));
+    scaled.b.grad.copy_from(Tensor::from_vector(gb, {1}));
+    StepResult r = amp.step();
+    ref->step();
+    EXPECT_FALSE(r.skipped);
+    EXPECT_NEAR(r.grad_norm, std::sqrt(0.0625 * (s + 1) * (s + 1) + 0.25 + 0.015625), 1e-6);
+    EXPECT_EQ(scaled.w.value.to_vector<float>(), plain.w.value.to_vector<float>());
+    EXPECT_EQ(scaled.b.value.to_vector<float>(), plain.b.value.to_vector<float>());
+  }
+  EXPECT_EQ(amp.weights_version(), 3u);
+}
+
+TEST(MixedPrecision, FoundInfHookDecidesForAllRanks) {
+  TwoParams m(DType::F32, {1.0f}, {0.0f});
+  OptimizerOptions o;
+  AmpOptions a;
+  a.level = OptLevel::O1;
+  MixedPrecisionOptimizer opt(m.list(), o, a);
+  int calls = 0;
+  // Another rank overflowed: the reduced flag says so, and this rank skips too.
+  opt.set_found_inf_hook([&](Tensor& flag) {
+    ++calls;
+    EXPECT_EQ(flag.item(), 0.0);
+    flag.fill(1.0);
+  });
+  m.w.grad.fill(1.0);
+  EXPECT_TRUE(opt.step().skipped);
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(m.w.value.to_vector<float>()[0], 1.0f);
+}
+
+void check_o2_masters(DType half) {
+  TwoParams m(half, {1.0f, -0.5f, 0.25f}, {0.1f});
+  OptimizerOptions o;
+  o.kind = OptimizerKind::SGD;
+  o.lr = 1e-3;  // updates below half resolution: only the masters see them
+  AmpOptions a;
+  a.level = OptLevel::O2;
+  a.half = half == DType::BF16 ? HalfType::BF16 : HalfType::FP16;
+  MixedPrecisionOptimizer opt(m.list(), o, a);
+  auto state = opt.state();
+  Tensor* master = nullptr;
+  for (auto& [name, t] : state) {
+    if (name == "fc.weight.master") master = t;
+    EXPECT_NE(name, "fc.bias.master");  // fp32_in_half parameters have no master
+  }
+  ASSERT_NE(master, nullptr);
+  EXPECT_EQ(master->dtype(), DType::F32);
+  const double scale = opt.scale();
+  for (int s = 0; s < 4; ++s) {
+    opt.zero_grad();
+    m.w.grad.copy_from(Tensor::from_vector(std::vector<float>{0.5f, 0.5f, -0.5f}, {3}).to(half));
+    ops::scale(m.w.grad, scale);
+    m.b.grad.fill(0.5 * scale);
+    ASSERT_FALSE(opt.step().skipped);
+  }
+  // Masters moved by 4 * lr * g exactly (in fp32); the half weights are the rounded masters.
+  auto mv = master->to_vector<float>();
+  EXPECT_NEAR(mv[0], 1.0 - 4 * 1e-3 * 0.5, 1e-6);
+  EXPECT_NEAR(mv[2], 0.25 + 4 * 1e-3 * 0.5, 1e-6);
+  EXPECT_EQ(m.w.value.dtype(), half);
+  auto hv = m.w.value.to_vector<float>();
+  auto rounded = master->to(half).to_vector<float>();
+  EXPECT_EQ(hv, rounded);
+  EXPECT_NE(hv[0], mv[0]);  // the half weight cannot hold 0.998
+  EXPECT_NEAR(m.b.value.to_vector<float>()[0], 0.1 - 4 * 1e-3 * 0.5, 1e-7);
+  // Restoring masters then refreshing rewrites the half weights.
+  master->fill(2.0);
+  opt.refresh_model_weights();
+  EXPECT_EQ(m.w.value.to_vector<float>()[1], 2.0f);
+}
+
+TEST(MixedPrecision, O2MastersF16) {
+  check_o2_masters(DType::F16);
+}
+TEST(MixedPrecision, O2MastersBF16) {
+  check_o2_masters(DType::BF16);
+}
+
+// y = X w + b + noise, trained by hand-written forward/backward with core ops::gemm.
+struct Regression {
+  static constexpr std::int64_t kN = 64, kD = 8;
+  Tensor x, y;  // (N, D), (N, 1) f32
+  Regression() {
+    x = Tensor::empty({kN, kD}, DType::F32);
+    ops::fill_normal(x, 0.0, 1.0, 7);
+    Tensor w_true = Tensor::empty({kD, 1}, DType::F32);
+    ops::fill_uniform(w_true, -1.0, 1.0, 8);
+    y = Tensor::zeros({kN, 1}, DType::F32);
+    ops::gemm(false, false, 1.0, x, w_true, 0.0, y);
+    Tensor noise = Tensor::empty({kN, 1}, DType::F32);
+    ops::fill_normal(noise, 0.0, 0.3, 9);
+    ops::axpy(1.0, noise, y);
+    auto yv = y.to_vector<float>();
+    for (float& v : yv) v += 0.5f;  // the bias
+    y = Tensor::from_vector(yv, {kN, 1});
+  }
+};
+
+struct LinearModel {
+  Parameter w, b;
+  LinearModel(DType dtype) {
+    w.name = "linear.weight";
+    w.value = Tensor::zeros({Regression::kD, 1}, DType::F32);
+    ops::fill_uniform(w.value, -0.1, 0.1, 11);
+    w.value = w.value.to(dtype);
+    w.grad = Tensor::zeros(w.value.shape(), dtype);
+    b.name = "linear.bias";
+    b.no_weight_decay = true;
+    b.fp32_in_half = true;
+    b.value = Tensor::zeros({1}, dtype == DType::F32 ? DType::F32 : DType::F32);
+    b.grad = Tensor::zeros({1}, DType::F32);
+  }
+  std::vector<Parameter*> list() { return {&w, &b}; }
+
+  // Forward and backward over rows [begin, end): returns the mean squared error; accumulates
+  // the gradient of loss * loss_multiplier into w.grad and b.grad (+=).
+  double forward_backward(const Regression& data, std::int64_t begin, std::int64_t end,
+                          const PrecisionPolicy& policy, double loss_multiplier) {
+    std::int64_t n = end - begin;
+    Tensor xs = data.x.slice(0, begin, end).contiguous();
+    Tensor pred = Tensor::zeros({n, 1}, DType::F32);
+    Tensor xm = xs.to(policy.matmul), wm = w.value.to(policy.matmul);  // O1 casts the weights
+    ops::gemm(false, false, 1.0, xm, wm, 0.0, pred);                   // fp32 accumulation
+    auto pv = pred.to(policy.activation).to_vector<float>();           // activations in half
+    auto yv = data.y.slice(0, begin, end).contiguous().to_vector<float>();
+    float bias = b.value.to_vector<float>()[0];
+    double loss = 0.0;
+    std::vector<float> dpred(n);
+    for (std::int64_t i = 0; i < n; ++i) {
+      double r = pv[i] + bias - yv[i];
+      loss += r * r / n;
+      dpred[i] = static_cast<float>(2.0 * r / n * loss_multiplier);
+    }
+    // The gradient flows back in the activation dtype (it may overflow in fp16: the scaler's job).
+    Tensor dp = Tensor::from_vector(dpred, {n, 1}).to(policy.activation).to(DType::F32);
+    Tensor dw = Tensor::zeros({Regression::kD, 1}, DType::F32);
+    ops::gemm(true, false, 1.0, xs, dp, 0.0, dw);
+    Tensor acc = w.grad.to(DType::F32);
+    ops::add(acc, dw, acc);
+    w.grad.copy_from(acc);
+    Tensor db = ops::reduce(dp, ops::Reduction::Sum);
+    Tensor bacc = b.grad.clone();
+    ops::add(bacc, db.view({1}), bacc);
+    b.grad.copy_from(bacc);
+    return loss;
+  }
+};
+
+double train(OptLevel level, HalfType half, int steps, int micro_batches = 1) {
+  Regression data;
+  AmpOptions a;
+  a.level = level;
+  a.half = half;
+  LinearModel model(parameter_dtype(a));
+  OptimizerOptions o;
+  o.kind = OptimizerKind::AdamW;
+  o.lr = 0.05;
+  o.weight_decay = 1e-4;
+  MixedPrecisionOptimizer opt(model.list(), o, a);
+  GradientAccumulation accumulation(micro_batches);
+  LrSchedule schedule([] {
+    ScheduleOptions s;
+    s.kind = ScheduleKind::Cosine;
+    s.base_lr = 0.05;
+    s.min_lr = 0.001;
+    s.warmup_steps = 5;
+    s.total_steps = 150;
+    return s;
+  }());
+  const std::int64_t per = Regression::kN / micro_batches;
+  for (int step = 0; step < steps; ++step) {
+    opt.set_lr(schedule.lr_at(opt.optimizer().step_count()));
+    opt.zero_grad();
+    for (int mb = 0; mb < micro_batches; ++mb) {
+      model.forward_backward(data, mb * per, (mb + 1) * per, opt.precision(),
+                             accumulation.loss_factor() * opt.scale());
+    }
+    opt.step();
+  }
+  // The final loss in fp32 on the fp32 view of the weights.
+  LinearModel eval(DType::F32);
+  eval.w.value.copy_from(model.w.value);
+  eval.b.value.copy_from(model.b.value);
+  return eval.forward_backward(data, 0, Regression::kN, PrecisionPolicy{}, 1.0);
+}
+
+TEST(MixedPrecision, LinearRegressionTracksO0UnderEveryLevel) {
+  const int steps = 200;
+  double o0 = train(OptLevel::O0, HalfType::FP16, steps);
+  EXPECT_LT(o0, 0.2);  // near the noise floor (0.09)
+  for (HalfType half : {HalfType::FP16, HalfType::BF16}) {
+    for (OptLevel level : {OptLevel::O1, OptLevel::O2, OptLevel::O3}) {
+      double loss = train(level, half, steps);
+      EXPECT_NEAR(loss, o0, 0.02 * o0) << opt_level_name(level) << " " << half_type_name(half);
+    }
+  }
+}
+
+TEST(MixedPrecision, AccumulationEqualsOneBigBatch) {
+  for (OptLevel level : {OptLevel::O0, OptLevel::O2}) {
+    Regression data;
+    AmpOptions a;
+    a.level = level;
+    a.loss_scale = LossScaleMode::None;
+    LinearModel big(parameter_dtype(a)), small(parameter_dtype(a));
+    OptimizerOptions o;
+    o.kind = OptimizerKind::SGD;
+    o.lr = 0.1;
+    o.momentum = 0.9;
+    MixedPrecisionOptimizer ob(big.list(), o, a), os(small.list(), o, a);
+    GradientAccumulation acc(4);
+    for (int step = 0; step < 3; ++step) {
+      ob.zero_grad();
+      big.forward_backward(data, 0, Regression::kN, ob.precision(), 1.0);
+      ob.step();
+      os.zero_grad();
+      for (int mb = 0; mb < 4; ++mb) {
+        small.forward_backward(data, mb * 16, (mb + 1) * 16, os.precision(), acc.loss_factor());
+      }
+      os.step();
+    }
+    // O0: fp32 sums in another order; O2: the micro-batch gradients accumulate in fp16, so the
+    // masters agree to half precision.
+    const double tol = level == OptLevel::O0 ? 1e-5 : 2e-3;
+    Tensor* mb = nullptr;
+    Tensor* ms = nullptr;
+    for (auto& [n, t] : ob.state())
+      if (n == "linear.weight.master") mb = t;
+    for (auto& [n, t] : os.state())
+      if (n == "linear.weight.master") ms = t;
+    auto wb = (mb ? *mb : big.w.value).to_vector<float>();
+    auto ws = (ms ? *ms : small.w.value).to_vector<float>();
+    for (std::size_t i = 0; i < wb.size(); ++i) {
+      EXPECT_NEAR(ws[i], wb[i], tol * std::max(1.0f, std::fabs(wb[i]))) << opt_level_name(level);
+    }
+  }
+  EXPECT_THROW(GradientAccumulation(0), InputError);
+}
+
+}  // namespace
+}  // namespace kiln::optim

@@ -1,0 +1,250 @@
+// The CUDA multi-tensor optimizers, unscale/inf-detect pass and O2 masters against the CPU
+// backend, on fresh random inputs. The element rules are shared and the kernels are built
+// without FMA contraction, so fp32 results agree to rounding of the norms (LAMB, clipping).
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <memory>
+
+#include "core/ops.h"
+#include "optim/amp/amp.h"
+
+namespace kiln::optim {
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+std::uint64_t fresh_seed() {
+  return static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+}
+
+class OptimGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_FAIL() << "no GPU visible: the gpu suite needs one";
+  }
+};
+
+// Sizes cover one element, a partial chunk, several chunks and a ragged tail.
+const std::vector<std::int64_t> kSizes = {1, 37, 32768, 100003, 4096};
+
+struct Model {
+  std::vector<std::unique_ptr<Parameter>> owned;
+  std::vector<Parameter*> params;
+  Model(Device device, DType dtype, std::uint64_t seed) {
+    for (std::size_t i = 0; i < kSizes.size(); ++i) {
+      auto p = std::make_unique<Parameter>();
+      p->name = "layer" + std::to_string(i) + (i % 2 ? ".bias" : ".weight");
+      p->no_weight_decay = i % 2 == 1;
+      p->fp32_in_half = i == 1;
+      DType dt = p->fp32_in_half ? DType::F32 : dtype;
+      Tensor v = Tensor::empty({kSizes[i]}, DType::F32);
+      ops::fill_normal(v, 0.0, 1.0, seed, 1000003 * i);
+      p->value = v.to(device, dt);
+      p->grad = Tensor::empty({kSizes[i]}, dt, device);
+      p->grad.fill(NAN);  // poisoned: every step overwrites it
+      params.push_back(p.get());
+      owned.push_back(std::move(p));
+    }
+  }
+};
+
+void fill_grads(Model& m, std::uint64_t seed, int step, double scale) {
+  for (std::size_t i = 0; i < m.params.size(); ++i) {
+    Tensor g = Tensor::empty({kSizes[i]}, DType::F32);
+    ops::fill_normal(g, 0.0, step % 4 == 0 ? 1.0 : 0.01, seed + 7, 1000003 * i + 77 * step);
+    ops::scale(g, scale);
+    m.params[i]->grad.copy_from(g);
+  }
+}
+
+// max |a - b| / max |b| over one tensor.
+double relative_difference(const Tensor& a, const Tensor& b) {
+  auto x = a.to_vector<double>(), y = b.to_vector<double>();
+  double diff = 0, ref = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (!std::isfinite(x[i])) return INFINITY;
+    diff = std::max(diff, std::fabs(x[i] - y[i]));
+    ref = std::max(ref, std::fabs(y[i]));
+  }
+  return ref > 0 ? diff / ref : diff;
+}
+
+void compare_optimizer(OptimizerOptions o, int steps) {
+  std::uint64_t seed = fresh_seed();
+  Model cpu(Device::cpu(), DType::F32, seed), gpu(kGpu, DType::F32, seed);
+  auto oc = make_optimizer(cpu.params, o), og = make_optimizer(gpu.params, o);
+  double worst = 0;
+  for (int s = 0; s < steps; ++s) {
+    fill_grads(cpu, seed, s, 1.0);
+    fill_grads(gpu, seed, s, 1.0);
+    oc->step();
+    og->step();
+  }
+  for (std::size_t i = 0; i < cpu.params.size(); ++i) {
+    double d = relative_difference(gpu.params[i]->value, cpu.params[i]->value);
+    worst = std::max(worst, d);
+    EXPECT_LT(d, 1e-6) << optimizer_kind_name(o.kind) << " " << cpu.params[i]->name;
+  }
+  auto sc = oc->state(), sg = og->state();
+  ASSERT_EQ(sc.size(), sg.size());
+  for (std::size_t i = 1; i < sc.size(); ++i) {
+    EXPECT_LT(relative_difference(*sg[i].second, *sc[i].second), 1e-6) << sc[i].first;
+  }
+  std::cout << optimizer_kind_name(o.kind) << ": max relative difference over " << steps
+            << " steps " << worst << "\n";
+}
+
+TEST_F(OptimGpu, SgdMatchesCpuOver100Steps) {
+  OptimizerOptions o;
+  o.kind = OptimizerKind::SGD;
+  o.lr = 0.05;
+  o.momentum = 0.9;
+  o.nesterov = true;
+  o.weight_decay = 0.01;
+  o.groups = {{"layer2.*", 0.5, -1.0}};
+  compare_optimizer(o, 100);
+  o.nesterov = false;
+  o.dampening = 0.1;
+  o.max_grad_norm = 5.0;
+  compare_optimizer(o, 100);
+}
+
+TEST_F(OptimGpu, AdamWMatchesCpuOver100Steps) {
+  OptimizerOptions o;
+  o.lr = 1e-3;
+  o.weight_decay = 0.01;
+  compare_optimizer(o, 100);
+  o.amsgrad = true;
+  o.max_grad_norm = 1.0;
+  compare_optimizer(o, 100);
+}
+
+TEST_F(OptimGpu, LambMatchesCpuOver100Steps) {
+  OptimizerOptions o;
+  o.kind = OptimizerKind::LAMB;
+  o.lr = 2e-3;
+  o.eps = 1e-6;
+  o.weight_decay = 0.01;
+  o.max_grad_norm = 1.0;
+  compare_optimizer(o, 100);
+  o.bias_correction = false;
+  compare_optimizer(o, 100);
+}
+
+TEST_F(OptimGpu, GlobalNormAndClipMatchCpu) {
+  std::uint64_t seed = fresh_seed();
+  Model cpu(Device::cpu(), DType::F32, seed), gpu(kGpu, DType::F32, seed);
+  fill_grads(cpu, seed, 0, 3.0);
+  fill_grads(gpu, seed, 0, 3.0);
+  std::vector<Tensor> gc, gg;
+  for (auto* p : cpu.params) gc.push_back(p->grad);
+  for (auto* p : gpu.params) gg.push_back(p->grad);
+  double nc = global_norm(gc), ng = global_norm(gg);
+  EXPECT_GT(nc, 1.0);
+  EXPECT_NEAR(ng, nc, 1e-6 * nc);
+  EXPECT_EQ(global_norm(gg), ng);  // deterministic
+  clip_grad_norm(gc, 1.0);
+  clip_grad_norm(gg, 1.0);
+  for (std::size_t i = 0; i < gc.size(); ++i) EXPECT_LT(relative_difference(gg[i], gc[i]), 1e-6);
+}
+
+void compare_amp(OptLevel level, DType half, bool inject_inf) {
+  std::uint64_t seed = fresh_seed();
+  AmpOptions a;
+  a.level = level;
+  a.half = half == DType::BF16 ? HalfType::BF16 : HalfType::FP16;
+  a.loss_scale = LossScaleMode::Dynamic;
+  a.scaler.init_scale = 1024.0;
+  DType pdt = parameter_dtype(a);
+  Model cpu(Device::cpu(), pdt, seed), gpu(kGpu, pdt, seed);
+  OptimizerOptions o;
+  o.lr = 1e-3;
+  o.weight_decay = 0.01;
+  o.max_grad_norm = 50.0;
+  MixedPrecisionOptimizer mc(cpu.params, o, a), mg(gpu.params, o, a);
+  for (int s = 0; s < 20; ++s) {
+    mc.zero_grad();
+    mg.zero_grad();
+    fill_grads(cpu, seed, s, mc.scale());
+    fill_grads(gpu, seed, s, mg.scale());
+    if (inject_inf && s == 5) {  // one inf deep inside the largest tensor
+      for (Model* m : {&cpu, &gpu}) {
+        Tensor g = m->params[3]->grad;
+        g.slice(0, 77777, 77778).fill(s % 2 ? NAN : INFINITY);
+      }
+    }
+    mg.unscale_and_check();
+    mc.unscale_and_check();
+    EXPECT_EQ(mg.found_inf_flag().item(), mc.found_inf_flag().item()) << "step " << s;
+    StepResult rc = mc.step(), rg = mg.step();
+    EXPECT_EQ(rc.skipped, rg.skipped);
+    EXPECT_EQ(rg.skipped, inject_inf && s == 5);
+    if (!rc.skipped) {
+      EXPECT_NEAR(rg.grad_norm, rc.grad_norm, 1e-5 * rc.grad_norm);
+    }
+    EXPECT_EQ(rc.next_scale, rg.next_scale);
+  }
+  auto sc = mc.state(), sg = mg.state();
+  ASSERT_EQ(sc.size(), sg.size());
+  for (std::size_t i = 1; i < sc.size(); ++i) {
+    EXPECT_EQ(sc[i].first, sg[i].first);
+    EXPECT_LT(relative_difference(*sg[i].second, *sc[i].second), 1e-6) << sc[i].first;
+  }
+  for (std::size_t i = 0; i < cpu.params.size(); ++i) {
+    // Half weights: equal up to one rounding of nearly equal masters.
+    double tol = cpu.params[i]->value.dtype() == DType::F32 ? 1e-6 : 8e-3;
+    EXPECT_LT(relative_difference(gpu.params[i]->value, cpu.params[i]->value), tol)
+        << opt_level_name(level) << " " << cpu.params[i]->name;
+  }
+}
+
+TEST_F(OptimGpu, UnscaleAndInfDetectMatchCpu) {
+  compare_amp(OptLevel::O1, DType::F16, true);
+}
+
+TEST_F(OptimGpu, O2MastersMatchCpuF16) {
+  compare_amp(OptLevel::O2, DType::F16, true);
+}
+
+TEST_F(OptimGpu, O2MastersMatchCpuBF16) {
+  compare_amp(OptLevel::O2, DType::BF16, false);
+}
+
+TEST_F(OptimGpu, O3HalfWeightsMatchCpu) {
+  compare_amp(OptLevel::O3, DType::F16, false);
+}
+
+TEST_F(OptimGpu, O2HalfWeightsAreRoundedMasters) {
+  std::uint64_t seed = fresh_seed();
+  AmpOptions a;
+  a.level = OptLevel::O2;
+  a.half = HalfType::BF16;
+  Model gpu(kGpu, DType::BF16, seed);
+  OptimizerOptions o;
+  o.kind = OptimizerKind::LAMB;
+  o.lr = 1e-2;
+  MixedPrecisionOptimizer m(gpu.params, o, a);
+  for (int s = 0; s < 3; ++s) {
+    m.zero_grad();
+    fill_grads(gpu, seed, s, 1.0);
+    ASSERT_FALSE(m.step().skipped);
+  }
+  int masters = 0;
+  for (auto& [name, t] : m.state()) {
+    if (name.size() < 7 || name.substr(name.size() - 7) != ".master") continue;
+    ++masters;
+    std::string pname = name.substr(0, name.size() - 7);
+    for (auto* p : gpu.params) {
+      if (p->name == pname) {
+        EXPECT_EQ(p->value.to_vector<float>(), t->to(DType::BF16).to_vector<float>()) << name;
+      }
+    }
+  }
+  EXPECT_EQ(masters, 4);  // every bf16 parameter but the fp32_in_half one
+}
+
+}  // namespace
+}  // namespace kiln::optim

@@ -1,0 +1,19 @@
+# Shared by the trainer's script tests. $KILN is the kiln binary; each test works in $WORK.
+set -euo pipefail
+KILN=${1:?usage: test.sh path/to/kiln}
+SRC=${KILN_SOURCE_DIR:?}
+WORK=$(mktemp -d /tmp/kiln-test.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+TINY=$SRC/tests/train/tiny.pbtxt
+MPIRUN=(${MPIEXEC:-mpirun} --allow-run-as-root --oversubscribe --timeout 300)
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+pass() { echo "PASS: $*"; }
+
+# The per-step losses of a metrics.jsonl, one per line, as exact decimal strings.
+losses() { python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if "loss" in r: print(r["step"], repr(r["loss"]))
+' "$1"; }

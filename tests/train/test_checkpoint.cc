@@ -1,0 +1,124 @@
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "core/ops.h"
+#include "train/checkpoint.h"
+
+namespace kiln::train {
+namespace {
+
+std::string fresh_dir(const std::string& name) {
+  std::string d = ::testing::TempDir() + "kiln_ckpt_" + std::to_string(::getpid()) + "_" + name;
+  std::string cmd = "rm -rf '" + d + "'";
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  return d;
+}
+
+NamedTensors some_weights(std::uint64_t seed) {
+  Tensor w = Tensor::empty({4, 3}, DType::F32);
+  ops::fill_normal(w, 0, 1, seed);
+  return {{"fc.weight", w}, {"fc.bias", Tensor::full({4}, 0.5, DType::F32)}};
+}
+
+config::CheckpointState state_at(std::int64_t step) {
+  config::CheckpointState s;
+  s.set_step(step);
+  s.set_model_name("mlp");
+  s.mutable_loss_scaler()->set_scale(32768);
+  s.mutable_data()->set_epoch(2);
+  s.mutable_data()->set_next_batch(17);
+  return s;
+}
+
+TEST(CheckpointStore, SaveLoadRoundTrip) {
+  CheckpointStore store(fresh_dir("roundtrip"), 3);
+  std::string path = store.save(some_weights(1), {{"fc.weight.exp_avg", Tensor::zeros({4, 3}, DType::F32)}},
+                                state_at(500));
+  EXPECT_EQ(path, store.dir() + "/step-000500");
+  Checkpoint c = CheckpointStore::load(path);
+  EXPECT_EQ(c.state.step(), 500);
+  EXPECT_EQ(c.state.data().next_batch(), 17);
+  EXPECT_EQ(c.state.loss_scaler().scale(), 32768);
+  EXPECT_EQ(c.model.tensors.at("fc.weight").to_vector<float>(),
+            some_weights(1)[0].second.to_vector<float>());
+  EXPECT_EQ(c.optimizer.tensors.count("fc.weight.exp_avg"), 1u);
+}
+
+TEST(CheckpointStore, KeepsTheLastKAndFindsTheLatest) {
+  CheckpointStore store(fresh_dir("keep"), 2);
+  for (int step : {100, 200, 300, 400}) store.save(some_weights(step), {}, state_at(step));
+  auto all = store.list();
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0], store.dir() + "/step-000300");
+  EXPECT_EQ(*store.latest(), store.dir() + "/step-000400");
+}
+
+TEST(CheckpointStore, PartialDirectoriesAreNeverListed) {
+  CheckpointStore store(fresh_dir("partial"), 5);
+  store.save(some_weights(1), {}, state_at(100));
+  // An interrupted write: a temporary directory, and a final-named directory without MANIFEST.
+  ASSERT_EQ(::mkdir((store.dir() + "/.tmp-step-000200-999").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((store.dir() + "/step-000300").c_str(), 0755), 0);
+  EXPECT_EQ(*store.latest(), store.dir() + "/step-000100");
+  store.remove_partial();
+  struct stat st{};
+  EXPECT_NE(::stat((store.dir() + "/.tmp-step-000200-999").c_str(), &st), 0);
+  EXPECT_THROW(CheckpointStore::load(store.dir() + "/step-000300"), InputError);
+}
+
+std::string load_error(const std::string& path) {
+  try {
+    CheckpointStore::load(path);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "(loaded without error)";
+}
+
+void rewrite(const std::string& file, const std::function<void(std::string&)>& edit) {
+  std::ifstream in(file, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  edit(bytes);
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+TEST(CheckpointStore, FlippedByteTruncationAndMissingFilesAreRefused) {
+  CheckpointStore store(fresh_dir("corrupt"), 5);
+  std::string a = store.save(some_weights(1), {}, state_at(1));
+  rewrite(a + "/model.safetensors", [](std::string& b) { b[b.size() - 3] ^= 0x10; });
+  std::string m = load_error(a);
+  EXPECT_NE(m.find("model.safetensors: checksum mismatch"), std::string::npos) << m;
+
+  std::string b = store.save(some_weights(2), {}, state_at(2));
+  rewrite(b + "/optimizer.safetensors", [](std::string& s) { s.resize(s.size() / 2); });
+  m = load_error(b);
+  EXPECT_NE(m.find("optimizer.safetensors: size"), std::string::npos) << m;
+
+  std::string c = store.save(some_weights(3), {}, state_at(3));
+  std::remove((c + "/state.pbtxt").c_str());
+  m = load_error(c);
+  EXPECT_NE(m.find("state.pbtxt: missing"), std::string::npos) << m;
+
+  std::string d = store.save(some_weights(4), {}, state_at(4));
+  rewrite(d + "/MANIFEST", [](std::string& s) { s[0] = s[0] == 'a' ? 'b' : 'a'; });
+  m = load_error(d);
+  EXPECT_NE(m.find("corrupt manifest"), std::string::npos) << m;
+}
+
+TEST(CheckpointStore, UnwritableDirectoryIsAClearError) {
+  CheckpointStore store("/proc/kiln-cannot-write-here", 1);
+  try {
+    store.save(some_weights(1), {}, state_at(1));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/proc/kiln-cannot-write-here"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace kiln::train

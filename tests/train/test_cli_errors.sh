@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Bad input on the command line: each case exits with the documented code and a message naming
+# the file, field or checkpoint, within 5 s, without a stack trace.
+source "$(dirname "$0")/lib.sh"
+expect() {  # expected-code message-fragment -- command...
+  local want=$1 fragment=$2; shift 3
+  local start code=0
+  start=$(date +%s)
+  timeout 30 "$@" > "$WORK/out" 2>&1 || code=$?
+  local took=$(( $(date +%s) - start ))
+  [ "$code" = "$want" ] || { cat "$WORK/out"; fail "exit $code (want $want): $*"; }
+  grep -qF -- "$fragment" "$WORK/out" || { cat "$WORK/out"; fail "message lacks '$fragment': $*"; }
+  [ "$took" -le 5 ] || fail "took ${took}s: $*"
+  ! grep -qiE "terminate called|stack trace|Segmentation|Aborted" "$WORK/out" || fail "crash output: $*"
+}
+printf 'model { name: "fashion_cnn" }\ntrain { stepz: 3 }\n' > "$WORK/bad.pbtxt"
+expect 2 "bad.pbtxt:2:9" -- "$KILN" train --config "$WORK/bad.pbtxt"
+expect 2 "optimizer.lr" -- "$KILN" train --config "$TINY" --set optimizer.lr=-1
+expect 2 "nosuch" -- "$KILN" train --config "$TINY" --set nosuch.field=1
+expect 2 "cannot" -- "$KILN" train --config "$WORK/missing.pbtxt"
+expect 2 "no complete checkpoint" -- "$KILN" train --config "$TINY" --set logging.dir="$WORK/empty" --resume latest
+expect 2 "data.path" -- "$KILN" train --config "$TINY" --set data.kind=CIFAR10 --set data.path="$WORK/no-such-dir"
+expect 2 "unknown command" -- "$KILN" trian
+expect 2 "required" -- "$KILN" train
+expect 2 "O2" -- "$KILN" train --config "$TINY" --set precision.opt_level=O2
+
+# A corrupt checkpoint is refused before step 1, naming the file and the reason.
+"$KILN" train --config "$TINY" --set train.steps=2 --set logging.dir="$WORK/c" --quiet > /dev/null 2>&1 || fail "setup run"
+ck="$WORK/c/checkpoints/step-000002"
+cp -r "$ck" "$WORK/keep"
+python3 - "$ck/model.safetensors" <<'PY'
+import sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read()); b[-5] ^= 0x01; open(p, "wb").write(b)
+PY
+expect 2 "model.safetensors: checksum mismatch" -- "$KILN" train --config "$TINY" --set logging.dir="$WORK/c" --resume latest
+rm -rf "$ck"; cp -r "$WORK/keep" "$ck"
+truncate -s 100 "$ck/optimizer.safetensors"
+expect 2 "optimizer.safetensors: size 100 bytes" -- "$KILN" train --config "$TINY" --set logging.dir="$WORK/c" --resume latest
+rm -rf "$ck"; cp -r "$WORK/keep" "$ck"
+expect 2 "checkpoint of model 'fashion_cnn'" -- "$KILN" train --config "$TINY" --set model.name=mlp --set logging.dir="$WORK/c" --resume latest
+expect 2 "different model configuration" -- "$KILN" train --config "$TINY" --set model.num_classes=7 --set logging.dir="$WORK/c" --resume latest
+pass "command-line and checkpoint errors"

@@ -1,0 +1,213 @@
+#include "train/checkpoint.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
+#include <google/protobuf/text_format.h>
+
+namespace kiln::train {
+namespace {
+
+const char* kManifest = "MANIFEST";
+const char* kFiles[] = {"model.safetensors", "optimizer.safetensors", "state.pbtxt"};
+
+std::uint32_t crc_of(const std::string& bytes) {
+  return static_cast<std::uint32_t>(
+      crc32(0L, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
+}
+
+std::string hex(std::uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "%08x", v);
+  return buf;
+}
+
+bool is_dir(const std::string& path) {
+  struct stat st{};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+void make_dir(const std::string& path) {
+  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+    throw Error("cannot create directory " + path + ": " + std::strerror(errno) +
+                " (check checkpoint.dir)");
+  }
+}
+
+void make_dirs(const std::string& path) {
+  std::string partial;
+  std::stringstream ss(path);
+  std::string part;
+  if (!path.empty() && path[0] == '/') partial = "/";
+  while (std::getline(ss, part, '/')) {
+    if (part.empty()) continue;
+    partial += part + "/";
+    make_dir(partial);
+  }
+}
+
+void remove_tree(const std::string& path) {
+  DIR* d = ::opendir(path.c_str());
+  if (d != nullptr) {
+    while (dirent* e = ::readdir(d)) {
+      std::string name = e->d_name;
+      if (name == "." || name == "..") continue;
+      std::string child = path + "/" + name;
+      if (is_dir(child)) {
+        remove_tree(child);
+      } else {
+        ::unlink(child.c_str());
+      }
+    }
+    ::closedir(d);
+  }
+  ::rmdir(path.c_str());
+}
+
+std::vector<std::string> entries(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (dirent* e = ::readdir(d)) out.push_back(e->d_name);
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void sync_dir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+}  // namespace
+
+std::string checkpoint_name(std::int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "step-%06lld", static_cast<long long>(step));
+  return buf;
+}
+
+CheckpointStore::CheckpointStore(std::string dir, int keep_last)
+    : dir_(std::move(dir)), keep_last_(std::max(keep_last, 1)) {}
+
+std::string CheckpointStore::save(const NamedTensors& model, const NamedTensors& optimizer,
+                                  const config::CheckpointState& state) {
+  make_dirs(dir_);
+  std::string name = checkpoint_name(state.step());
+  std::string final_path = dir_ + "/" + name;
+  std::string tmp = dir_ + "/.tmp-" + name + "-" + std::to_string(::getpid());
+  remove_tree(tmp);
+  make_dir(tmp);
+  try {
+    save_safetensors(tmp + "/model.safetensors", model, {{"format", "pt"}});
+    save_safetensors(tmp + "/optimizer.safetensors", optimizer, {{"format", "kiln"}});
+    std::string text;
+    google::protobuf::TextFormat::PrintToString(state, &text);
+    write_file_atomically(tmp + "/state.pbtxt", text);
+    std::string manifest;
+    for (const char* file : kFiles) {
+      std::string bytes = read_file(tmp + "/" + file);
+      manifest += hex(crc_of(bytes)) + " " + std::to_string(bytes.size()) + " " + file + "\n";
+    }
+    manifest += hex(crc_of(manifest)) + " manifest\n";
+    write_file_atomically(tmp + "/" + kManifest, manifest);
+    sync_dir(tmp);
+    if (is_dir(final_path)) remove_tree(final_path);  // a re-save of the same step
+    if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
+      throw Error("cannot rename " + tmp + " to " + final_path + ": " + std::strerror(errno));
+    }
+    sync_dir(dir_);
+  } catch (...) {
+    remove_tree(tmp);
+    throw;
+  }
+  prune();
+  return final_path;
+}
+
+std::vector<std::string> CheckpointStore::list() const {
+  std::vector<std::string> out;
+  for (const std::string& e : entries(dir_)) {
+    if (e.rfind("step-", 0) != 0) continue;
+    std::string path = dir_ + "/" + e;
+    struct stat st{};
+    if (::stat((path + "/" + kManifest).c_str(), &st) == 0) out.push_back(path);
+  }
+  return out;  // zero-padded names sort by step
+}
+
+std::optional<std::string> CheckpointStore::latest() const {
+  auto all = list();
+  if (all.empty()) return std::nullopt;
+  return all.back();
+}
+
+void CheckpointStore::remove_partial() const {
+  for (const std::string& e : entries(dir_)) {
+    if (e.rfind(".tmp-", 0) == 0) remove_tree(dir_ + "/" + e);
+  }
+}
+
+void CheckpointStore::prune() const {
+  auto all = list();
+  for (std::size_t i = 0; i + keep_last_ < all.size(); ++i) remove_tree(all[i]);
+}
+
+Checkpoint CheckpointStore::load(const std::string& path) {
+  if (!is_dir(path)) throw InputError("checkpoint " + path + " does not exist or is not a directory");
+  std::string manifest_path = path + "/" + kManifest;
+  struct stat st{};
+  if (::stat(manifest_path.c_str(), &st) != 0) {
+    throw InputError("checkpoint " + path + " is incomplete: no " + kManifest +
+                     " (it was interrupted while being written)");
+  }
+  std::string manifest = read_file(manifest_path);
+  std::size_t last = manifest.rfind(" manifest\n");
+  std::size_t line_start = manifest.rfind('\n', last == std::string::npos ? 0 : last);
+  line_start = line_start == std::string::npos || last == std::string::npos ? 0 : line_start + 1;
+  if (last == std::string::npos || last != line_start + 8 ||
+      manifest.substr(line_start, 8) != hex(crc_of(manifest.substr(0, line_start)))) {
+    throw InputError(manifest_path + ": corrupt manifest (checksum mismatch)");
+  }
+  std::istringstream lines(manifest.substr(0, line_start));
+  std::string crc, size, file;
+  int listed = 0;
+  while (lines >> crc >> size >> file) {
+    std::string file_path = path + "/" + file;
+    if (::stat(file_path.c_str(), &st) != 0) throw InputError(file_path + ": missing from checkpoint");
+    std::string bytes = read_file(file_path);
+    if (std::to_string(bytes.size()) != size) {
+      throw InputError(file_path + ": size " + std::to_string(bytes.size()) + " bytes, manifest says " +
+                       size + " (truncated or modified)");
+    }
+    if (hex(crc_of(bytes)) != crc) {
+      throw InputError(file_path + ": checksum mismatch (CRC-32 " + hex(crc_of(bytes)) +
+                       ", manifest says " + crc + "): the file is corrupt");
+    }
+    ++listed;
+  }
+  if (listed != 3) throw InputError(manifest_path + ": lists " + std::to_string(listed) + " files, expected 3");
+  Checkpoint c;
+  c.path = path;
+  c.model = load_safetensors(path + "/model.safetensors");
+  c.optimizer = load_safetensors(path + "/optimizer.safetensors");
+  std::string text = read_file(path + "/state.pbtxt");
+  if (!google::protobuf::TextFormat::ParseFromString(text, &c.state)) {
+    throw InputError(path + "/state.pbtxt: cannot parse the checkpoint state");
+  }
+  return c;
+}
+
+}  // namespace kiln::train

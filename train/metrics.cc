@@ -1,0 +1,189 @@
+#include "train/metrics.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <ctime>
+
+#include "core/check.h"
+#include "core/json_writer.h"
+
+namespace kiln::train {
+namespace {
+
+std::FILE* open_or_throw(const std::string& path, const char* mode) {
+  std::FILE* f = std::fopen(path.c_str(), mode);
+  if (f == nullptr) {
+    throw Error("cannot open " + path + " for writing: " + std::strerror(errno) +
+                " (check logging.dir)");
+  }
+  return f;
+}
+
+// Protobuf wire format, just what tensorflow.Event needs.
+void put_varint(std::string& out, std::uint64_t v) {
+  while (v >= 0x80) {
+    out += static_cast<char>((v & 0x7f) | 0x80);
+    v >>= 7;
+  }
+  out += static_cast<char>(v);
+}
+void put_tag(std::string& out, int field, int wire) { put_varint(out, (field << 3) | wire); }
+void put_bytes(std::string& out, int field, const std::string& bytes) {
+  put_tag(out, field, 2);
+  put_varint(out, bytes.size());
+  out += bytes;
+}
+void put_fixed64(std::string& out, int field, double v) {
+  put_tag(out, field, 1);
+  char b[8];
+  std::memcpy(b, &v, 8);
+  out.append(b, 8);
+}
+void put_fixed32(std::string& out, int field, float v) {
+  put_tag(out, field, 5);
+  char b[4];
+  std::memcpy(b, &v, 4);
+  out.append(b, 4);
+}
+
+double wall_time() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::uint32_t masked_crc(const std::string& s) {
+  std::uint32_t crc = crc32c(s.data(), s.size());
+  return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
+}
+
+}  // namespace
+
+std::uint32_t crc32c(const void* data, std::size_t size) {
+  static const auto table = [] {
+    std::array<std::uint32_t, 256> t{};
+    for (std::uint32_t i = 0; i < 256; ++i) {
+      std::uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82f63b78u : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  std::uint32_t crc = 0xffffffffu;
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < size; ++i) crc = table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
+  return crc ^ 0xffffffffu;
+}
+
+JsonlWriter::JsonlWriter(const std::string& path, bool append)
+    : path_(path), file_(open_or_throw(path, append ? "a" : "w")) {}
+
+JsonlWriter::~JsonlWriter() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+void JsonlWriter::write(const Record& record) {
+  JsonWriter j;
+  j.begin_object();
+  for (const auto& [key, value] : record) {
+    if (key == "step" || key == "epoch") {
+      j.field(key, static_cast<long long>(value));
+    } else {
+      j.field(key, value);
+    }
+  }
+  j.end_object();
+  std::fprintf(file_, "%s\n", j.str().c_str());
+  std::fflush(file_);
+}
+
+TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
+  char host[128] = {0};
+  gethostname(host, sizeof(host) - 1);
+  path_ = dir + "/events.out.tfevents." + std::to_string(static_cast<long long>(wall_time())) +
+          "." + host + "." + std::to_string(::getpid());
+  file_ = open_or_throw(path_, "wb");
+  std::string event;
+  put_fixed64(event, 1, wall_time());
+  put_bytes(event, 3, "brain.Event:2");
+  write_record(event);
+  flush();
+}
+
+TensorBoardWriter::~TensorBoardWriter() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+void TensorBoardWriter::write_record(const std::string& payload) {
+  std::string header;
+  std::uint64_t n = payload.size();
+  for (int i = 0; i < 8; ++i) header += static_cast<char>((n >> (8 * i)) & 0xff);
+  std::uint32_t hcrc = masked_crc(header), pcrc = masked_crc(payload);
+  std::fwrite(header.data(), 1, 8, file_);
+  std::fwrite(&hcrc, 4, 1, file_);
+  std::fwrite(payload.data(), 1, payload.size(), file_);
+  std::fwrite(&pcrc, 4, 1, file_);
+}
+
+void TensorBoardWriter::scalar(const std::string& tag, double value, std::int64_t step) {
+  std::string v;
+  put_bytes(v, 1, tag);
+  put_fixed32(v, 2, static_cast<float>(value));
+  std::string summary;
+  put_bytes(summary, 1, v);
+  std::string event;
+  put_fixed64(event, 1, wall_time());
+  put_tag(event, 2, 0);
+  put_varint(event, static_cast<std::uint64_t>(step));
+  put_bytes(event, 5, summary);
+  write_record(event);
+}
+
+void TensorBoardWriter::flush() { std::fflush(file_); }
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  long s = static_cast<long>(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600) {
+    std::snprintf(buf, sizeof(buf), "%ldh%02ldm", s / 3600, (s % 3600) / 60);
+  } else if (s >= 60) {
+    std::snprintf(buf, sizeof(buf), "%ldm%02lds", s / 60, s % 60);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%lds", s);
+  }
+  return buf;
+}
+
+ProgressBar::ProgressBar(std::int64_t total, bool enabled)
+    : total_(total), enabled_(enabled), start_(std::chrono::steady_clock::now()) {}
+
+void ProgressBar::update(std::int64_t done, const std::string& suffix) {
+  if (!enabled_) return;
+  auto now = std::chrono::steady_clock::now();
+  if (start_done_ < 0) {
+    start_done_ = done;
+    start_ = now;
+  }
+  double elapsed = std::chrono::duration<double>(now - start_).count();
+  double rate = done > start_done_ ? (done - start_done_) / elapsed : 0;
+  double eta = rate > 0 ? (total_ - done) / rate : -1;
+  int width = 30;
+  int filled = total_ > 0 ? static_cast<int>(width * static_cast<double>(done) / total_) : 0;
+  std::string bar(filled, '#');
+  bar += std::string(width - filled, '.');
+  std::printf("\r[%s] %lld/%lld ETA %s %s\033[K", bar.c_str(), static_cast<long long>(done),
+              static_cast<long long>(total_), format_duration(eta).c_str(), suffix.c_str());
+  std::fflush(stdout);
+}
+
+void ProgressBar::finish() {
+  if (!enabled_) return;
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+}  // namespace kiln::train

@@ -1,0 +1,59 @@
+#pragma once
+// The optimizer as the training loop sees it: the experiment's optimizer, LR schedule, gradient
+// clipping and mixed-precision policy (master weights, loss scaling) behind one step() call.
+// Found-inf decisions are global: the flag is all-reduced over the ranks before anyone decides,
+// so every rank skips the same steps.
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+#include "configs/checkpoint.pb.h"
+#include "configs/kiln.pb.h"
+#include "core/safetensors.h"
+#include "layers/layer.h"
+
+namespace kiln::train {
+
+struct StepOutcome {
+  bool skipped = false;  // inf/NaN in the gradients: parameters unchanged
+  double grad_norm = -1; // global L2 norm before clipping, or -1 when not computed
+  double loss_scale = 1;
+  double lr = 0;
+};
+
+// The precision an experiment asks for: what layers run at and what parameters are stored in.
+struct PrecisionChoice {
+  PrecisionPolicy policy;
+  DType parameter_dtype = DType::F32;
+};
+PrecisionChoice precision_for(const config::Experiment& experiment, Device device);
+
+class StepOptimizer {
+ public:
+  // `parameters` are on their device in the parameter dtype, gradients in their final place
+  // (data parallelism's buckets). `fp32_init` holds the fp32 initial values by parameter name
+  // (O2's master weights start from them rather than from the rounded half copy).
+  StepOptimizer(const std::vector<Parameter*>& parameters, const NamedTensors& fp32_init,
+                const config::Experiment& experiment, std::int64_t total_steps);
+  ~StepOptimizer();
+
+  double loss_scale() const;  // multiply the loss by this before backward
+  std::uint64_t weights_version() const;  // for Context::weights_version (O1 weight casts)
+  // Schedules the LR for optimizer step `step` (0-based), checks the gradients (all ranks agree
+  // through `comm` when given), clips, updates, adjusts the loss scale.
+  StepOutcome step(std::int64_t step, Communicator* comm);
+  double lr_at(std::int64_t step) const;
+
+  NamedTensors state();                                   // for checkpoints
+  void load_state(const std::map<std::string, Tensor>& tensors);  // InputError if missing
+  config::LossScalerState scaler_state() const;
+  void load_scaler_state(const config::LossScalerState& state);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kiln::train

@@ -1,0 +1,84 @@
+#pragma once
+// The training loop: builds the model, data, optimizer (with mixed precision), data parallelism
+// and checkpoints from an Experiment, then trains with gradient accumulation, evaluates every K
+// steps and at the end, logs (rank 0: terminal, JSONL, TensorBoard), saves checkpoints and stops
+// cleanly on SIGTERM (preemption) after committing one.
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "comm/world.h"
+#include "configs/kiln.pb.h"
+
+namespace kiln::train {
+
+struct EvalResult {
+  double loss = 0;
+  double accuracy = 0;  // share of non-ignored targets predicted right
+  std::int64_t samples = 0;
+};
+
+struct TrainResult {
+  std::int64_t steps = 0;          // optimizer steps completed in total
+  std::int64_t skipped_steps = 0;  // skipped for inf/NaN gradients
+  double final_loss = 0;           // mean training loss of the last logging interval
+  EvalResult eval;                 // the last evaluation (at the end)
+  double samples_per_s = 0;        // over the whole run, all ranks
+  bool preempted = false;          // stopped by SIGTERM after a checkpoint
+  std::string last_checkpoint;
+};
+
+struct LayerTime {
+  std::string layer;
+  double forward_ms = 0;   // median per step
+  double backward_ms = 0;
+};
+
+struct BenchResult {
+  std::vector<double> step_ms;  // each timed step (CUDA events on the GPU, wall clock on CPU)
+  double median_ms = 0;
+  double samples_per_s = 0;     // all ranks, from the median step
+  double tflops_per_gpu = 0;
+  double mfu = 0;               // against the GPU's dense half-precision peak (0 if unknown)
+  double flops_per_sample = 0;  // forward + backward
+  double data_wait_fraction = 0;
+  std::size_t peak_allocated_bytes = 0;
+  std::size_t peak_reserved_bytes = 0;
+  double fragmentation = 0;
+  std::uint64_t raw_allocations_in_timed_steps = 0;  // cudaMalloc calls after warm-up
+  std::vector<LayerTime> layers;  // with profiling
+};
+
+struct TrainerOptions {
+  std::string config_path;              // for messages
+  std::string resume;                   // overrides checkpoint.resume when set
+  bool quiet = false;                   // no per-interval log lines (tests)
+};
+
+class Trainer {
+ public:
+  Trainer(const config::Experiment& experiment, const World& world, TrainerOptions options = {});
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  TrainResult train();
+  EvalResult evaluate();  // on the eval split, all ranks, without changing anything
+  // Training steps for throughput: `warmup` untimed, then `steps` timed. With `profile`, the
+  // forward and backward time of each top-level layer from CUDA events.
+  BenchResult benchmark(int warmup, int steps, bool profile);
+
+  // Set from a signal handler: finish the current step, checkpoint, stop.
+  static std::atomic<bool>& stop_requested();
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+// Installs SIGTERM/SIGINT handlers that set Trainer::stop_requested().
+void install_preemption_handlers();
+
+}  // namespace kiln::train
