@@ -13,6 +13,10 @@ function(kiln_warnings target)
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Werror>
                                              $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Werror>)
   endif()
+  if(KILN_FUZZ)
+    # Coverage feedback for libFuzzer in every library the fuzz targets reach.
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=fuzzer-no-link>)
+  endif()
   if(KILN_SANITIZE)
     string(REPLACE ";" "," _san "${KILN_SANITIZE}")
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=${_san} -fno-omit-frame-pointer>)

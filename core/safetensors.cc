@@ -13,20 +13,27 @@ namespace {
 
 const char* safetensors_dtype(DType t) {
   switch (t) {
-    case DType::F32: return "F32";
-    case DType::F64: return "F64";
-    case DType::F16: return "F16";
-    case DType::BF16: return "BF16";
-    case DType::I32: return "I32";
-    case DType::I64: return "I64";
-    case DType::U8: return "U8";
+    case DType::F32:
+      return "F32";
+    case DType::F64:
+      return "F64";
+    case DType::F16:
+      return "F16";
+    case DType::BF16:
+      return "BF16";
+    case DType::I32:
+      return "I32";
+    case DType::I64:
+      return "I64";
+    case DType::U8:
+      return "U8";
   }
   return "?";
 }
 
 bool dtype_from_safetensors(const std::string& s, DType* out) {
-  for (DType t : {DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64,
-                  DType::U8}) {
+  for (DType t :
+       {DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64, DType::U8}) {
     if (s == safetensors_dtype(t)) {
       *out = t;
       return true;
@@ -91,14 +98,19 @@ class JsonReader {
         if (pos_ >= text_.size()) fail("unterminated escape");
         char e = text_[pos_++];
         switch (e) {
-          case 'n': s += '\n'; break;
-          case 't': s += '\t'; break;
+          case 'n':
+            s += '\n';
+            break;
+          case 't':
+            s += '\t';
+            break;
           case 'u':
             if (pos_ + 4 > text_.size()) fail("bad \\u escape");
             s += static_cast<char>(std::stoi(text_.substr(pos_, 4), nullptr, 16) & 0x7f);
             pos_ += 4;
             break;
-          default: s += e;
+          default:
+            s += e;
         }
       } else {
         s += c;
@@ -237,9 +249,8 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
     std::string shape;
     for (std::int64_t d : h.shape()) shape += (shape.empty() ? "" : ",") + std::to_string(d);
     header += (first ? "" : ",") + json_quote(name) + ":{\"dtype\":\"" +
-              safetensors_dtype(h.dtype()) + "\",\"shape\":[" + shape +
-              "],\"data_offsets\":[" + std::to_string(offset) + "," +
-              std::to_string(offset + h.nbytes()) + "]}";
+              safetensors_dtype(h.dtype()) + "\",\"shape\":[" + shape + "],\"data_offsets\":[" +
+              std::to_string(offset) + "," + std::to_string(offset + h.nbytes()) + "]}";
     first = false;
     offset += h.nbytes();
     host.push_back(h);
@@ -262,7 +273,8 @@ SafetensorsFile load_safetensors(const std::string& path) {
                      " bytes, the header length alone needs 8)");
   }
   std::uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= static_cast<std::uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+  for (int i = 0; i < 8; ++i)
+    n |= static_cast<std::uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
   if (n > bytes.size() - 8) {
     throw InputError(path + ": safetensors header claims " + std::to_string(n) +
                      " bytes but the file has " + std::to_string(bytes.size() - 8) +
@@ -270,7 +282,8 @@ SafetensorsFile load_safetensors(const std::string& path) {
   }
   std::string header = bytes.substr(8, n);
   JsonValue root = JsonReader(header, path).parse();
-  if (root.kind != JsonValue::Object) throw InputError(path + ": safetensors header is not an object");
+  if (root.kind != JsonValue::Object)
+    throw InputError(path + ": safetensors header is not an object");
   std::size_t data_start = 8 + n, data_size = bytes.size() - data_start;
   SafetensorsFile out;
   for (const auto& [name, entry] : root.object) {
@@ -289,7 +302,8 @@ SafetensorsFile load_safetensors(const std::string& path) {
     }
     DType dtype;
     if (!dtype_from_safetensors(dt->second.string, &dtype)) {
-      throw bad("unsupported dtype '" + dt->second.string + "' (F32, F64, F16, BF16, I32, I64, U8)");
+      throw bad("unsupported dtype '" + dt->second.string +
+                "' (F32, F64, F16, BF16, I32, I64, U8)");
     }
     Shape shape;
     for (const JsonValue& d : sh->second.array) {

@@ -8,9 +8,9 @@
 #include <optional>
 
 #include "comm/world.h"
-#include "core/check.h"
 #include "configs/experiment.h"
 #include "core/allocator.h"
+#include "core/check.h"
 #include "core/device.h"
 #include "launch/commands.h"
 #include "train/trainer.h"
@@ -62,8 +62,8 @@ Trial try_batch(config::Experiment e, int batch, const World& world) {
 
 int run_autobatch(const Arguments& args) {
   po::options_description options("kiln autobatch: the largest per-GPU batch that fits");
-  options.add_options()("help,h", "show this help")(
-      "config", po::value<std::string>()->required(), "experiment file")(
+  options.add_options()("help,h", "show this help")("config", po::value<std::string>()->required(),
+                                                    "experiment file")(
       "set", po::value<std::vector<std::string>>()->composing(), "override a field")(
       "margin", po::value<double>()->default_value(0.9),
       "use this share of the largest batch that fits (room for fragmentation and spikes)")(
@@ -77,7 +77,8 @@ int run_autobatch(const Arguments& args) {
   }
   po::notify(vm);
   const World& world = init_world();
-  if (world.size != 1) throw InputError("kiln autobatch runs as one process: start it without mpirun");
+  if (world.size != 1)
+    throw InputError("kiln autobatch runs as one process: start it without mpirun");
   std::vector<std::string> overrides;
   if (vm.count("set")) overrides = vm["set"].as<std::vector<std::string>>();
   std::string path = vm["config"].as<std::string>();
@@ -101,8 +102,9 @@ int run_autobatch(const Arguments& args) {
     good_peak = t.peak_bytes;
   }
   if (good == 0) {
-    std::fprintf(stderr, "kiln autobatch: even batch 1 runs out of memory (limit %s): use mixed "
-                         "precision or a smaller model\n",
+    std::fprintf(stderr,
+                 "kiln autobatch: even batch 1 runs out of memory (limit %s): use mixed "
+                 "precision or a smaller model\n",
                  format_bytes(allocator_of(e).memory_limit()).c_str());
     finalize_world();
     return 1;

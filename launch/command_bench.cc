@@ -1,16 +1,16 @@
 // kiln bench --model M --batch B --amp O1|O2 [--half fp16|bf16] [--steps N] [--json] [--profile]:
 // training throughput on synthetic data (AdamW), median step time from CUDA events.
 
-#include <boost/program_options.hpp>
 #include <mpi.h>
+#include <boost/program_options.hpp>
 
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
 
 #include "comm/world.h"
-#include "core/check.h"
 #include "configs/experiment.h"
+#include "core/check.h"
 #include "core/device.h"
 #include "core/json_writer.h"
 #include "core/system_info.h"
@@ -23,8 +23,8 @@ namespace kiln::launch {
 
 int run_bench(const Arguments& args) {
   po::options_description options("kiln bench: training throughput on synthetic data");
-  options.add_options()("help,h", "show this help")(
-      "model", po::value<std::string>()->required(), "resnet50, bert_base, vit_b16, ...")(
+  options.add_options()("help,h", "show this help")("model", po::value<std::string>()->required(),
+                                                    "resnet50, bert_base, vit_b16, ...")(
       "batch", po::value<int>()->required(), "samples per GPU")(
       "amp", po::value<std::string>()->default_value("O2"), "O0, O1, O2 or O3")(
       "half", po::value<std::string>()->default_value("fp16"), "fp16 or bf16")(
@@ -37,9 +37,10 @@ int run_bench(const Arguments& args) {
   po::variables_map vm;
   po::store(po::command_line_parser(args).options(options).run(), vm);
   if (vm.count("help")) {
-    std::cout << "usage: kiln bench --model M --batch B [--amp O2] [--half fp16] [--steps N] [--json]\n"
-                 "       mpirun -np N kiln bench ...   (per-GPU and total figures)\n\n"
-              << options << "\n";
+    std::cout
+        << "usage: kiln bench --model M --batch B [--amp O2] [--half fp16] [--steps N] [--json]\n"
+           "       mpirun -np N kiln bench ...   (per-GPU and total figures)\n\n"
+        << options << "\n";
     return 0;
   }
   po::notify(vm);
@@ -53,7 +54,7 @@ int run_bench(const Arguments& args) {
     std::vector<std::string> overrides = {
         "model.name=" + vm["model"].as<std::string>(),
         "data.kind=SYNTHETIC",
-        "data.workers=2",
+        "data.workers=4",  // synthetic 224x224 images are generated on the host
         "train.batch_per_gpu=" + std::to_string(vm["batch"].as<int>()),
         "train.steps=" + std::to_string(steps + warmup),
         "train.device=" + device,
@@ -61,7 +62,7 @@ int run_bench(const Arguments& args) {
         "precision.half=" + half,
         "optimizer.kind=" + optimizer,
         "data.eval_split=none",
-        "logging.dir=/tmp/kiln-bench-" + std::to_string(world.rank),
+        "logging.dir=/tmp/kiln-bench",  // the same on every rank: the experiment hash must agree
         "logging.jsonl=false",
     };
     if (vm.count("set")) {
@@ -96,7 +97,8 @@ int run_bench(const Arguments& args) {
         j.field("peak_allocated_bytes", static_cast<double>(r.peak_allocated_bytes));
         j.field("peak_reserved_bytes", static_cast<double>(r.peak_reserved_bytes));
         j.field("fragmentation", r.fragmentation);
-        j.field("raw_allocations_in_timed_steps", static_cast<double>(r.raw_allocations_in_timed_steps));
+        j.field("raw_allocations_in_timed_steps",
+                static_cast<double>(r.raw_allocations_in_timed_steps));
         j.field("data_wait_fraction", r.data_wait_fraction);
         j.key("layers");
         j.begin_array();
@@ -111,18 +113,20 @@ int run_bench(const Arguments& args) {
         j.end_object();
         std::printf("%s\n", j.str().c_str());
       } else {
-        std::printf("%s batch %d/GPU x %d GPU(s), %s %s on %s\n", vm["model"].as<std::string>().c_str(),
-                    vm["batch"].as<int>(), world.size, amp.c_str(), half.c_str(), gpu.c_str());
+        std::printf("%s batch %d/GPU x %d GPU(s), %s %s on %s\n",
+                    vm["model"].as<std::string>().c_str(), vm["batch"].as<int>(), world.size,
+                    amp.c_str(), half.c_str(), gpu.c_str());
         std::printf("  median step %.2f ms over %d steps; %.1f samples/s total, %.1f per GPU\n",
                     r.median_ms, steps, r.samples_per_s, r.samples_per_s / world.size);
         std::printf("  %.1f TFLOP/s per GPU (%.1f GFLOP/sample), MFU %.1f%%\n", r.tflops_per_gpu,
                     r.flops_per_sample / 1e9, 100 * r.mfu);
-        std::printf("  peak memory %.2f GiB allocated, %.2f GiB reserved, fragmentation %.1f%%; "
-                    "%llu device allocations in timed steps; data wait %.2f%%\n",
-                    r.peak_allocated_bytes / 1073741824.0, r.peak_reserved_bytes / 1073741824.0,
-                    100 * r.fragmentation,
-                    static_cast<unsigned long long>(r.raw_allocations_in_timed_steps),
-                    100 * r.data_wait_fraction);
+        std::printf(
+            "  peak memory %.2f GiB allocated, %.2f GiB reserved, fragmentation %.1f%%; "
+            "%llu device allocations in timed steps; data wait %.2f%%\n",
+            r.peak_allocated_bytes / 1073741824.0, r.peak_reserved_bytes / 1073741824.0,
+            100 * r.fragmentation,
+            static_cast<unsigned long long>(r.raw_allocations_in_timed_steps),
+            100 * r.data_wait_fraction);
         if (!r.layers.empty()) {
           std::printf("\n  %-36s %12s %12s\n", "layer", "forward ms", "backward ms");
           for (const auto& l : r.layers) {

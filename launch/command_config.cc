@@ -14,8 +14,8 @@ namespace kiln::launch {
 
 int run_config(const Arguments& args) {
   po::options_description options("kiln config: print the effective experiment");
-  options.add_options()("help,h", "show this help")(
-      "config", po::value<std::string>()->required(), "experiment file (protobuf text)")(
+  options.add_options()("help,h", "show this help")("config", po::value<std::string>()->required(),
+                                                    "experiment file (protobuf text)")(
       "set", po::value<std::vector<std::string>>()->composing(),
       "override a field: --set optimizer.lr=3e-4 (repeatable)")("json", "print JSON")(
       "world-size", po::value<int>()->default_value(1), "ranks to validate the batch plan for");
@@ -38,9 +38,9 @@ int run_config(const Arguments& args) {
     std::cout << config::to_json(experiment) << "\n";
   } else {
     std::cout << config::to_text(experiment);
-    std::cout << "# batch plan for " << world_size << " rank(s): " << plan.per_gpu
-              << " per GPU x " << plan.accumulation << " accumulation x " << plan.world_size
-              << " = " << plan.global << " global\n";
+    std::cout << "# batch plan for " << world_size << " rank(s): " << plan.per_gpu << " per GPU x "
+              << plan.accumulation << " accumulation x " << plan.world_size << " = " << plan.global
+              << " global\n";
   }
   return 0;
 }

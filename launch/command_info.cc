@@ -9,9 +9,9 @@
 #include <iostream>
 #include <sstream>
 
+#include "core/json_writer.h"
 #include "core/system_info.h"
 #include "launch/commands.h"
-#include "core/json_writer.h"
 
 #if KILN_WITH_CUDA
 #include <nccl.h>

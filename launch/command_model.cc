@@ -9,8 +9,8 @@
 
 #include "core/json_writer.h"
 #include "launch/commands.h"
-#include "train/model_options.h"
 #include "layers/models/model.h"
+#include "train/model_options.h"
 
 namespace po = boost::program_options;
 
@@ -43,8 +43,8 @@ void collect(Layer& layer, int depth, const Shape* input, std::vector<Row>& rows
 
 int run_model(const Arguments& args) {
   po::options_description options("kiln model: describe a model");
-  options.add_options()("help,h", "show this help")(
-      "name", po::value<std::string>()->required(), "model name (kiln model --list)")(
+  options.add_options()("help,h", "show this help")("name", po::value<std::string>()->required(),
+                                                    "model name (kiln model --list)")(
       "list", "list the model names")("batch", po::value<int>()->default_value(1), "batch size")(
       "depth", po::value<int>()->default_value(2), "levels of the layer tree to print")(
       "num-classes", po::value<int>(), "classes (default: the model's)")(
@@ -108,7 +108,8 @@ int run_model(const Arguments& args) {
                 static_cast<long long>(r.parameters));
   }
   std::printf("\nmodel %s: %lld parameters, input %s -> output %s\n", mo.name.c_str(),
-              static_cast<long long>(parameters), shape_str(input).c_str(), shape_str(output).c_str());
+              static_cast<long long>(parameters), shape_str(input).c_str(),
+              shape_str(output).c_str());
   std::printf("FLOPs per sample: forward %.3f GFLOP, training step %.3f GFLOP\n", forward / 1e9,
               step / 1e9);
   return 0;

@@ -1,14 +1,14 @@
 // kiln train / kiln eval: run an experiment under mpirun (or alone as one rank).
 
-#include <boost/program_options.hpp>
 #include <mpi.h>
+#include <boost/program_options.hpp>
 
 #include <cstdio>
 #include <iostream>
 
 #include "comm/world.h"
-#include "core/check.h"
 #include "configs/experiment.h"
+#include "core/check.h"
 #include "core/device.h"
 #include "launch/commands.h"
 #include "train/trainer.h"
@@ -28,8 +28,8 @@ struct ExperimentArgs {
 
 po::options_description experiment_options(const std::string& title) {
   po::options_description options(title);
-  options.add_options()("help,h", "show this help")(
-      "config", po::value<std::string>()->required(), "experiment file (protobuf text)")(
+  options.add_options()("help,h", "show this help")("config", po::value<std::string>()->required(),
+                                                    "experiment file (protobuf text)")(
       "set", po::value<std::vector<std::string>>()->composing(),
       "override a field by its path: --set optimizer.lr=3e-4 (repeatable)")(
       "resume", po::value<std::string>(), "continue from a checkpoint: latest, or a directory")(
@@ -66,12 +66,14 @@ int run_on_all_ranks(const char* command, Body body) {
     if (world.rank == 0) std::cerr << "kiln " << command << ": " << e.what() << "\n";
     code = 2;
   } catch (const InputError& e) {
-    std::cerr << "kiln " << command << (world.size > 1 ? " [rank " + std::to_string(world.rank) + "]" : "")
-              << ": " << e.what() << "\n";
+    std::cerr << "kiln " << command
+              << (world.size > 1 ? " [rank " + std::to_string(world.rank) + "]" : "") << ": "
+              << e.what() << "\n";
     code = 2;
   } catch (const std::exception& e) {
-    std::cerr << "kiln " << command << (world.size > 1 ? " [rank " + std::to_string(world.rank) + "]" : "")
-              << ": " << e.what() << "\n";
+    std::cerr << "kiln " << command
+              << (world.size > 1 ? " [rank " + std::to_string(world.rank) + "]" : "") << ": "
+              << e.what() << "\n";
     code = 1;
   }
   std::fflush(stdout);
@@ -109,18 +111,23 @@ int run_train(const Arguments& args) {
     train::TrainResult r = trainer.train();
     if (world.rank == 0) {
       if (a.json) {
-        std::printf("{\"steps\":%lld,\"skipped_steps\":%lld,\"final_loss\":%.6g,\"eval_loss\":%.6g,"
-                    "\"eval_accuracy\":%.6g,\"samples_per_s\":%.6g,\"preempted\":%s}\n",
-                    static_cast<long long>(r.steps), static_cast<long long>(r.skipped_steps),
-                    r.final_loss, r.eval.loss, r.eval.accuracy, r.samples_per_s,
-                    r.preempted ? "true" : "false");
+        std::printf(
+            "{\"steps\":%lld,\"skipped_steps\":%lld,\"final_loss\":%.6g,\"eval_loss\":%.6g,"
+            "\"eval_accuracy\":%.6g,\"samples_per_s\":%.6g,\"preempted\":%s}\n",
+            static_cast<long long>(r.steps), static_cast<long long>(r.skipped_steps), r.final_loss,
+            r.eval.loss, r.eval.accuracy, r.samples_per_s, r.preempted ? "true" : "false");
       } else if (r.preempted) {
         std::printf("stopped at step %lld after a checkpoint (%s); resume with --resume latest\n",
                     static_cast<long long>(r.steps), r.last_checkpoint.c_str());
+      } else if (r.eval.samples == 0) {
+        std::printf("trained %lld steps (%.0f samples/s); no evaluation (data.eval_split: none)\n",
+                    static_cast<long long>(r.steps), r.samples_per_s);
       } else {
-        std::printf("trained %lld steps (%.0f samples/s); final test accuracy: %.2f%% (loss %.4f, %lld samples)\n",
-                    static_cast<long long>(r.steps), r.samples_per_s, 100.0 * r.eval.accuracy,
-                    r.eval.loss, static_cast<long long>(r.eval.samples));
+        std::printf(
+            "trained %lld steps (%.0f samples/s); final test accuracy: %.2f%% (loss %.4f, %lld "
+            "samples)\n",
+            static_cast<long long>(r.steps), r.samples_per_s, 100.0 * r.eval.accuracy, r.eval.loss,
+            static_cast<long long>(r.eval.samples));
       }
     }
     return 0;

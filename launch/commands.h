@@ -16,5 +16,6 @@ int run_train(const Arguments& args);
 int run_eval(const Arguments& args);
 int run_bench(const Arguments& args);
 int run_autobatch(const Arguments& args);
+int run_replay(const Arguments& args);
 
 }  // namespace kiln::launch

@@ -27,6 +27,7 @@ const std::map<std::string, Command>& commands() {
       {"eval", {kiln::launch::run_eval, "evaluate a checkpoint on the eval split"}},
       {"bench", {kiln::launch::run_bench, "training throughput on synthetic data"}},
       {"autobatch", {kiln::launch::run_autobatch, "the largest per-GPU batch that fits"}},
+      {"replay", {kiln::launch::run_replay, "steps on a fixed batch (framework comparisons)"}},
   };
   return table;
 }

@@ -83,6 +83,13 @@ void add_bias(Tensor& y, const Tensor& bias) {
 
 void accumulate_bias_grad(const Tensor& dy, Tensor& bias_grad) {
   Tensor d = dy.contiguous();
+  if (d.device().is_cuda() && bias_grad.is_contiguous() && bias_grad.device() == d.device()) {
+#if KILN_WITH_CUDA
+    DeviceGuard guard(d.device());
+    cuda::accumulate_bias_grad(d, bias_grad);
+#endif
+    return;
+  }
   Tensor sums = ops::reduce_cols(d.view({-1, bias_grad.numel()}), ops::Reduction::Sum);
   accumulate(bias_grad, sums);
 }
@@ -140,6 +147,41 @@ void softmax_backward_rows(const S* d_dropped, const T* probs, std::int64_t rows
       dscores[r * t + j] = cpu::store<T>(prob * (dprob[j] - dot));
     }
   }
+}
+
+// (N, parts*E) token-major rows [+ bias] -> (parts, B*H, T, d) head-major, and back. CUDA uses
+// one fused kernel each way; the CPU uses strided copies.
+Tensor to_heads(const Tensor& src, const Tensor& bias, std::int64_t parts, std::int64_t b,
+                std::int64_t t, std::int64_t h, std::int64_t d) {
+  Tensor out = Tensor::empty({parts, b * h, t, d}, src.dtype(), src.device());
+  if (src.device().is_cuda()) {
+#if KILN_WITH_CUDA
+    DeviceGuard guard(src.device());
+    cuda::to_heads(src, bias, parts, b, t, h, d, out);
+#endif
+    return out;
+  }
+  Tensor rows = src;
+  if (bias.defined()) {
+    rows = src.clone();
+    transformer_ops::add_bias(rows, bias);
+  }
+  out.view({parts, b, h, t, d}).copy_from(rows.view({b, t, parts, h, d}).permute({2, 0, 3, 1, 4}));
+  return out;
+}
+
+Tensor from_heads(const Tensor& src, std::int64_t parts, std::int64_t b, std::int64_t t,
+                  std::int64_t h, std::int64_t d) {
+  Tensor out = Tensor::empty({b * t, parts * h * d}, src.dtype(), src.device());
+  if (src.device().is_cuda()) {
+#if KILN_WITH_CUDA
+    DeviceGuard guard(src.device());
+    cuda::from_heads(src, parts, b, t, h, d, out);
+#endif
+    return out;
+  }
+  out.view({b, t, parts, h, d}).copy_from(src.view({parts, b, h, t, d}).permute({1, 3, 0, 2, 4}));
+  return out;
 }
 
 }  // namespace
@@ -229,11 +271,8 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
       qkv_bias.slice(0, lo, lo + e).copy_from(qkv_biases_[i]->value);
     }
   }
-  transformer_ops::add_bias(qkv, qkv_bias);
-
-  // (B, T, 3, H, d) -> (3, B*H, T, d)
-  Tensor heads_major =
-      qkv.view({b, t, 3, h, d}).permute({2, 0, 3, 1, 4}).contiguous().view({3, b * h, t, d});
+  // (B, T, 3, H, d) -> (3, B*H, T, d), adding the bias on the way.
+  Tensor heads_major = to_heads(qkv, qkv_bias, 3, b, t, h, d);
   q_ = heads_major.select(0, 0);
   k_ = heads_major.select(0, 1);
   v_ = heads_major.select(0, 2);
@@ -276,7 +315,7 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
   // ctx = P' v  (BH, T, d) -> (B, T, E)
   Tensor context_heads = Tensor::empty({b * h, t, d}, mm, dev);
   ops::gemm_batched(false, false, 1.0, dropped_probs_, v_, 0.0, context_heads);
-  context_ = context_heads.view({b, h, t, d}).permute({0, 2, 1, 3}).contiguous().view({n, e});
+  context_ = from_heads(context_heads, 1, b, t, h, d);  // (N, E)
 
   // y = ctx W_o^T + b_o
   Tensor y = Tensor::empty({n, e}, activation_, dev);
@@ -304,8 +343,7 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
   Tensor dcontext = Tensor::empty({n, e}, mm, dev);
   ops::gemm(false, false, 1.0, dy_mm, out_cache_.get(*out_weight_, mm, ctx.weights_version), 0.0,
             dcontext);
-  Tensor dcontext_heads =
-      dcontext.view({b, t, h, d}).permute({0, 2, 1, 3}).contiguous().view({b * h, t, d});
+  Tensor dcontext_heads = to_heads(dcontext, Tensor(), 1, b, t, h, d).view({b * h, t, d});
 
   // Through P' v.
   Tensor d_dropped = Tensor::empty({b * h, t, t}, sd, dev);
@@ -335,8 +373,7 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
   double scale = 1.0 / std::sqrt(static_cast<double>(d));
   ops::gemm_batched(false, false, scale, dscores, k_, 0.0, dq);
   ops::gemm_batched(true, false, scale, dscores, q_, 0.0, dk);
-  Tensor dqkv =
-      dqkv_heads.view({3, b, h, t, d}).permute({1, 3, 0, 2, 4}).contiguous().view({n, 3 * e});
+  Tensor dqkv = from_heads(dqkv_heads, 3, b, t, h, d);  // (N, 3E)
 
   // Input projections.
   Tensor dx = Tensor::empty({n, e}, activation_, dev);
@@ -346,7 +383,8 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
     ops::gemm(false, false, 1.0, dqkv, qkv_cache_[0].get(*qkv_weights_[0], mm, ctx.weights_version),
               0.0, dx);
   } else {
-    Tensor bias_sums = ops::reduce_cols(dqkv, ops::Reduction::Sum);  // (3E)
+    Tensor bias_sums = Tensor::zeros({3 * e}, sd, dev);  // (3E)
+    transformer_ops::accumulate_bias_grad(dqkv, bias_sums);
     for (std::size_t i = 0; i < 3; ++i) {
       std::int64_t lo = static_cast<std::int64_t>(i) * e;
       Tensor part = dqkv.slice(1, lo, lo + e);

@@ -113,6 +113,14 @@ class MultiHeadSelfAttention : public Layer {
 namespace cuda {
 // Launchers (layers/cuda/attention.cu).
 void add_bias(Tensor& y, const Tensor& bias);
+// src (N, parts*E) [+ bias (parts*E), undefined for none] -> out (parts, B*H, T, d), N = B*T.
+void to_heads(const Tensor& src, const Tensor& bias, std::int64_t parts, std::int64_t b,
+              std::int64_t t, std::int64_t h, std::int64_t d, Tensor& out);
+// src (parts, B*H, T, d) -> out (N, parts*E).
+void from_heads(const Tensor& src, std::int64_t parts, std::int64_t b, std::int64_t t,
+                std::int64_t h, std::int64_t d, Tensor& out);
+// bias_grad (C) += column sums of dy (rows, C), contiguous; two passes in a fixed order.
+void accumulate_bias_grad(const Tensor& dy, Tensor& bias_grad);
 // scores (BH, T, T) fp32 (f64), mask (B, T) fp32 or undefined -> probs, dropped_probs (BH, T, T)
 // in the matmul dtype (dropped_probs undefined when p == 0).
 void attention_softmax_forward(const Tensor& scores, const Tensor& mask, std::int64_t heads,

@@ -153,6 +153,7 @@ Tensor Conv2d::backward_impl(Context& ctx, const Tensor& dy) {
   KILN_CHECK(saved_x_.defined(), "Conv2d " + name() + ": backward without forward");
   if (dy.device().is_cuda()) return backward_cuda(ctx, dy);
   Tensor dx = backward_cpu(to_physical(dy, false));
+  if (!dx.defined()) return dx;
   return saved_channels_last_ ? from_physical(to_physical(dx, true), true) : dx;
 }
 
@@ -286,6 +287,8 @@ Tensor Conv2d::forward_cpu(const Tensor& x_nchw) {
   });
   saved_x_ = x;
   saved_geometry_ = g;
+  // Keeping col saves backward an im2col; above 64 MiB (large CPU ResNets) it is recomputed.
+  saved_col_ = training() && col.nbytes() <= (std::size_t{64} << 20) ? col : Tensor();
   return y.to(saved_input_dtype_);
 }
 
@@ -305,26 +308,33 @@ Tensor Conv2d::backward_cpu(const Tensor& dy_nchw) {
     Tensor db = ops::reduce_rows(dy_kn, ops::Reduction::Sum);  // (K)
     ops::axpy(1.0, db.to(bias_->grad.dtype()), bias_->grad);
   }
-  Tensor col = Tensor::empty({in_channels_ * kernel_h_ * kernel_w_, columns}, cd);
-  dispatch_real(cd, [&](auto tag) {
-    using T = decltype(tag);
-    im2col(saved_x_.data<T>(), g, col.data<T>());
-  });
+  Tensor col = saved_col_;
+  saved_col_ = Tensor();
+  if (!col.defined()) {
+    col = Tensor::empty({in_channels_ * kernel_h_ * kernel_w_, columns}, cd);
+    dispatch_real(cd, [&](auto tag) {
+      using T = decltype(tag);
+      im2col(saved_x_.data<T>(), g, col.data<T>());
+    });
+  }
   // Weight gradient straight into the accumulator when it has the compute dtype.
   Tensor& grad = weight_->grad;
   bool direct = grad.dtype() == cd && grad.is_contiguous();
   Tensor dw =
       direct ? grad.view({out_channels_, crs_g}) : Tensor::zeros({out_channels_, crs_g}, cd);
   Tensor w = weight_->value.to(cd).contiguous().view({out_channels_, crs_g});
-  Tensor dcol = Tensor::empty(col.shape(), cd);
+  const bool want_dx = input_gradient();
+  Tensor dcol = want_dx ? Tensor::empty(col.shape(), cd) : Tensor();
   for (std::int64_t grp = 0; grp < groups_; ++grp) {
     Tensor dy_g = dy_kn.slice(0, grp * k_g, (grp + 1) * k_g);  // (K/g, N*P)
     Tensor dw_g = dw.slice(0, grp * k_g, (grp + 1) * k_g);     // (K/g, CRS/g)
     ops::gemm(false, true, 1.0, dy_g, col.slice(0, grp * crs_g, (grp + 1) * crs_g), 1.0, dw_g);
+    if (!want_dx) continue;
     Tensor dcol_g = dcol.slice(0, grp * crs_g, (grp + 1) * crs_g);
     ops::gemm(true, false, 1.0, w.slice(0, grp * k_g, (grp + 1) * k_g), dy_g, 0.0, dcol_g);
   }
   if (!direct) ops::axpy(1.0, dw.view(grad.shape()).to(grad.dtype()), grad);
+  if (!want_dx) return Tensor();
   Tensor dx = Tensor::empty(saved_x_.shape(), cd);
   dispatch_real(cd, [&](auto tag) {
     using T = decltype(tag);
@@ -391,8 +401,11 @@ Tensor Conv2d::backward_cuda(Context& ctx, const Tensor& dy) {
   const DType cd = g.dtype;
   Tensor dyp = to_physical(dy, cl).to(cd);
   Tensor w = compute_weight(ctx, cd, cl);
-  Tensor dxp = Tensor::empty(saved_x_.shape(), cd, dy.device());
-  cudnn_conv::backward_data(g, last_algorithms_, dyp, w, dxp);
+  Tensor dxp;
+  if (input_gradient()) {
+    dxp = Tensor::empty(saved_x_.shape(), cd, dy.device());
+    cudnn_conv::backward_data(g, last_algorithms_, dyp, w, dxp);
+  }
 
   Tensor& grad = weight_->grad;
   if (!cl && grad.dtype() == cd && grad.is_contiguous()) {
@@ -412,6 +425,7 @@ Tensor Conv2d::backward_cuda(Context& ctx, const Tensor& dy) {
                                       ops::Reduction::Sum);
     ops::axpy(1.0, db.to(bias_->grad.dtype()), bias_->grad);
   }
+  if (!dxp.defined()) return dxp;
   return from_physical(dxp.to(saved_input_dtype_), cl);
 }
 

@@ -117,7 +117,8 @@ class Conv2d : public Layer {
   ConvAlgorithmChoice last_algorithms_;
 
   // Saved by forward for backward.
-  Tensor saved_x_;  // CPU: (N, C, H, W) contiguous; CUDA: physical, compute dtype
+  Tensor saved_x_;    // CPU: (N, C, H, W) contiguous; CUDA: physical, compute dtype
+  Tensor saved_col_;  // CPU, training: forward's im2col matrix, reused once by backward
   bool saved_channels_last_ = false;
   DType saved_input_dtype_ = DType::F32;
   Conv2dGeometry saved_geometry_;

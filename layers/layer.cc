@@ -89,8 +89,10 @@ void Layer::to(Device device, DType parameter_dtype) {
 void Layer::set_name(const std::string& name) {
   name_ = name;
   std::string prefix = name.empty() ? "" : name + ".";
-  for (std::size_t i = 0; i < params_.size(); ++i) params_[i]->name = prefix + param_local_names_[i];
-  for (std::size_t i = 0; i < buffers_.size(); ++i) buffers_[i]->name = prefix + buffer_local_names_[i];
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    params_[i]->name = prefix + param_local_names_[i];
+  for (std::size_t i = 0; i < buffers_.size(); ++i)
+    buffers_[i]->name = prefix + buffer_local_names_[i];
   for (auto& [local, child] : children_) child->set_name(prefix + local);
 }
 
@@ -156,10 +158,13 @@ Residual::Residual(std::unique_ptr<Layer> body, std::unique_ptr<Layer> shortcut,
   if (shortcut) shortcut_ = &add_child(shortcut_name, std::move(shortcut));
 }
 
-Shape Residual::output_shape(const Shape& input) const { return body_->output_shape(input); }
+Shape Residual::output_shape(const Shape& input) const {
+  return body_->output_shape(input);
+}
 
 double Residual::forward_flops(const Shape& input) const {
-  double f = body_->forward_flops(input) + static_cast<double>(shape_numel(body_->output_shape(input)));
+  double f =
+      body_->forward_flops(input) + static_cast<double>(shape_numel(body_->output_shape(input)));
   if (shortcut_) f += shortcut_->forward_flops(input);
   return f;
 }
@@ -167,8 +172,8 @@ double Residual::forward_flops(const Shape& input) const {
 Tensor Residual::forward_impl(Context& ctx, const Tensor& x) {
   Tensor y = body_->forward(ctx, x);
   Tensor s = shortcut_ ? shortcut_->forward(ctx, x) : x;
-  KILN_CHECK(y.shape() == s.shape(), "Residual " + name() + ": body gives " + y.str() +
-                                         " but shortcut gives " + s.str());
+  KILN_CHECK(y.shape() == s.shape(),
+             "Residual " + name() + ": body gives " + y.str() + " but shortcut gives " + s.str());
   Tensor out = Tensor::empty(y.shape(), y.dtype(), y.device());
   ops::add(y.contiguous(), s.dtype() == y.dtype() ? s.contiguous() : s.to(y.dtype()), out);
   return out;
@@ -178,9 +183,10 @@ Tensor Residual::backward_impl(Context& ctx, const Tensor& dy) {
   Tensor dx_body = body_->backward(ctx, dy);
   Tensor dx_short = shortcut_ ? shortcut_->backward(ctx, dy) : dy;
   Tensor dx = Tensor::empty(dx_body.shape(), dx_body.dtype(), dx_body.device());
-  ops::add(dx_body.contiguous(),
-           dx_short.dtype() == dx_body.dtype() ? dx_short.contiguous() : dx_short.to(dx_body.dtype()),
-           dx);
+  ops::add(
+      dx_body.contiguous(),
+      dx_short.dtype() == dx_body.dtype() ? dx_short.contiguous() : dx_short.to(dx_body.dtype()),
+      dx);
   return dx;
 }
 

@@ -22,9 +22,9 @@
 namespace kiln {
 
 struct Parameter {
-  std::string name;  // full dotted name, PyTorch's ("layer1.0.conv1.weight")
-  Tensor value;      // working weights (f32; half in O2/O3 unless fp32_in_half)
-  Tensor grad;       // same shape and dtype as value; accumulated into
+  std::string name;              // full dotted name, PyTorch's ("layer1.0.conv1.weight")
+  Tensor value;                  // working weights (f32; half in O2/O3 unless fp32_in_half)
+  Tensor grad;                   // same shape and dtype as value; accumulated into
   bool no_weight_decay = false;  // biases and norm parameters
   bool fp32_in_half = false;     // norm parameters stay fp32 in O2
 };
@@ -72,7 +72,10 @@ class Layer {
   virtual Shape output_shape(const Shape& input) const = 0;
   // Forward multiply-adds x 2 for one input of this shape (batch included); backward is taken
   // as twice the forward.
-  virtual double forward_flops(const Shape& input) const { (void)input; return 0; }
+  virtual double forward_flops(const Shape& input) const {
+    (void)input;
+    return 0;
+  }
 
   const std::string& name() const { return name_; }
   // Every parameter of this layer and its children, each once, in registration order.
@@ -83,6 +86,10 @@ class Layer {
 
   void set_training(bool training);
   bool training() const { return training_; }
+  // The first layer of a model has no one to pass an input gradient to; a layer told so may
+  // skip computing it and return an undefined tensor from backward.
+  void set_input_gradient(bool needed) { input_gradient_ = needed; }
+  bool input_gradient() const { return input_gradient_; }
   // Moves parameters and buffers to `device`; parameter values to `dtype` except fp32_in_half
   // ones, which stay fp32. Gradients are allocated to match (zeroed).
   void to(Device device, DType parameter_dtype = DType::F32);
@@ -115,6 +122,7 @@ class Layer {
  private:
   std::string name_;
   bool training_ = true;
+  bool input_gradient_ = true;
   std::vector<std::unique_ptr<Parameter>> params_;
   std::vector<std::string> param_local_names_;
   std::vector<std::unique_ptr<Buffer>> buffers_;

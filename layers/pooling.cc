@@ -102,16 +102,18 @@ Tensor MaxPool2d::forward_impl(Context& ctx, const Tensor& x) {
           const std::int64_t out_base = plane_base(g, n, c, g.out_height * g.out_width);
           for (std::int64_t oh = 0; oh < g.out_height; ++oh)
             for (std::int64_t ow = 0; ow < g.out_width; ++ow) {
-              auto best = cpu::load(plane[0]);
-              std::int64_t best_at = -1;
-              for (std::int64_t r = 0; r < g.kernel; ++r) {
-                std::int64_t h = oh * g.stride - g.padding + r;
-                if (h < 0 || h >= g.height) continue;
-                for (std::int64_t s = 0; s < g.kernel; ++s) {
-                  std::int64_t w = ow * g.stride - g.padding + s;
-                  if (w < 0 || w >= g.width) continue;
+              // The window clipped to the plane: no bounds checks in the inner loops.
+              const std::int64_t h0 = oh * g.stride - g.padding, w0 = ow * g.stride - g.padding;
+              const std::int64_t h_lo = std::max<std::int64_t>(h0, 0),
+                                 h_hi = std::min(h0 + g.kernel, g.height);
+              const std::int64_t w_lo = std::max<std::int64_t>(w0, 0),
+                                 w_hi = std::min(w0 + g.kernel, g.width);
+              std::int64_t best_at = h_lo * g.width + w_lo;
+              auto best = cpu::load(plane[best_at * es]);
+              for (std::int64_t h = h_lo; h < h_hi; ++h) {
+                for (std::int64_t w = w_lo; w < w_hi; ++w) {
                   auto v = cpu::load(plane[(h * g.width + w) * es]);
-                  if (best_at < 0 || v > best) {
+                  if (v > best) {
                     best = v;
                     best_at = h * g.width + w;
                   }

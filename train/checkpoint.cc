@@ -32,7 +32,7 @@ std::string hex(std::uint32_t v) {
 }
 
 bool is_dir(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
@@ -142,7 +142,7 @@ std::vector<std::string> CheckpointStore::list() const {
   for (const std::string& e : entries(dir_)) {
     if (e.rfind("step-", 0) != 0) continue;
     std::string path = dir_ + "/" + e;
-    struct stat st{};
+    struct stat st {};
     if (::stat((path + "/" + kManifest).c_str(), &st) == 0) out.push_back(path);
   }
   return out;  // zero-padded names sort by step
@@ -166,9 +166,10 @@ void CheckpointStore::prune() const {
 }
 
 Checkpoint CheckpointStore::load(const std::string& path) {
-  if (!is_dir(path)) throw InputError("checkpoint " + path + " does not exist or is not a directory");
+  if (!is_dir(path))
+    throw InputError("checkpoint " + path + " does not exist or is not a directory");
   std::string manifest_path = path + "/" + kManifest;
-  struct stat st{};
+  struct stat st {};
   if (::stat(manifest_path.c_str(), &st) != 0) {
     throw InputError("checkpoint " + path + " is incomplete: no " + kManifest +
                      " (it was interrupted while being written)");
@@ -186,11 +187,12 @@ Checkpoint CheckpointStore::load(const std::string& path) {
   int listed = 0;
   while (lines >> crc >> size >> file) {
     std::string file_path = path + "/" + file;
-    if (::stat(file_path.c_str(), &st) != 0) throw InputError(file_path + ": missing from checkpoint");
+    if (::stat(file_path.c_str(), &st) != 0)
+      throw InputError(file_path + ": missing from checkpoint");
     std::string bytes = read_file(file_path);
     if (std::to_string(bytes.size()) != size) {
-      throw InputError(file_path + ": size " + std::to_string(bytes.size()) + " bytes, manifest says " +
-                       size + " (truncated or modified)");
+      throw InputError(file_path + ": size " + std::to_string(bytes.size()) +
+                       " bytes, manifest says " + size + " (truncated or modified)");
     }
     if (hex(crc_of(bytes)) != crc) {
       throw InputError(file_path + ": checksum mismatch (CRC-32 " + hex(crc_of(bytes)) +
@@ -198,7 +200,8 @@ Checkpoint CheckpointStore::load(const std::string& path) {
     }
     ++listed;
   }
-  if (listed != 3) throw InputError(manifest_path + ": lists " + std::to_string(listed) + " files, expected 3");
+  if (listed != 3)
+    throw InputError(manifest_path + ": lists " + std::to_string(listed) + " files, expected 3");
   Checkpoint c;
   c.path = path;
   c.model = load_safetensors(path + "/model.safetensors");

@@ -3,8 +3,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <array>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <ctime>
@@ -32,7 +32,9 @@ void put_varint(std::string& out, std::uint64_t v) {
   }
   out += static_cast<char>(v);
 }
-void put_tag(std::string& out, int field, int wire) { put_varint(out, (field << 3) | wire); }
+void put_tag(std::string& out, int field, int wire) {
+  put_varint(out, (field << 3) | wire);
+}
 void put_bytes(std::string& out, int field, const std::string& bytes) {
   put_tag(out, field, 2);
   put_varint(out, bytes.size());
@@ -142,7 +144,9 @@ void TensorBoardWriter::scalar(const std::string& tag, double value, std::int64_
   write_record(event);
 }
 
-void TensorBoardWriter::flush() { std::fflush(file_); }
+void TensorBoardWriter::flush() {
+  std::fflush(file_);
+}
 
 std::string format_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";

@@ -14,7 +14,8 @@ ModelOptions default_model_options(const std::string& name) {
     o.num_classes = 1000;
     o.image_size = 224;
     o.image_channels = 3;
-    o.dropout = 0.1;
+    // BERT's hidden dropout is 0.1 (BertConfig); torchvision's vit_b_16 uses none.
+    o.dropout = name == "bert_base" ? 0.1 : 0.0;
   }
   return o;
 }

@@ -11,7 +11,8 @@ optim::AmpOptions amp_options(const config::Experiment& e) {
   const config::PrecisionConfig& p = e.precision();
   optim::AmpOptions a;
   a.level = static_cast<optim::OptLevel>(static_cast<int>(p.opt_level()));
-  a.half = p.half() == config::PrecisionConfig::BF16 ? optim::HalfType::BF16 : optim::HalfType::FP16;
+  a.half =
+      p.half() == config::PrecisionConfig::BF16 ? optim::HalfType::BF16 : optim::HalfType::FP16;
   const config::LossScaleConfig& ls = p.loss_scale();
   if (ls.has_dynamic()) {
     a.loss_scale = ls.dynamic() ? optim::LossScaleMode::Dynamic
@@ -21,7 +22,8 @@ optim::AmpOptions amp_options(const config::Experiment& e) {
   }
   // fp32 gradients need no scaling: O0 runs without a scaler whatever the half type says.
   if (a.level == optim::OptLevel::O0) a.loss_scale = optim::LossScaleMode::None;
-  a.scaler.init_scale = a.loss_scale == optim::LossScaleMode::Static ? ls.static_scale() : ls.init_scale();
+  a.scaler.init_scale =
+      a.loss_scale == optim::LossScaleMode::Static ? ls.static_scale() : ls.init_scale();
   a.scaler.growth_factor = ls.growth_factor();
   a.scaler.backoff_factor = ls.backoff_factor();
   a.scaler.growth_interval = ls.growth_interval();
@@ -33,9 +35,15 @@ optim::OptimizerOptions optimizer_options(const config::Experiment& e) {
   const config::OptimizerConfig& c = e.optimizer();
   optim::OptimizerOptions o;
   switch (c.kind()) {
-    case config::OptimizerConfig::SGD: o.kind = optim::OptimizerKind::SGD; break;
-    case config::OptimizerConfig::LAMB: o.kind = optim::OptimizerKind::LAMB; break;
-    default: o.kind = optim::OptimizerKind::AdamW; break;
+    case config::OptimizerConfig::SGD:
+      o.kind = optim::OptimizerKind::SGD;
+      break;
+    case config::OptimizerConfig::LAMB:
+      o.kind = optim::OptimizerKind::LAMB;
+      break;
+    default:
+      o.kind = optim::OptimizerKind::AdamW;
+      break;
   }
   o.lr = c.lr();
   o.weight_decay = c.weight_decay();
@@ -64,11 +72,21 @@ optim::ScheduleOptions schedule_options(const config::Experiment& e, std::int64_
   const config::ScheduleConfig& c = e.schedule();
   optim::ScheduleOptions o;
   switch (c.kind()) {
-    case config::ScheduleConfig::WARMUP_COSINE: o.kind = optim::ScheduleKind::Cosine; break;
-    case config::ScheduleConfig::WARMUP_LINEAR: o.kind = optim::ScheduleKind::Linear; break;
-    case config::ScheduleConfig::WARMUP_POLY: o.kind = optim::ScheduleKind::Polynomial; break;
-    case config::ScheduleConfig::STEP: o.kind = optim::ScheduleKind::Step; break;
-    default: o.kind = optim::ScheduleKind::Constant; break;
+    case config::ScheduleConfig::WARMUP_COSINE:
+      o.kind = optim::ScheduleKind::Cosine;
+      break;
+    case config::ScheduleConfig::WARMUP_LINEAR:
+      o.kind = optim::ScheduleKind::Linear;
+      break;
+    case config::ScheduleConfig::WARMUP_POLY:
+      o.kind = optim::ScheduleKind::Polynomial;
+      break;
+    case config::ScheduleConfig::STEP:
+      o.kind = optim::ScheduleKind::Step;
+      break;
+    default:
+      o.kind = optim::ScheduleKind::Constant;
+      break;
   }
   o.base_lr = e.optimizer().lr();
   o.min_lr = c.min_lr();
@@ -96,8 +114,9 @@ struct StepOptimizer::Impl {
   optim::LrSchedule schedule;
 };
 
-StepOptimizer::StepOptimizer(const std::vector<Parameter*>& parameters, const NamedTensors& fp32_init,
-                             const config::Experiment& experiment, std::int64_t total_steps)
+StepOptimizer::StepOptimizer(const std::vector<Parameter*>& parameters,
+                             const NamedTensors& fp32_init, const config::Experiment& experiment,
+                             std::int64_t total_steps)
     : impl_(std::make_unique<Impl>(parameters, experiment, total_steps)) {
   // O2 masters start from the exact fp32 initial values, not from their half rounding.
   std::map<std::string, const Tensor*> init;
@@ -105,7 +124,8 @@ StepOptimizer::StepOptimizer(const std::vector<Parameter*>& parameters, const Na
   bool any = false;
   for (auto& [name, tensor] : impl_->optimizer.state()) {
     const std::string suffix = ".master";
-    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    if (name.size() > suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
       auto it = init.find(name.substr(0, name.size() - suffix.size()));
       if (it != init.end()) {
         tensor->copy_from(*it->second);
@@ -118,19 +138,27 @@ StepOptimizer::StepOptimizer(const std::vector<Parameter*>& parameters, const Na
 
 StepOptimizer::~StepOptimizer() = default;
 
-double StepOptimizer::loss_scale() const { return impl_->optimizer.scale(); }
-std::uint64_t StepOptimizer::weights_version() const { return impl_->optimizer.weights_version(); }
-double StepOptimizer::lr_at(std::int64_t step) const { return impl_->schedule.lr_at(step); }
+double StepOptimizer::loss_scale() const {
+  return impl_->optimizer.scale();
+}
+std::uint64_t StepOptimizer::weights_version() const {
+  return impl_->optimizer.weights_version();
+}
+double StepOptimizer::lr_at(std::int64_t step) const {
+  return impl_->schedule.lr_at(step);
+}
 
 StepOutcome StepOptimizer::step(std::int64_t step, Communicator* comm) {
   double lr = impl_->schedule.lr_at(step);
   impl_->optimizer.set_lr(lr);
   if (comm != nullptr && comm->size() > 1) {
-    impl_->optimizer.set_found_inf_hook([comm](Tensor& flag) { comm->all_reduce(flag, ReduceOp::Sum); });
+    impl_->optimizer.set_found_inf_hook(
+        [comm](Tensor& flag) { comm->all_reduce(flag, ReduceOp::Sum); });
   }
   optim::StepResult r = impl_->optimizer.step();
   StepOutcome o;
   o.skipped = r.skipped;
+  o.found_inf = r.found_inf;
   o.grad_norm = r.grad_norm;
   o.loss_scale = impl_->optimizer.scaler().enabled() ? r.scale : 1.0;
   o.lr = lr;

@@ -17,8 +17,9 @@
 namespace kiln::train {
 
 struct StepOutcome {
-  bool skipped = false;  // inf/NaN in the gradients: parameters unchanged
-  double grad_norm = -1; // global L2 norm before clipping, or -1 when not computed
+  bool skipped = false;    // inf/NaN in the gradients: parameters unchanged
+  bool found_inf = false;  // inf/NaN seen on some rank (skipped, or fatal without a scaler)
+  double grad_norm = -1;   // global L2 norm before clipping, or -1 when not computed
   double loss_scale = 1;
   double lr = 0;
 };
@@ -39,14 +40,14 @@ class StepOptimizer {
                 const config::Experiment& experiment, std::int64_t total_steps);
   ~StepOptimizer();
 
-  double loss_scale() const;  // multiply the loss by this before backward
+  double loss_scale() const;              // multiply the loss by this before backward
   std::uint64_t weights_version() const;  // for Context::weights_version (O1 weight casts)
   // Schedules the LR for optimizer step `step` (0-based), checks the gradients (all ranks agree
   // through `comm` when given), clips, updates, adjusts the loss scale.
   StepOutcome step(std::int64_t step, Communicator* comm);
   double lr_at(std::int64_t step) const;
 
-  NamedTensors state();                                   // for checkpoints
+  NamedTensors state();                                           // for checkpoints
   void load_state(const std::map<std::string, Tensor>& tensors);  // InputError if missing
   config::LossScalerState scaler_state() const;
   void load_scaler_state(const config::LossScalerState& state);

@@ -4,12 +4,13 @@
 
 #include <algorithm>
 #include <chrono>
-#include <map>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <limits>
+#include <map>
 #include <sstream>
 
 #include "comm/communicator.h"
@@ -57,13 +58,18 @@ double peak_flops(Device device) {
 
 std::string data_kind(const config::Experiment& e, const Model& model) {
   switch (e.data().kind()) {
-    case config::DataConfig::FASHION_MNIST: return "fashion_mnist";
-    case config::DataConfig::CIFAR10: return "cifar10";
-    case config::DataConfig::TOKENS: return "tokens_mlm";
-    case config::DataConfig::JPEG_FOLDER: return "jpeg_folder";
+    case config::DataConfig::FASHION_MNIST:
+      return "fashion_mnist";
+    case config::DataConfig::CIFAR10:
+      return "cifar10";
+    case config::DataConfig::TOKENS:
+      return "tokens_mlm";
+    case config::DataConfig::JPEG_FOLDER:
+      return "jpeg_folder";
     case config::DataConfig::SYNTHETIC:
       return model.input_dtype == DType::I64 ? "synthetic_tokens" : "synthetic_images";
-    default: return "?";
+    default:
+      return "?";
   }
 }
 
@@ -82,8 +88,8 @@ data::DatasetOptions dataset_options(const config::Experiment& e, const Model& m
     o.width = static_cast<int>(model.sample_shape[2]);
   }
   const config::AugmentationConfig& a = e.data().augmentation();
-  bool any_augmentation = a.random_crop_padding() > 0 || a.horizontal_flip() ||
-                          a.normalize_mean_size() > 0;
+  bool any_augmentation =
+      a.random_crop_padding() > 0 || a.horizontal_flip() || a.normalize_mean_size() > 0;
   if (any_augmentation) {
     data::ImageAugment augment;
     augment.crop_padding = a.random_crop_padding();
@@ -101,16 +107,26 @@ data::DatasetOptions dataset_options(const config::Experiment& e, const Model& m
   return o;
 }
 
+// mpirun gives ranks a pseudo-terminal, so isatty() alone would draw progress bars into logs.
+bool launched_by_mpirun() {
+  return std::getenv("OMPI_COMM_WORLD_RANK") != nullptr || std::getenv("PMI_RANK") != nullptr ||
+         std::getenv("PMIX_RANK") != nullptr || std::getenv("SLURM_PROCID") != nullptr;
+}
+
 std::atomic<bool> g_stop{false};
 
-extern "C" void on_stop_signal(int) { g_stop = true; }
+extern "C" void on_stop_signal(int) {
+  g_stop = true;
+}
 
 }  // namespace
 
-std::atomic<bool>& Trainer::stop_requested() { return g_stop; }
+std::atomic<bool>& Trainer::stop_requested() {
+  return g_stop;
+}
 
 void install_preemption_handlers() {
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
@@ -139,6 +155,10 @@ struct Trainer::State {
   std::int64_t total_steps = 0;
   std::int64_t skipped = 0;
   double flops_per_sample = 0;  // forward + backward
+  // Fault injection for the reliability tests (KILN_FAULT_KIND, KILN_FAULT_STEP, KILN_FAULT_RANK).
+  std::string fault_kind;
+  std::int64_t fault_step = -1;
+  bool fault_here = false;
   double peak = 0;
   bool rank0() const { return world.rank == 0; }
   Context make_context(bool training) const;
@@ -173,11 +193,19 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
   conv.search = t.deterministic() ? ConvAlgorithmSearch::Heuristic : ConvAlgorithmSearch::Benchmark;
   set_default_conv_algorithm_options(conv);
   if (s.device.is_cuda() && t.max_memory_mb() > 0) {
-    cuda_allocator(s.device.index).set_memory_limit(static_cast<std::size_t>(t.max_memory_mb()) << 20);
+    cuda_allocator(s.device.index)
+        .set_memory_limit(static_cast<std::size_t>(t.max_memory_mb()) << 20);
   } else if (t.max_memory_mb() > 0) {
     host_allocator().set_memory_limit(static_cast<std::size_t>(t.max_memory_mb()) << 20);
   }
 
+  if (const char* kind = std::getenv("KILN_FAULT_KIND")) {
+    s.fault_kind = kind;
+    s.fault_step =
+        std::atoll(std::getenv("KILN_FAULT_STEP") ? std::getenv("KILN_FAULT_STEP") : "0");
+    const char* rank = std::getenv("KILN_FAULT_RANK");
+    s.fault_here = (rank ? std::atoi(rank) : 0) == world.rank;
+  }
   s.plan = config::plan_batches(s.e, world.size);
   CommunicatorOptions comm_options;
   comm_options.timeout_s = s.e.parallel().collective_timeout_s();
@@ -188,6 +216,12 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
   // Model: deterministic fp32 initialisation on the host, then to the device and dtype.
   s.model = make_model(model_options_from(s.e));
   s.model.net->reset_parameters(t.seed());
+  // Nothing consumes the gradient of the model's input: its first layer may skip computing it.
+  for (Layer* first = s.model.net.get(); first != nullptr;) {
+    first->set_input_gradient(false);
+    auto children = first->children();
+    first = children.empty() ? nullptr : children.front();
+  }
   if (!s.e.model().init_from().empty()) {
     SafetensorsFile f = load_safetensors(s.e.model().init_from());
     for (Parameter* p : s.model.net->parameters()) {
@@ -205,11 +239,13 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
     }
     for (Buffer* b : s.model.net->buffers()) {
       auto it = f.tensors.find(b->name);
-      if (it != f.tensors.end() && it->second.shape() == b->value.shape()) b->value.copy_from(it->second);
+      if (it != f.tensors.end() && it->second.shape() == b->value.shape())
+        b->value.copy_from(it->second);
     }
   }
   NamedTensors fp32_init;
-  for (Parameter* p : s.model.net->parameters()) fp32_init.emplace_back(p->name, p->value.to(s.device));
+  for (Parameter* p : s.model.net->parameters())
+    fp32_init.emplace_back(p->name, p->value.to(s.device));
   s.precision = precision_for(s.e, s.device);
   s.model.net->to(s.device, s.device.is_cpu() && s.precision.parameter_dtype == DType::F32
                                 ? DType::F32
@@ -218,7 +254,8 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
     DataParallelOptions dp;
     dp.bucket_bytes = static_cast<std::size_t>(s.e.parallel().bucket_mb() * (1 << 20));
     dp.reduce_in_half = s.e.parallel().allreduce_in_half();
-    dp.half_dtype = s.e.precision().half() == config::PrecisionConfig::BF16 ? DType::BF16 : DType::F16;
+    dp.half_dtype =
+        s.e.precision().half() == config::PrecisionConfig::BF16 ? DType::BF16 : DType::F16;
     s.dp = std::make_unique<DataParallel>(s.model.net->parameters(), s.model.net->buffers(),
                                           *s.comm, dp);
   }
@@ -249,10 +286,11 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
     s.total_steps = t.steps();
   } else {
     double micro = t.epochs() * static_cast<double>(batches_per_epoch);
-    s.total_steps = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(micro / s.plan.accumulation)));
+    s.total_steps = std::max<std::int64_t>(
+        1, static_cast<std::int64_t>(std::ceil(micro / s.plan.accumulation)));
   }
-  s.optimizer = std::make_unique<StepOptimizer>(s.model.net->parameters(), fp32_init, s.e,
-                                                s.total_steps);
+  s.optimizer =
+      std::make_unique<StepOptimizer>(s.model.net->parameters(), fp32_init, s.e, s.total_steps);
   Shape input = s.model.sample_shape;
   input.insert(input.begin(), 1);
   s.flops_per_sample = 3.0 * s.model.net->forward_flops(input);
@@ -265,7 +303,8 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
     std::string mk = "mkdir -p '" + logdir + "'";
     if (std::system(mk.c_str()) != 0) throw Error("cannot create logging.dir " + logdir);
     bool resuming = !(options.resume.empty() ? s.e.checkpoint().resume() : options.resume).empty();
-    if (s.e.logging().jsonl()) s.jsonl = std::make_unique<JsonlWriter>(logdir + "/metrics.jsonl", resuming);
+    if (s.e.logging().jsonl())
+      s.jsonl = std::make_unique<JsonlWriter>(logdir + "/metrics.jsonl", resuming);
     if (s.e.logging().tensorboard()) s.tensorboard = std::make_unique<TensorBoardWriter>(logdir);
   }
 
@@ -292,24 +331,27 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
       auto it = c.model.tensors.find(p->name);
       if (it == c.model.tensors.end() || it->second.shape() != p->value.shape()) {
         throw InputError(path_to_load + "/model.safetensors: parameter '" + p->name +
-                         (it == c.model.tensors.end() ? "' is missing"
-                                                      : "' has shape " + shape_str(it->second.shape()) +
-                                                            ", the model needs " +
-                                                            shape_str(p->value.shape())) +
+                         (it == c.model.tensors.end()
+                              ? "' is missing"
+                              : "' has shape " + shape_str(it->second.shape()) +
+                                    ", the model needs " + shape_str(p->value.shape())) +
                          " (a checkpoint of a different model configuration)");
       }
       p->value.copy_from(it->second);
     }
     for (Buffer* b : s.model.net->buffers()) {
       auto it = c.model.tensors.find(b->name);
-      if (it == c.model.tensors.end()) throw InputError(path_to_load + "/model.safetensors: buffer '" + b->name + "' is missing");
+      if (it == c.model.tensors.end())
+        throw InputError(path_to_load + "/model.safetensors: buffer '" + b->name + "' is missing");
       b->value.copy_from(it->second);
     }
     s.optimizer->load_state(c.optimizer.tensors);
     s.optimizer->load_scaler_state(st.loss_scaler());
-    if (st.world_size() != world.size || st.data().batches_per_epoch() != s.loader->batches_per_epoch()) {
-      throw InputError(path_to_load + "/state.pbtxt: written by " + std::to_string(st.world_size()) +
-                       " rank(s) with " + std::to_string(st.data().batches_per_epoch()) +
+    if (st.world_size() != world.size ||
+        st.data().batches_per_epoch() != s.loader->batches_per_epoch()) {
+      throw InputError(path_to_load + "/state.pbtxt: written by " +
+                       std::to_string(st.world_size()) + " rank(s) with " +
+                       std::to_string(st.data().batches_per_epoch()) +
                        " batches per epoch; this run has " + std::to_string(world.size) +
                        " rank(s) and " + std::to_string(s.loader->batches_per_epoch()) +
                        ": resume with the same world size and batch size");
@@ -323,8 +365,8 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
     s.step = st.step();
     s.micro_step = st.micro_step();
     s.skipped = st.loss_scaler().skipped_steps();
-    s.log("resumed from " + path_to_load + " at step " + std::to_string(s.step) + " (" +
-          ls.str() + ")");
+    s.log("resumed from " + path_to_load + " at step " + std::to_string(s.step) + " (" + ls.str() +
+          ")");
   }
 }
 
@@ -377,6 +419,11 @@ StepOutcome Trainer::State::run_step(Context& ctx, Tensor& loss_sum, std::int64_
     if (dp) dp->set_accumulation_micro_step(micro + 1 < accumulation);
     ctx.step = static_cast<std::uint64_t>(micro_step);
     Tensor inputs = prepare_inputs(batch.inputs, ctx.precision);
+    if (fault_here && fault_kind == "nan-input" && step == fault_step &&
+        is_floating(inputs.dtype())) {
+      inputs = inputs.clone();
+      inputs.fill(std::nan(""));
+    }
     Tensor logits = model.net->forward(ctx, inputs);
     Tensor targets = batch.targets;
     flatten_for_loss(logits, targets);
@@ -388,6 +435,11 @@ StepOutcome Trainer::State::run_step(Context& ctx, Tensor& loss_sum, std::int64_
     ++*micro_count;
     *sample_count += batch.size();
   }
+  if (fault_here && ((fault_kind == "inf-grad" && step == fault_step) ||
+                     (fault_kind == "inf-grad-always" && step >= fault_step))) {
+    Tensor g = model.net->parameters().front()->grad;
+    g.slice(0, 0, 1).fill(std::numeric_limits<double>::infinity());
+  }
   if (dp) dp->finish();
   StepOutcome outcome;
   {
@@ -396,6 +448,13 @@ StepOutcome Trainer::State::run_step(Context& ctx, Tensor& loss_sum, std::int64_
   }
   ctx.weights_version = optimizer->weights_version();
   if (outcome.skipped) ++skipped;
+  if (outcome.found_inf && !outcome.skipped) {
+    throw Error("non-finite gradients (inf/NaN) at step " + std::to_string(step + 1) + " on rank " +
+                std::to_string(world.rank) + " of " + std::to_string(world.size) +
+                " with no loss scaler to skip the step (the loss diverged or the batch holds "
+                "NaN/inf): lower optimizer.lr, check the data, or use precision.half: FP16 with "
+                "dynamic loss scaling");
+  }
   ++step;
   return outcome;
 }
@@ -411,7 +470,8 @@ TrainResult Trainer::train() {
   std::int64_t log_every = std::max(1, t.log_every());
   bool progress = s.rank0() && !s.options.quiet &&
                   (s.e.logging().progress() == config::LoggingConfig::ON ||
-                   (s.e.logging().progress() == config::LoggingConfig::AUTO && isatty(STDOUT_FILENO)));
+                   (s.e.logging().progress() == config::LoggingConfig::AUTO &&
+                    isatty(STDOUT_FILENO) && !launched_by_mpirun()));
   ProgressBar bar(s.total_steps, progress);
 
   s.log("training " + s.e.model().name() + " (" + std::to_string(s.model.net->parameter_count()) +
@@ -461,6 +521,12 @@ TrainResult Trainer::train() {
   };
 
   while (s.step < s.total_steps) {
+    if (s.fault_here && s.step == s.fault_step) {
+      std::fflush(stdout);
+      if (s.fault_kind == "kill") std::raise(SIGKILL);
+      if (s.fault_kind == "exit3") std::_Exit(3);
+      if (s.fault_kind == "hang") std::raise(SIGSTOP);
+    }
     StepOutcome outcome = s.run_step(ctx, loss_sum, &interval_micro, &interval_samples);
     run_samples += s.plan.global;
 
@@ -492,14 +558,16 @@ TrainResult Trainer::train() {
         if (outcome.grad_norm >= 0) r.emplace_back("grad_norm", outcome.grad_norm);
         std::ostringstream line;
         char buf[256];
-        std::snprintf(buf, sizeof(buf),
-                      "step %lld/%lld epoch %lld loss %.4f lr %.3g scale %.0f %.0f samples/s %.2f TFLOP/s",
-                      static_cast<long long>(s.step), static_cast<long long>(s.total_steps),
-                      static_cast<long long>(s.loader->epoch()), mean_loss, outcome.lr,
-                      outcome.loss_scale, samples_per_s, tflops);
+        std::snprintf(
+            buf, sizeof(buf),
+            "step %lld/%lld epoch %lld loss %.4f lr %.3g scale %.0f %.0f samples/s %.2f TFLOP/s",
+            static_cast<long long>(s.step), static_cast<long long>(s.total_steps),
+            static_cast<long long>(s.loader->epoch()), mean_loss, outcome.lr, outcome.loss_scale,
+            samples_per_s, tflops);
         line << buf;
         if (s.peak > 0) {
-          std::snprintf(buf, sizeof(buf), " MFU %.1f%%", 100.0 * tflops * 1e12 / s.world.size / s.peak);
+          std::snprintf(buf, sizeof(buf), " MFU %.1f%%",
+                        100.0 * tflops * 1e12 / s.world.size / s.peak);
           line << buf;
         }
         if (s.device.is_cuda()) {
@@ -507,8 +575,9 @@ TrainResult Trainer::train() {
           r.emplace_back("memory_allocated_bytes", static_cast<double>(a.allocated_bytes));
           r.emplace_back("memory_reserved_bytes", static_cast<double>(a.reserved_bytes));
           r.emplace_back("memory_fragmentation", a.fragmentation());
-          line << " mem " << format_bytes(a.allocated_bytes) << "/" << format_bytes(a.reserved_bytes)
-               << " frag " << static_cast<int>(100 * a.fragmentation()) << "%";
+          line << " mem " << format_bytes(a.allocated_bytes) << "/"
+               << format_bytes(a.reserved_bytes) << " frag "
+               << static_cast<int>(100 * a.fragmentation()) << "%";
           if (auto g = NvmlSampler::instance().sample(s.device.index)) {
             r.emplace_back("gpu_temperature_c", g->temperature_c);
             r.emplace_back("gpu_power_w", g->power_w);
@@ -526,7 +595,8 @@ TrainResult Trainer::train() {
         }
         if (bar.enabled()) {
           char suffix[96];
-          std::snprintf(suffix, sizeof(suffix), "loss %.4f %.0f samples/s", mean_loss, samples_per_s);
+          std::snprintf(suffix, sizeof(suffix), "loss %.4f %.0f samples/s", mean_loss,
+                        samples_per_s);
           bar.update(s.step, suffix);
         } else {
           s.log(line.str());
@@ -551,7 +621,8 @@ TrainResult Trainer::train() {
     }
     std::int64_t every = s.e.checkpoint().every_steps();
     if (every > 0 && s.step % every == 0 && s.step < s.total_steps) save_checkpoint();
-    if (t.eval_every() > 0 && s.step % t.eval_every() == 0 && s.step < s.total_steps && s.eval_set) {
+    if (t.eval_every() > 0 && s.step % t.eval_every() == 0 && s.step < s.total_steps &&
+        s.eval_set) {
       EvalResult ev = evaluate();
       s.model.net->set_training(true);
       if (s.rank0()) {
@@ -560,7 +631,10 @@ TrainResult Trainer::train() {
                       static_cast<long long>(s.step), ev.loss, 100 * ev.accuracy);
         if (bar.enabled()) std::printf("\n");
         s.log(buf);
-        if (s.jsonl) s.jsonl->write({{"step", static_cast<double>(s.step)}, {"eval_loss", ev.loss}, {"eval_accuracy", ev.accuracy}});
+        if (s.jsonl)
+          s.jsonl->write({{"step", static_cast<double>(s.step)},
+                          {"eval_loss", ev.loss},
+                          {"eval_accuracy", ev.accuracy}});
         if (s.tensorboard) {
           s.tensorboard->scalar("eval/loss", ev.loss, s.step);
           s.tensorboard->scalar("eval/accuracy", ev.accuracy, s.step);
@@ -621,7 +695,8 @@ BenchResult Trainer::benchmark(int warmup, int steps, bool profile) {
       void* stream = current_stream(s.device);
       std::string key = layer + (forward ? "/f" : "/b");
       if (begin) {
-        spans.push_back(std::make_unique<Span>(Span{layer, forward, Event(s.device, true), Event(s.device, true)}));
+        spans.push_back(std::make_unique<Span>(
+            Span{layer, forward, Event(s.device, true), Event(s.device, true)}));
         spans.back()->begin.record(stream);
         open[key] = spans.back().get();
       } else if (open.count(key)) {

@@ -32,14 +32,14 @@ struct TrainResult {
 
 struct LayerTime {
   std::string layer;
-  double forward_ms = 0;   // median per step
+  double forward_ms = 0;  // median per step
   double backward_ms = 0;
 };
 
 struct BenchResult {
   std::vector<double> step_ms;  // each timed step (CUDA events on the GPU, wall clock on CPU)
   double median_ms = 0;
-  double samples_per_s = 0;     // all ranks, from the median step
+  double samples_per_s = 0;  // all ranks, from the median step
   double tflops_per_gpu = 0;
   double mfu = 0;               // against the GPU's dense half-precision peak (0 if unknown)
   double flops_per_sample = 0;  // forward + backward
@@ -48,13 +48,13 @@ struct BenchResult {
   std::size_t peak_reserved_bytes = 0;
   double fragmentation = 0;
   std::uint64_t raw_allocations_in_timed_steps = 0;  // cudaMalloc calls after warm-up
-  std::vector<LayerTime> layers;  // with profiling
+  std::vector<LayerTime> layers;                     // with profiling
 };
 
 struct TrainerOptions {
-  std::string config_path;              // for messages
-  std::string resume;                   // overrides checkpoint.resume when set
-  bool quiet = false;                   // no per-interval log lines (tests)
+  std::string config_path;  // for messages
+  std::string resume;       // overrides checkpoint.resume when set
+  bool quiet = false;       // no per-interval log lines (tests)
 };
 
 class Trainer {

@@ -109,15 +109,16 @@ void reduce(const Tensor& x, ops::Reduction r, std::int64_t rows, std::int64_t c
             Tensor& out) {
   KILN_DISPATCH_FLOATING(x.dtype(), T, {
     using C = typename Compute<T>::type;
+    using A = double;  // accumulate in double: the CPU result is the reference for the GPU's
     const T* p = static_cast<const T*>(x.data());
     std::int64_t outputs = over_rows ? cols : rows;
     std::int64_t count = over_rows ? rows : cols;
-    std::vector<C> acc(outputs,
-                       r == ops::Reduction::Max ? -std::numeric_limits<C>::infinity() : C(0));
+    std::vector<A> acc(outputs,
+                       r == ops::Reduction::Max ? -std::numeric_limits<A>::infinity() : A(0));
     for (std::int64_t i = 0; i < rows; ++i) {
       for (std::int64_t j = 0; j < cols; ++j) {
-        C v = load(p[i * cols + j]);
-        C& a = acc[over_rows ? j : i];
+        A v = load(p[i * cols + j]);
+        A& a = acc[over_rows ? j : i];
         switch (r) {
           case ops::Reduction::Sum:
           case ops::Reduction::Mean:
@@ -134,10 +135,10 @@ void reduce(const Tensor& x, ops::Reduction r, std::int64_t rows, std::int64_t c
     }
     C* po = static_cast<C*>(out.data());
     for (std::int64_t k = 0; k < outputs; ++k) {
-      C v = acc[k];
-      if (r == ops::Reduction::Mean) v = count > 0 ? v / static_cast<C>(count) : C(0);
+      A v = acc[k];
+      if (r == ops::Reduction::Mean) v = count > 0 ? v / static_cast<A>(count) : A(0);
       if (r == ops::Reduction::L2Norm) v = std::sqrt(v);
-      po[k] = v;
+      po[k] = static_cast<C>(v);
     }
   });
 }

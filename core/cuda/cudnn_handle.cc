@@ -24,6 +24,8 @@ cudnnHandle_t cudnn_handle() {
   return handle;
 }
 
-std::size_t cudnn_runtime_version() { return cudnnGetVersion(); }
+std::size_t cudnn_runtime_version() {
+  return cudnnGetVersion();
+}
 
 }  // namespace kiln::cuda

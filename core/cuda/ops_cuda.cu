@@ -147,20 +147,29 @@ __global__ void finish_rows_kernel(const C* partial, int chunks, std::int64_t ro
   }
 }
 
-// One thread per column, summing down the rows in order (deterministic).
+// Column reductions in a fixed order (deterministic): a block owns 32 columns; its 8 rows of
+// threads each reduce a strided subset of the rows, then combine in a fixed order in shared
+// memory. A second launch would only pay off for very tall, narrow inputs.
 template <typename T, typename C>
 __global__ void reduce_cols_kernel(const T* x, std::int64_t rows, std::int64_t cols,
                                    ops::Reduction r, C* out) {
-  std::int64_t col = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (col >= cols) return;
+  __shared__ C partial[8][33];
+  std::int64_t col = blockIdx.x * 32 + threadIdx.x;
   C acc = identity<C>(r);
-  for (std::int64_t i = 0; i < rows; ++i) {
-    C v = static_cast<C>(load(x[i * cols + col]));
-    acc = combine(acc, r == ops::Reduction::L2Norm ? v * v : v, r);
+  if (col < cols) {
+    for (std::int64_t i = threadIdx.y; i < rows; i += 8) {
+      C v = static_cast<C>(load(x[i * cols + col]));
+      acc = combine(acc, r == ops::Reduction::L2Norm ? v * v : v, r);
+    }
   }
-  if (r == ops::Reduction::Mean) acc = rows > 0 ? acc / static_cast<C>(rows) : C(0);
-  if (r == ops::Reduction::L2Norm) acc = sqrt(acc);
-  out[col] = acc;
+  partial[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < cols) {
+    for (int k = 1; k < 8; ++k) acc = combine(acc, partial[k][threadIdx.x], r);
+    if (r == ops::Reduction::Mean) acc = rows > 0 ? acc / static_cast<C>(rows) : C(0);
+    if (r == ops::Reduction::L2Norm) acc = sqrt(acc);
+    out[col] = acc;
+  }
 }
 
 template <typename T>
@@ -341,7 +350,9 @@ void reduce(const Tensor& x, ops::Reduction r, std::int64_t rows, std::int64_t c
     const T* px = static_cast<const T*>(x.data());
     C* po = static_cast<C*>(out.data());
     if (over_rows) {
-      reduce_cols_kernel<T, C><<<grid_for(cols, 256), 256, 0, stream>>>(px, rows, cols, r, po);
+      dim3 block(32, 8);
+      reduce_cols_kernel<T, C>
+          <<<static_cast<unsigned>((cols + 31) / 32), block, 0, stream>>>(px, rows, cols, r, po);
       KILN_CUDA_LAUNCH_CHECK();
     } else {
       // Long rows are split into chunks so that a whole-tensor reduction fills the GPU; the

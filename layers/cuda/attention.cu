@@ -2,6 +2,7 @@
 // fp32 math (f64 for f64); its backward regenerating the dropout mask from Philox; and the
 // elementwise helpers the transformer layers share (bias add).
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/cuda/cuda_check.h"
@@ -42,6 +43,64 @@ __global__ void add_bias_kernel(T* __restrict__ y, const B* __restrict__ bias, s
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
     y[i] = store<T>(static_cast<C>(load(y[i])) + static_cast<C>(load(bias[i % cols])));
+}
+
+// Head layout changes: block x = token row n = b*T + t, block y = part; threads over the E
+// columns of that part (col = head*d + dd), so reads and writes are contiguous runs of d.
+template <typename T, typename B>
+__global__ void to_heads_kernel(const T* __restrict__ src, const B* __restrict__ bias, int parts,
+                                int t, int h, int d, T* __restrict__ out) {
+  using C = typename Compute<T>::type;
+  std::int64_t n = blockIdx.x;
+  int part = blockIdx.y, e = h * d;
+  std::int64_t b = n / t, tt = n % t, bh_total = (gridDim.x / t) * h;
+  const T* row = src + (n * parts + part) * e;
+  for (int col = threadIdx.x; col < e; col += blockDim.x) {
+    int head = col / d, dd = col % d;
+    C v = static_cast<C>(load(row[col]));
+    if (bias) v += static_cast<C>(load(bias[part * e + col]));
+    out[((part * bh_total + b * h + head) * t + tt) * d + dd] = store<T>(v);
+  }
+}
+
+template <typename T>
+__global__ void from_heads_kernel(const T* __restrict__ src, int parts, int t, int h, int d,
+                                  T* __restrict__ out) {
+  std::int64_t n = blockIdx.x;
+  int part = blockIdx.y, e = h * d;
+  std::int64_t b = n / t, tt = n % t, bh_total = (gridDim.x / t) * h;
+  T* row = out + (n * parts + part) * e;
+  for (int col = threadIdx.x; col < e; col += blockDim.x) {
+    int head = col / d, dd = col % d;
+    row[col] = src[((part * bh_total + b * h + head) * t + tt) * d + dd];
+  }
+}
+
+// Column sums of dy (rows, cols) in two deterministic passes: per chunk of rows, then over the
+// chunks in order, added into the bias gradient. (One thread per column over every row leaves
+// most of the GPU idle when there are few columns.)
+constexpr std::int64_t kBiasRowsPerChunk = 64;
+
+template <typename T, typename C>
+__global__ void column_partial_sums_kernel(const T* __restrict__ dy, std::int64_t rows,
+                                           std::int64_t cols, C* __restrict__ partial) {
+  std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (col >= cols) return;
+  std::int64_t first = static_cast<std::int64_t>(blockIdx.y) * kBiasRowsPerChunk;
+  std::int64_t last = min(first + kBiasRowsPerChunk, rows);
+  C sum = 0;
+  for (std::int64_t r = first; r < last; ++r) sum += static_cast<C>(load(dy[r * cols + col]));
+  partial[blockIdx.y * cols + col] = sum;
+}
+
+template <typename C, typename G>
+__global__ void accumulate_partials_kernel(const C* __restrict__ partial, std::int64_t chunks,
+                                           std::int64_t cols, G* __restrict__ grad) {
+  std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (col >= cols) return;
+  C sum = 0;
+  for (std::int64_t k = 0; k < chunks; ++k) sum += partial[k * cols + col];
+  grad[col] = store<G>(static_cast<C>(load(grad[col])) + sum);
 }
 
 // One warp per row of scores; row r belongs to batch r / (heads * t).
@@ -109,6 +168,63 @@ void add_bias(Tensor& y, const Tensor& bias) {
     KILN_CUDA_DISPATCH_FLOATING(bias.dtype(), B, {
       add_bias_kernel<T, B><<<grid_for(rows * cols), 256, 0, stream_of(y)>>>(
           static_cast<T*>(y.data()), static_cast<const B*>(bias.data()), rows, cols);
+      KILN_CUDA_LAUNCH_CHECK();
+    });
+  });
+}
+
+void to_heads(const Tensor& src, const Tensor& bias, std::int64_t parts, std::int64_t b,
+              std::int64_t t, std::int64_t h, std::int64_t d, Tensor& out) {
+  if (b * t * h * d == 0) return;
+  dim3 grid(static_cast<unsigned>(b * t), static_cast<unsigned>(parts));
+  int threads = static_cast<int>(std::min<std::int64_t>(256, ((h * d + 31) / 32) * 32));
+  KILN_CUDA_DISPATCH_FLOATING(src.dtype(), T, {
+    if (bias.defined()) {
+      KILN_CUDA_DISPATCH_FLOATING(bias.dtype(), B, {
+        to_heads_kernel<T, B><<<grid, threads, 0, stream_of(src)>>>(
+            static_cast<const T*>(src.data()), static_cast<const B*>(bias.data()),
+            static_cast<int>(parts), static_cast<int>(t), static_cast<int>(h), static_cast<int>(d),
+            static_cast<T*>(out.data()));
+        KILN_CUDA_LAUNCH_CHECK();
+      });
+    } else {
+      to_heads_kernel<T, T><<<grid, threads, 0, stream_of(src)>>>(
+          static_cast<const T*>(src.data()), nullptr, static_cast<int>(parts), static_cast<int>(t),
+          static_cast<int>(h), static_cast<int>(d), static_cast<T*>(out.data()));
+      KILN_CUDA_LAUNCH_CHECK();
+    }
+  });
+}
+
+void from_heads(const Tensor& src, std::int64_t parts, std::int64_t b, std::int64_t t,
+                std::int64_t h, std::int64_t d, Tensor& out) {
+  if (b * t * h * d == 0) return;
+  dim3 grid(static_cast<unsigned>(b * t), static_cast<unsigned>(parts));
+  int threads = static_cast<int>(std::min<std::int64_t>(256, ((h * d + 31) / 32) * 32));
+  KILN_CUDA_DISPATCH_FLOATING(src.dtype(), T, {
+    from_heads_kernel<T><<<grid, threads, 0, stream_of(src)>>>(
+        static_cast<const T*>(src.data()), static_cast<int>(parts), static_cast<int>(t),
+        static_cast<int>(h), static_cast<int>(d), static_cast<T*>(out.data()));
+    KILN_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void accumulate_bias_grad(const Tensor& dy, Tensor& bias_grad) {
+  std::int64_t cols = bias_grad.numel(), rows = cols == 0 ? 0 : dy.numel() / cols;
+  if (rows == 0 || cols == 0) return;
+  std::int64_t chunks = (rows + kBiasRowsPerChunk - 1) / kBiasRowsPerChunk;
+  unsigned column_blocks = static_cast<unsigned>((cols + 255) / 256);
+  DType wide = dy.dtype() == DType::F64 ? DType::F64 : DType::F32;
+  Tensor partial = Tensor::empty({chunks, cols}, wide, dy.device());
+  KILN_CUDA_DISPATCH_FLOATING(dy.dtype(), T, {
+    using C = typename Compute<T>::type;
+    column_partial_sums_kernel<T, C>
+        <<<dim3(column_blocks, static_cast<unsigned>(chunks)), 256, 0, stream_of(dy)>>>(
+            static_cast<const T*>(dy.data()), rows, cols, static_cast<C*>(partial.data()));
+    KILN_CUDA_LAUNCH_CHECK();
+    KILN_CUDA_DISPATCH_FLOATING(bias_grad.dtype(), G, {
+      accumulate_partials_kernel<C, G><<<column_blocks, 256, 0, stream_of(dy)>>>(
+          static_cast<const C*>(partial.data()), chunks, cols, static_cast<G*>(bias_grad.data()));
       KILN_CUDA_LAUNCH_CHECK();
     });
   });

@@ -1,6 +1,7 @@
 // Embedding kernels: a gather forward; a deterministic backward that radix-sorts (id, position)
-// pairs (stable, so equal ids keep position order) and gives each distinct id one block that adds
-// its rows in that order, then adds the sum into the gradient once: no atomics.
+// pairs (stable, so equal ids keep position order), sums the rows of each id in pieces of at most
+// kChunk rows, then gives each distinct id one block that adds its pieces in order into the
+// gradient: no atomics, and a frequent id ([PAD], token type 0) is not one thread's long loop.
 
 #include <cub/device/device_radix_sort.cuh>
 
@@ -27,24 +28,53 @@ __global__ void embedding_forward_kernel(const std::int64_t* __restrict__ ids,
   }
 }
 
-template <typename T, typename G>
-__global__ void embedding_backward_kernel(const std::int64_t* __restrict__ sorted_ids,
-                                          const std::int64_t* __restrict__ positions,
-                                          const T* __restrict__ dy, std::int64_t n,
-                                          std::int64_t num, std::int64_t dim,
-                                          std::int64_t padding_idx, G* __restrict__ grad) {
+// Rows of dy in sorted order are cut into pieces: a piece ends where the id changes or at a
+// chunk boundary, so no thread adds more than kChunk rows. Each piece's column sums go to
+// partial[piece start].
+constexpr std::int64_t kChunk = 32;
+constexpr int kColumns = 128;
+
+template <typename T, typename P>
+__global__ void embedding_piece_sums_kernel(const std::int64_t* __restrict__ sorted_ids,
+                                            const std::int64_t* __restrict__ positions,
+                                            const T* __restrict__ dy, std::int64_t n,
+                                            std::int64_t dim, P* __restrict__ partial) {
+  std::int64_t col = static_cast<std::int64_t>(blockIdx.y) * kColumns + threadIdx.x;
+  if (col >= dim) return;
+  std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * kChunk;
+  std::int64_t last = min(first + kChunk, n);
+  P sum = 0;
+  std::int64_t piece = first;
+  for (std::int64_t j = first; j < last; ++j) {
+    if (j > first && sorted_ids[j] != sorted_ids[j - 1]) {
+      partial[piece * dim + col] = sum;
+      sum = 0;
+      piece = j;
+    }
+    sum += static_cast<P>(load(dy[positions[j] * dim + col]));
+  }
+  partial[piece * dim + col] = sum;
+}
+
+// One block per distinct id (the block at its first sorted position): adds its pieces in order,
+// then adds the total into the gradient once.
+template <typename P, typename G>
+__global__ void embedding_segment_sums_kernel(const std::int64_t* __restrict__ sorted_ids,
+                                              const P* __restrict__ partial, std::int64_t n,
+                                              std::int64_t num, std::int64_t dim,
+                                              std::int64_t padding_idx, G* __restrict__ grad) {
   std::int64_t start = blockIdx.x;
   std::int64_t id = sorted_ids[start];
   if (start > 0 && sorted_ids[start - 1] == id) return;  // not the first of its id
   if (id == padding_idx || id < 0 || id >= num) return;
-  std::int64_t end = start + 1;
+  std::int64_t end = start + 1;  // ids are sorted: skip ahead a chunk at a time, then singly
+  while (end + kChunk <= n && sorted_ids[end + kChunk - 1] == id) end += kChunk;
   while (end < n && sorted_ids[end] == id) ++end;
-  using C = typename Compute<G>::type;
   for (std::int64_t col = threadIdx.x; col < dim; col += blockDim.x) {
-    C sum = 0;
-    for (std::int64_t j = start; j < end; ++j)
-      sum += static_cast<C>(load(dy[positions[j] * dim + col]));
-    grad[id * dim + col] = store<G>(static_cast<C>(load(grad[id * dim + col])) + sum);
+    P sum = partial[start * dim + col];
+    for (std::int64_t p = (start / kChunk + 1) * kChunk; p < end; p += kChunk)
+      sum += partial[p * dim + col];
+    grad[id * dim + col] = store<G>(static_cast<P>(load(grad[id * dim + col])) + sum);
   }
 }
 
@@ -99,11 +129,21 @@ void embedding_backward(const Tensor& ids, const Tensor& dy, std::int64_t paddin
   KILN_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data(), temp_bytes, keys_in, keys_out,
                                                   values_in, values_out, items, 0, end_bit,
                                                   stream));
+  // Partial sums in fp32 (f64 for f64 gradients).
+  Tensor partial =
+      Tensor::empty({n, dim}, dy.dtype() == DType::F64 ? DType::F64 : DType::F32, device);
+  dim3 pieces(static_cast<unsigned>((n + kChunk - 1) / kChunk),
+              static_cast<unsigned>((dim + kColumns - 1) / kColumns));
   KILN_CUDA_DISPATCH_FLOATING(dy.dtype(), T, {
+    using P = typename Compute<T>::type;
+    embedding_piece_sums_kernel<T, P><<<pieces, kColumns, 0, stream>>>(
+        static_cast<const std::int64_t*>(sorted_ids.data()), values_out,
+        static_cast<const T*>(dy.data()), n, dim, static_cast<P*>(partial.data()));
+    KILN_CUDA_LAUNCH_CHECK();
     KILN_CUDA_DISPATCH_FLOATING(weight_grad.dtype(), G, {
-      embedding_backward_kernel<T, G><<<static_cast<unsigned>(n), 128, 0, stream>>>(
-          static_cast<const std::int64_t*>(sorted_ids.data()), values_out,
-          static_cast<const T*>(dy.data()), n, num, dim, padding_idx,
+      embedding_segment_sums_kernel<P, G><<<static_cast<unsigned>(n), kColumns, 0, stream>>>(
+          static_cast<const std::int64_t*>(sorted_ids.data()),
+          static_cast<const P*>(partial.data()), n, num, dim, padding_idx,
           static_cast<G*>(weight_grad.data()));
       KILN_CUDA_LAUNCH_CHECK();
     });

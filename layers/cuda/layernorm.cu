@@ -13,8 +13,8 @@ namespace kiln::cuda {
 namespace {
 
 constexpr int kWarp = 32;
-constexpr int kRowsPerBlock = 8;  // warps per block
-constexpr std::int64_t kRowsPerChunk = 64;
+constexpr int kRowsPerBlock = 8;            // warps per block
+constexpr std::int64_t kRowsPerChunk = 16;  // 256 blocks for 4096 rows
 
 template <typename C>
 __device__ __forceinline__ C warp_sum(C v) {

@@ -3,13 +3,14 @@
 //   (N, 1, 28, 28) conv1 3x3 32 - bn1 - pool 2 - relu -> (N, 32, 14, 14)
 //                  conv2 3x3 64 - bn2 - pool 2 - relu -> (N, 64, 7, 7)
 // (max-pool and ReLU commute; pooling first leaves ReLU a quarter of the work.)
-//                  flatten - fc1 128 + relu - fc2 num_classes -> (N, num_classes)
+//                  flatten - fc1 128 + relu - [dropout] - fc2 num_classes -> (N, num_classes)
 // Convolutions have no bias (batch norm follows). 421,738 parameters for 10 classes.
 
 #include <memory>
 
 #include "layers/batchnorm.h"
 #include "layers/conv2d.h"
+#include "layers/dropout.h"
 #include "layers/linear.h"
 #include "layers/models/model.h"
 #include "layers/pooling.h"
@@ -45,6 +46,9 @@ Model make_fashion_cnn(const ModelOptions& options) {
   net->add("relu2", std::make_unique<ReLU>(true));
   net->add("flatten", std::make_unique<Flatten>());
   net->add("fc1", std::make_unique<Linear>(64 * side * side, 128, true, Activation::ReLU));
+  // Optional dropout before the classifier (model.dropout): it regularises the fc layers, which
+  // hold most of the parameters.
+  if (options.dropout > 0) net->add("dropout", std::make_unique<Dropout>(options.dropout));
   net->add("fc2", std::make_unique<Linear>(128, options.num_classes));
   net->set_name("");
   net->reset_parameters(0);

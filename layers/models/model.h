@@ -33,10 +33,10 @@ enum class Task { Classification, MaskedLM };
 
 struct Model {
   std::unique_ptr<Layer> net;
-  Shape sample_shape;                // one input sample: (C, H, W), (features) or (T)
-  DType input_dtype = DType::F32;    // F32 images and features, I64 token ids
+  Shape sample_shape;              // one input sample: (C, H, W), (features) or (T)
+  DType input_dtype = DType::F32;  // F32 images and features, I64 token ids
   Task task = Task::Classification;
-  int num_outputs = 0;               // classes, or the vocabulary for masked LM
+  int num_outputs = 0;  // classes, or the vocabulary for masked LM
   // Output of net for a batch: (B, num_outputs) or (B, T, vocab) for masked LM.
 };
 

@@ -36,8 +36,8 @@ config::CheckpointState state_at(std::int64_t step) {
 
 TEST(CheckpointStore, SaveLoadRoundTrip) {
   CheckpointStore store(fresh_dir("roundtrip"), 3);
-  std::string path = store.save(some_weights(1), {{"fc.weight.exp_avg", Tensor::zeros({4, 3}, DType::F32)}},
-                                state_at(500));
+  std::string path = store.save(
+      some_weights(1), {{"fc.weight.exp_avg", Tensor::zeros({4, 3}, DType::F32)}}, state_at(500));
   EXPECT_EQ(path, store.dir() + "/step-000500");
   Checkpoint c = CheckpointStore::load(path);
   EXPECT_EQ(c.state.step(), 500);
@@ -65,7 +65,7 @@ TEST(CheckpointStore, PartialDirectoriesAreNeverListed) {
   ASSERT_EQ(::mkdir((store.dir() + "/step-000300").c_str(), 0755), 0);
   EXPECT_EQ(*store.latest(), store.dir() + "/step-000100");
   store.remove_partial();
-  struct stat st{};
+  struct stat st {};
   EXPECT_NE(::stat((store.dir() + "/.tmp-step-000200-999").c_str(), &st), 0);
   EXPECT_THROW(CheckpointStore::load(store.dir() + "/step-000300"), InputError);
 }
@@ -116,7 +116,8 @@ TEST(CheckpointStore, UnwritableDirectoryIsAClearError) {
     store.save(some_weights(1), {}, state_at(1));
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("/proc/kiln-cannot-write-here"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("/proc/kiln-cannot-write-here"), std::string::npos)
+        << e.what();
   }
 }
 

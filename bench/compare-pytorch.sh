@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Kiln against PyTorch 2.11 on the same GPU, in one run: the source articles' nine FP16
+# configurations (AdamW, fp16), PyTorch's best variant at the largest batch of each model, and
+# two-GPU data parallelism. Prints a markdown table (samples/s and the ratio per configuration).
+#
+#   bench/compare-pytorch.sh [BUILD_DIR] [--quick] [--no-compile] [--amp O2] [--models "resnet50 ..."]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build-gpu}; shift || true
+QUICK=0 COMPILE=1 AMP=O2 MODELS="resnet50 bert_base vit_b16" STEPS=30 WARMUP=10
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) QUICK=1; STEPS=15; WARMUP=5 ;;
+    --no-compile) COMPILE=0 ;;
+    --amp) AMP=$2; shift ;;
+    --models) MODELS=$2; shift ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+export NCCL_NVLS_ENABLE=0
+OUT=${OUT:-$PWD/bench-out}
+mkdir -p "$OUT"
+RESULTS="$OUT/bench-results.jsonl"
+: > "$RESULTS"
+GPUS=$(nvidia-smi -L 2>/dev/null | grep -c GPU || echo 1)
+batches() { case $1 in resnet50) echo "32 64 128" ;; bert_base) echo "8 16 32" ;; vit_b16) echo "16 32 64" ;; esac; }
+
+kiln() {  # model batch gpus
+  local args=(bench --model "$1" --batch "$2" --amp "$AMP" --half fp16 --steps $STEPS --warmup $WARMUP --json)
+  if [ "$3" = 1 ]; then
+    timeout 120 "$BUILD/bin/kiln" "${args[@]}" 2>>"$OUT/bench-kiln.err" | tail -1
+  else
+    timeout 150 mpirun --allow-run-as-root --bind-to none -np "$3" -x NCCL_NVLS_ENABLE "$BUILD/bin/kiln" "${args[@]}" 2>>"$OUT/bench-kiln.err" | tail -1
+  fi
+}
+torch_ref() { timeout 150 python3 bench/pytorch_reference.py --steps $STEPS --warmup $WARMUP "$@" 2>>"$OUT/bench-torch.err" | tail -1; }
+record() {  # label kiln-json torch-json
+  python3 - "$@" >> "$RESULTS" <<'PY'
+import json, sys
+label, k, t = sys.argv[1], sys.argv[2], sys.argv[3]
+def load(s):
+    try: return json.loads(s)
+    except Exception: return {}
+print(json.dumps({"label": label, "kiln": load(k), "torch": load(t)}))
+PY
+}
+
+for m in $MODELS; do
+  for b in $(batches "$m"); do
+    k=$(kiln "$m" "$b" 1); t=$(torch_ref --model "$m" --batch "$b")
+    record "$m|$b|fp16 AMP|1" "$k" "$t"
+  done
+  largest=$(batches "$m" | awk '{print $3}')
+  if [ "$m" = resnet50 ]; then
+    t=$(torch_ref --model "$m" --batch "$largest" --channels-last)
+    record "$m|$largest|fp16 AMP, channels_last|1" "$(kiln "$m" "$largest" 1)" "$t"
+  fi
+  if [ "$COMPILE" = 1 ] && [ "$QUICK" = 0 ]; then
+    extra=(); [ "$m" = resnet50 ] && extra=(--channels-last)
+    t=$(torch_ref --model "$m" --batch "$largest" --compile "${extra[@]}")
+    record "$m|$largest|fp16 AMP, torch.compile|1" "$(kiln "$m" "$largest" 1)" "$t"
+  fi
+done
+if [ "$GPUS" -ge 2 ]; then
+  for mb in "resnet50 128" "bert_base 32"; do
+    set -- $mb
+    record "$1|$2|fp16 AMP, DDP|2" "$(kiln "$1" "$2" 2)" "$(torch_ref --model "$1" --batch "$2" --gpus 2)"
+  done
+fi
+
+python3 - "$RESULTS" "$AMP" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+amp = sys.argv[2]
+single = {}
+print(f"\n| model | batch/GPU | PyTorch mode | GPUs | Kiln ({amp}) samples/s | PyTorch samples/s | ratio | Kiln peak GiB | PyTorch peak GiB | Kiln TFLOP/s/GPU | Kiln MFU |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+for r in rows:
+    m, b, mode, g = r["label"].split("|")
+    k, t = r["kiln"], r["torch"]
+    ks, ts = k.get("samples_per_s"), t.get("samples_per_s")
+    ratio = f"{ks / ts:.2f}" if ks and ts else "-"
+    f = lambda v, d=1: f"{v:.{d}f}" if isinstance(v, (int, float)) else "-"
+    kp = k.get("peak_allocated_bytes", 0) / 2**30 if k else None
+    print(f"| {m} | {b} | {mode} | {g} | {f(ks, 0)} | {f(ts, 0)} | {ratio} | {f(kp, 2)} | {f(t.get('peak_gib'), 2)} | {f(k.get('tflops_per_gpu'))} | {f(100 * k['mfu']) + '%' if k.get('mfu') else '-'} |")
+    if g == "1" and mode == "fp16 AMP": single[(m, b)] = (ks, ts)
+for r in rows:
+    m, b, mode, g = r["label"].split("|")
+    if g == "2" and (m, b) in single:
+        k1, t1 = single[(m, b)]
+        k2, t2 = r["kiln"].get("samples_per_s"), r["torch"].get("samples_per_s")
+        if k1 and k2: print(f"\nscaling {m} {b}/GPU on 2 GPUs: Kiln {100 * k2 / (2 * k1):.1f}%", end="")
+        if t1 and t2: print(f", PyTorch {100 * t2 / (2 * t1):.1f}%", end="")
+print()
+PY

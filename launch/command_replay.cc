@@ -1,0 +1,117 @@
+// kiln replay: forward, backward and optimizer steps of a model on one fixed batch read from a
+// safetensors file, from weights read from another; writes the logits, the parameter gradients
+// of the first step and the loss of every step. The comparison scripts in tools/parity/ run
+// PyTorch on the same weights and batch and compare.
+
+#include <boost/program_options.hpp>
+
+#include <cstdio>
+#include <iostream>
+
+#include "core/device.h"
+#include "core/ops.h"
+#include "core/safetensors.h"
+#include "launch/commands.h"
+#include "layers/models/model.h"
+#include "layers/softmax_cross_entropy.h"
+#include "optim/amp/amp.h"
+#include "optim/optimizer.h"
+#include "train/model_options.h"
+
+namespace po = boost::program_options;
+
+namespace kiln::launch {
+
+int run_replay(const Arguments& args) {
+  po::options_description options("kiln replay: steps on a fixed batch, for framework comparisons");
+  options.add_options()("help,h", "show this help")("model", po::value<std::string>()->required(),
+                                                    "model name")(
+      "weights", po::value<std::string>()->required(), "safetensors with the initial weights")(
+      "batch", po::value<std::string>()->required(), "safetensors with 'input' and 'target'")(
+      "out", po::value<std::string>()->required(), "safetensors to write")(
+      "steps", po::value<int>()->default_value(1), "optimizer steps (AdamW)")(
+      "lr", po::value<double>()->default_value(1e-4), "AdamW learning rate")(
+      "weight-decay", po::value<double>()->default_value(0.0), "AdamW weight decay")(
+      "amp", po::value<std::string>()->default_value("O0"), "O0..O3")(
+      "half", po::value<std::string>()->default_value("fp16"), "fp16 or bf16")(
+      "device", po::value<std::string>()->default_value("auto"), "cpu, cuda or auto")(
+      "channels-last", "NHWC activations for convolutions")(
+      "num-classes", po::value<int>(), "classes")("seq-len", po::value<int>(), "BERT length");
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(options).run(), vm);
+  if (vm.count("help")) {
+    std::cout << options << "\n";
+    return 0;
+  }
+  po::notify(vm);
+  std::string dev = vm["device"].as<std::string>();
+  Device device = dev == "auto" ? (cuda_device_count() > 0 ? Device::cuda(0) : Device::cpu())
+                                : parse_device(dev);
+  ModelOptions mo = train::default_model_options(vm["model"].as<std::string>());
+  mo.dropout = 0.0;  // comparisons need the same function on both sides
+  if (vm.count("num-classes")) mo.num_classes = vm["num-classes"].as<int>();
+  if (vm.count("seq-len")) mo.seq_len = vm["seq-len"].as<int>();
+  Model model = make_model(mo);
+  SafetensorsFile weights = load_safetensors(vm["weights"].as<std::string>());
+  for (Parameter* p : model.net->parameters()) {
+    auto it = weights.tensors.find(p->name);
+    if (it == weights.tensors.end()) throw InputError("weights: no tensor '" + p->name + "'");
+    p->value.copy_from(it->second);
+  }
+  for (Buffer* b : model.net->buffers()) {
+    auto it = weights.tensors.find(b->name);
+    if (it != weights.tensors.end()) b->value.copy_from(it->second.to(DType::F32));
+  }
+  optim::AmpOptions amp;
+  amp.level = optim::opt_level_from_name(vm["amp"].as<std::string>());
+  amp.half = optim::half_type_from_name(vm["half"].as<std::string>());
+  model.net->to(device, optim::parameter_dtype(amp));
+  optim::OptimizerOptions oo;
+  oo.kind = optim::OptimizerKind::AdamW;
+  oo.lr = vm["lr"].as<double>();
+  oo.weight_decay = vm["weight-decay"].as<double>();
+  oo.exclude_flagged_from_decay = false;
+  optim::MixedPrecisionOptimizer opt(model.net->parameters(), oo, amp);
+
+  SafetensorsFile batch = load_safetensors(vm["batch"].as<std::string>());
+  Tensor input = batch.tensors.at("input").to(device);
+  Tensor target = batch.tensors.at("target").to(device);
+  if (is_floating(input.dtype())) input = input.to(optim::precision_policy(amp).activation);
+  Context ctx;
+  ctx.device = device;
+  ctx.training = true;
+  ctx.precision = optim::precision_policy(amp);
+  ctx.channels_last = vm.count("channels-last") > 0;
+  SoftmaxCrossEntropy loss_fn;
+  NamedTensors out;
+  std::vector<float> losses;
+  int steps = vm["steps"].as<int>();
+  for (int step = 0; step < steps; ++step) {
+    opt.zero_grad();
+    ctx.step = static_cast<std::uint64_t>(step);
+    ctx.weights_version = opt.weights_version();
+    Tensor logits = model.net->forward(ctx, input);
+    Tensor flat = logits.dim() == 3 ? logits.reshape({-1, logits.size(-1)}) : logits;
+    Tensor t = target.dim() == 2 ? target.reshape({-1}) : target;
+    Tensor loss = loss_fn.forward(ctx, flat, t);
+    losses.push_back(static_cast<float>(loss.item()));
+    model.net->backward(ctx, loss_fn.backward(ctx, opt.scale()));
+    if (step == 0) {
+      out.emplace_back("logits", logits.to(Device::cpu(), DType::F32));
+      for (Parameter* p : model.net->parameters()) {
+        Tensor g = p->grad.to(Device::cpu(), DType::F32);
+        ops::scale(g, 1.0 / opt.scale());
+        out.emplace_back("grad." + p->name, g);
+      }
+    }
+    opt.step();
+  }
+  out.emplace_back("loss", Tensor::from_vector(losses, {static_cast<std::int64_t>(losses.size())}));
+  save_safetensors(vm["out"].as<std::string>(), out);
+  std::printf("replay %s on %s (%s): %d step(s), first loss %.6f, last loss %.6f\n",
+              mo.name.c_str(), device.str().c_str(), vm["amp"].as<std::string>().c_str(), steps,
+              losses.front(), losses.back());
+  return 0;
+}
+
+}  // namespace kiln::launch
