@@ -39,6 +39,22 @@ cublasHandle_t cublas_handle() {
   return handle;
 }
 
+cudaDataType_t cuda_data_type(DType t) {
+  switch (t) {
+    case DType::F32:
+      return CUDA_R_32F;
+    case DType::F64:
+      return CUDA_R_64F;
+    case DType::F16:
+      return CUDA_R_16F;
+    case DType::BF16:
+      return CUDA_R_16BF;
+    default:
+      KILN_CHECK(false, std::string("no cuBLAS data type for ") + dtype_name(t));
+  }
+  return CUDA_R_32F;
+}
+
 cublasLtHandle_t cublaslt_handle() {
   int device = current_device();
   std::lock_guard<std::mutex> lock(g_mutex);

@@ -193,22 +193,6 @@ __global__ void normal_kernel(T* x, std::int64_t n, double mean, double stddev, 
   }
 }
 
-cudaDataType_t cuda_data_type(DType t) {
-  switch (t) {
-    case DType::F32:
-      return CUDA_R_32F;
-    case DType::F64:
-      return CUDA_R_64F;
-    case DType::F16:
-      return CUDA_R_16F;
-    case DType::BF16:
-      return CUDA_R_16BF;
-    default:
-      KILN_CHECK(false, std::string("no cuBLAS type for ") + dtype_name(t));
-  }
-  return CUDA_R_32F;
-}
-
 // A fill value converted on the host, rounding halves exactly as the CPU backend does.
 template <typename T>
 T host_value(double value) {

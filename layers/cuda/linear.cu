@@ -19,22 +19,6 @@ namespace {
 
 constexpr std::size_t kWorkspaceBytes = 32u << 20;  // cuBLAS's recommendation for Hopper
 
-cudaDataType_t lt_type(DType t) {
-  switch (t) {
-    case DType::F32:
-      return CUDA_R_32F;
-    case DType::F64:
-      return CUDA_R_64F;
-    case DType::F16:
-      return CUDA_R_16F;
-    case DType::BF16:
-      return CUDA_R_16BF;
-    default:
-      KILN_CHECK(false, std::string("Linear: no GEMM for dtype ") + dtype_name(t));
-  }
-  return CUDA_R_32F;
-}
-
 // RAII for the cuBLASLt descriptors of one call.
 struct LtDescriptors {
   cublasLtMatmulDesc_t op = nullptr;
@@ -100,12 +84,12 @@ bool lt_matmul(const LtGemm& g, Device device) {
   auto rows_of = [](bool trans, std::int64_t r, std::int64_t c) { return trans ? c : r; };
   auto cols_of = [](bool trans, std::int64_t r, std::int64_t c) { return trans ? r : c; };
   KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(
-      &desc.a, lt_type(g.ab_type), static_cast<std::uint64_t>(rows_of(g.trans_a, g.m, g.k)),
+      &desc.a, cuda_data_type(g.ab_type), static_cast<std::uint64_t>(rows_of(g.trans_a, g.m, g.k)),
       static_cast<std::uint64_t>(cols_of(g.trans_a, g.m, g.k)), g.lda));
   KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(
-      &desc.b, lt_type(g.ab_type), static_cast<std::uint64_t>(rows_of(g.trans_b, g.k, g.n)),
+      &desc.b, cuda_data_type(g.ab_type), static_cast<std::uint64_t>(rows_of(g.trans_b, g.k, g.n)),
       static_cast<std::uint64_t>(cols_of(g.trans_b, g.k, g.n)), g.ldb));
-  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&desc.d, lt_type(g.d_type),
+  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&desc.d, cuda_data_type(g.d_type),
                                                static_cast<std::uint64_t>(g.m),
                                                static_cast<std::uint64_t>(g.n), g.ldd));
   KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&desc.preference));

@@ -8,15 +8,13 @@
 #include "core/allocator.h"
 #include "core/ops.h"
 #include "core/stream.h"
+#include "tests/gpu_test_util.h"
 
 namespace kiln {
 namespace {
 
-const Device kGpu = Device::cuda(0);
-
-std::uint64_t fresh_seed() {
-  return static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-}
+using kiln::testing::fresh_seed;
+using kiln::testing::kGpu;
 
 Tensor random_cpu(const Shape& shape, DType dtype, std::uint64_t seed) {
   Tensor t = Tensor::empty(shape, DType::F32);

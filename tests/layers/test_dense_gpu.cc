@@ -19,40 +19,15 @@
 #include "layers/models/model.h"
 #include "layers/reshape.h"
 #include "layers/softmax_cross_entropy.h"
+#include "tests/gpu_test_util.h"
 
 namespace kiln {
 namespace {
 
-const Device kGpu = Device::cuda(0);
-
-std::uint64_t fresh_seed() {
-  return static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-}
-
-double eps_of(DType t) {
-  switch (t) {
-    case DType::F64:
-      return 2.2e-16;
-    case DType::F32:
-      return 1.2e-7;
-    case DType::F16:
-      return 9.8e-4;
-    default:
-      return 7.8e-3;
-  }
-}
-
-// Fills the GPU caching allocator's free blocks with NaN: layer outputs allocated next reuse them.
-void poison_gpu_cache() {
-  for (std::int64_t n : {1 << 10, 1 << 14, 1 << 18, 1 << 22}) {
-    std::vector<Tensor> blocks;
-    for (int i = 0; i < 4; ++i) {
-      blocks.push_back(Tensor::full({n}, NAN, DType::F32, kGpu));
-      blocks.push_back(Tensor::full({n / 2 + 3}, NAN, DType::F16, kGpu));
-    }
-  }
-  device_synchronize(kGpu);
-}
+using kiln::testing::eps_of;
+using kiln::testing::fresh_seed;
+using kiln::testing::kGpu;
+using kiln::testing::poison_gpu_cache;
 
 Tensor random_cpu(const Shape& shape, std::uint64_t seed, double low = -1.0, double high = 1.0) {
   Tensor t = Tensor::empty(shape, DType::F32);

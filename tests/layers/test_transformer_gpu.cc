@@ -21,15 +21,13 @@
 #include "layers/layernorm.h"
 #include "layers/models/model.h"
 #include "layers/transformer_block.h"
+#include "tests/gpu_test_util.h"
 
 namespace kiln {
 namespace {
 
-const Device kGpu = Device::cuda(0);
-
-std::uint64_t fresh_seed() {
-  return static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-}
+using kiln::testing::fresh_seed;
+using kiln::testing::kGpu;
 
 double epsilon(DType dt) {
   return dt == DType::F32 ? 1.2e-7 : dt == DType::F16 ? 9.8e-4 : 7.8e-3;
