@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
+python3 tools/check-kernel-launches.py .  # every <<<...>>> is followed by its launch check
 BUILD_DIR=${KILN_BUILD_DIR:-build}
 extra=()
 if [ -n "${KILN_CUDA_ARCHS:-}" ]; then extra+=("-DCMAKE_CUDA_ARCHITECTURES=${KILN_CUDA_ARCHS}"); fi
