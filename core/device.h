@@ -36,7 +36,7 @@ class DeviceGuard {
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
-  int previous_ = -1;
+  [[maybe_unused]] int previous_ = -1;  // unused without CUDA
 };
 
 }  // namespace kiln

@@ -106,6 +106,9 @@ class JsonReader {
             break;
           case 'u':
             if (pos_ + 4 > text_.size()) fail("bad \\u escape");
+            for (std::size_t k = 0; k < 4; ++k) {
+              if (!std::isxdigit(static_cast<unsigned char>(text_[pos_ + k]))) fail("bad \\u escape");
+            }
             s += static_cast<char>(std::stoi(text_.substr(pos_, 4), nullptr, 16) & 0x7f);
             pos_ += 4;
             break;
@@ -163,7 +166,9 @@ class JsonReader {
       v.kind = JsonValue::Number;
       std::size_t start = pos_;
       if (text_[pos_] == '-') ++pos_;
+      std::size_t digits = pos_;
       while (pos_ < text_.size() && std::isdigit(static_cast<unsigned char>(text_[pos_]))) ++pos_;
+      if (pos_ == digits) fail("a number without digits");
       if (pos_ - start > 18) fail("number too large");
       v.number = std::stoll(text_.substr(start, pos_ - start));
     } else {
@@ -286,7 +291,9 @@ SafetensorsFile load_safetensors(const std::string& path) {
     throw InputError(path + ": safetensors header is not an object");
   std::size_t data_start = 8 + n, data_size = bytes.size() - data_start;
   SafetensorsFile out;
-  for (const auto& [name, entry] : root.object) {
+  for (const auto& item : root.object) {
+    const std::string& name = item.first;  // (a structured binding cannot be captured in C++17)
+    const JsonValue& entry = item.second;
     if (name == "__metadata__") {
       for (const auto& [k, v] : entry.object) out.metadata[k] = v.string;
       continue;

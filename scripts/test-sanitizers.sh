@@ -14,7 +14,9 @@ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=OFF -
   -DKILN_SANITIZE="address;undefined" -DCMAKE_CXX_FLAGS="-fno-sanitize-recover=all -O1 -g1" \
   -DKILN_FUZZ_RUNS="${KILN_FUZZ_RUNS:-20000}"
 cmake --build "$BUILD_DIR" -j "$(nproc)"
-export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=0
+# Leak checking is on for the fuzz targets only (set per test): Open MPI's plugins, unloaded at
+# MPI_Finalize, leave allocations that no suppression can name.
+export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:detect_stack_use_after_return=0
 export LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp:print_suppressions=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # The quick start's accuracy is a speed test in all but name: it runs in the plain build only.

@@ -1,5 +1,6 @@
 // The checkpoint loader: any bytes as a safetensors file, as the checkpoint state text, or as a
 // manifest beside valid files give a loaded checkpoint or an InputError, never a crash.
+#include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
 #include <sys/stat.h>
 
