@@ -107,7 +107,8 @@ class JsonReader {
           case 'u':
             if (pos_ + 4 > text_.size()) fail("bad \\u escape");
             for (std::size_t k = 0; k < 4; ++k) {
-              if (!std::isxdigit(static_cast<unsigned char>(text_[pos_ + k]))) fail("bad \\u escape");
+              if (!std::isxdigit(static_cast<unsigned char>(text_[pos_ + k])))
+                fail("bad \\u escape");
             }
             s += static_cast<char>(std::stoi(text_.substr(pos_, 4), nullptr, 16) & 0x7f);
             pos_ += 4;
