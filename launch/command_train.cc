@@ -146,6 +146,7 @@ int run_eval(const Arguments& args) {
     to.config_path = a.config;
     to.resume = a.resume.empty() ? "latest" : a.resume;
     to.quiet = true;
+    to.evaluate_only = true;
     train::Trainer trainer(e, world, to);
     train::EvalResult r = trainer.evaluate();
     if (world.rank == 0) {

@@ -347,8 +347,9 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
     }
     s.optimizer->load_state(c.optimizer.tensors);
     s.optimizer->load_scaler_state(st.loss_scaler());
-    if (st.world_size() != world.size ||
-        st.data().batches_per_epoch() != s.loader->batches_per_epoch()) {
+    if (!options.evaluate_only &&
+        (st.world_size() != world.size ||
+         st.data().batches_per_epoch() != s.loader->batches_per_epoch())) {
       throw InputError(path_to_load + "/state.pbtxt: written by " +
                        std::to_string(st.world_size()) + " rank(s) with " +
                        std::to_string(st.data().batches_per_epoch()) +
@@ -361,7 +362,7 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
     ls.epoch = st.data().epoch();
     ls.next_batch = st.data().next_batch();
     ls.batches_per_epoch = st.data().batches_per_epoch();
-    s.loader->restore(ls);
+    if (!options.evaluate_only) s.loader->restore(ls);
     s.step = st.step();
     s.micro_step = st.micro_step();
     s.skipped = st.loss_scaler().skipped_steps();

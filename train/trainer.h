@@ -55,6 +55,9 @@ struct TrainerOptions {
   std::string config_path;  // for messages
   std::string resume;       // overrides checkpoint.resume when set
   bool quiet = false;       // no per-interval log lines (tests)
+  // Only evaluate: a checkpoint from another world size or batch size is fine (the training data
+  // position is not restored).
+  bool evaluate_only = false;
 };
 
 class Trainer {

@@ -23,4 +23,8 @@ diff <(losses "$WORK/a/metrics.jsonl") <(losses "$WORK/b/metrics.jsonl") || fail
 for f in model.safetensors optimizer.safetensors; do
   cmp "$WORK/a/checkpoints/step-000020/$f" "$WORK/b/checkpoints/step-000020/$f" || fail "$f differs at step 20"
 done
+# kiln eval loads the checkpoint in one process, whatever world size wrote it.
+"$KILN" eval --config "$TINY" --set logging.dir="$WORK/b" --set data.eval_split=train --set train.eval_batches=2 \
+  > "$WORK/eval.log" 2>&1 || { cat "$WORK/eval.log"; fail "kiln eval of the step-20 checkpoint"; }
+grep -q "^eval: loss" "$WORK/eval.log" || { cat "$WORK/eval.log"; fail "no eval result line"; }
 pass "resume at step 10 reproduces 20 uninterrupted steps bit for bit (np=$NP)"
