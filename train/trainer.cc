@@ -139,6 +139,7 @@ struct Trainer::State {
   TrainerOptions options;
   Device device;
   Model model;
+  std::vector<Parameter*> parameters;  // model.net->parameters(), listed once, not every step
   PrecisionChoice precision;
   config::BatchPlan plan;
   std::unique_ptr<Communicator> comm;
@@ -246,6 +247,7 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
   NamedTensors fp32_init;
   for (Parameter* p : s.model.net->parameters())
     fp32_init.emplace_back(p->name, p->value.to(s.device));
+  s.parameters = s.model.net->parameters();
   s.precision = precision_for(s.e, s.device);
   s.model.net->to(s.device, s.device.is_cpu() && s.precision.parameter_dtype == DType::F32
                                 ? DType::F32
@@ -411,7 +413,7 @@ StepOutcome Trainer::State::run_step(Context& ctx, Tensor& loss_sum, std::int64_
   if (dp) {
     dp->zero_grad();
   } else {
-    for (Parameter* p : model.net->parameters()) p->grad.zero();
+    for (Parameter* p : parameters) p->grad.zero();
   }
   int accumulation = plan.accumulation;
   double scale = optimizer->loss_scale();
