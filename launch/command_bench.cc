@@ -100,16 +100,21 @@ int run_bench(const Arguments& args) {
         j.field("raw_allocations_in_timed_steps",
                 static_cast<double>(r.raw_allocations_in_timed_steps));
         j.field("data_wait_fraction", r.data_wait_fraction);
-        j.key("layers");
-        j.begin_array();
-        for (const auto& l : r.layers) {
-          j.begin_object();
-          j.field("layer", l.layer);
-          j.field("forward_ms", l.forward_ms);
-          j.field("backward_ms", l.backward_ms);
-          j.end_object();
-        }
-        j.end_array();
+        auto layer_times = [&j](const char* key, const char* name_key,
+                                const std::vector<train::LayerTime>& times) {
+          j.key(key);
+          j.begin_array();
+          for (const auto& l : times) {
+            j.begin_object();
+            j.field(name_key, l.layer);
+            j.field("forward_ms", l.forward_ms);
+            j.field("backward_ms", l.backward_ms);
+            j.end_object();
+          }
+          j.end_array();
+        };
+        layer_times("layers", "layer", r.layers);
+        layer_times("layer_types", "type", r.layer_types);
         j.end_object();
         std::printf("%s\n", j.str().c_str());
       } else {
@@ -131,6 +136,12 @@ int run_bench(const Arguments& args) {
           std::printf("\n  %-36s %12s %12s\n", "layer", "forward ms", "backward ms");
           for (const auto& l : r.layers) {
             std::printf("  %-36s %12.3f %12.3f\n", l.layer.c_str(), l.forward_ms, l.backward_ms);
+          }
+          std::printf("\n  %-36s %12s %12s %8s\n", "leaf layers by type (per step)", "forward ms",
+                      "backward ms", "of step");
+          for (const auto& l : r.layer_types) {
+            std::printf("  %-36s %12.3f %12.3f %7.1f%%\n", l.layer.c_str(), l.forward_ms,
+                        l.backward_ms, 100 * (l.forward_ms + l.backward_ms) / r.median_ms);
           }
         }
       }

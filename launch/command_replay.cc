@@ -5,8 +5,13 @@
 
 #include <boost/program_options.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "core/device.h"
 #include "core/ops.h"
@@ -35,7 +40,12 @@ int run_replay(const Arguments& args) {
       "amp", po::value<std::string>()->default_value("O0"), "O0..O3")(
       "half", po::value<std::string>()->default_value("fp16"), "fp16 or bf16")(
       "device", po::value<std::string>()->default_value("auto"), "cpu, cuda or auto")(
-      "channels-last", "NHWC activations for convolutions")(
+      "loss-scale", po::value<std::string>()->default_value("auto"),
+      "auto (a dynamic scale from 65536 with fp16, as torch's GradScaler), or a number: that "
+      "static scale")(
+      "dtype", po::value<std::string>()->default_value("f32"),
+      "f32, or f64 (CPU, O0, one step without an update: a float64 reference for the "
+      "gradients)")("channels-last", "NHWC activations for convolutions")(
       "num-classes", po::value<int>(), "classes")("seq-len", po::value<int>(), "BERT length");
   po::variables_map vm;
   po::store(po::command_line_parser(args).options(options).run(), vm);
@@ -65,52 +75,94 @@ int run_replay(const Arguments& args) {
   optim::AmpOptions amp;
   amp.level = optim::opt_level_from_name(vm["amp"].as<std::string>());
   amp.half = optim::half_type_from_name(vm["half"].as<std::string>());
-  model.net->to(device, optim::parameter_dtype(amp));
+  const std::string loss_scale = vm["loss-scale"].as<std::string>();
+  if (loss_scale != "auto") {
+    std::size_t used = 0;
+    double s = 0;
+    try {
+      s = std::stod(loss_scale, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != loss_scale.size() || !(s > 0) || !std::isfinite(s)) {
+      throw InputError("--loss-scale: expected auto or a positive number, got '" + loss_scale +
+                       "'");
+    }
+    amp.loss_scale = optim::LossScaleMode::Static;
+    amp.scaler.init_scale = s;
+    amp.scaler.min_scale = std::min(amp.scaler.min_scale, s);
+  }
+  const std::string dtype = vm["dtype"].as<std::string>();
+  if (dtype != "f32" && dtype != "f64") {
+    throw InputError("--dtype: expected f32 or f64, got '" + dtype + "'");
+  }
+  // The optimizers run in f32: the f64 reference is one forward and backward.
+  const bool f64 = dtype == "f64";
+  if (f64 && (!device.is_cpu() || amp.level != optim::OptLevel::O0 || vm["steps"].as<int>() != 1)) {
+    throw InputError("--dtype f64 runs on the CPU at O0 for --steps 1");
+  }
+  model.net->to(device, f64 ? DType::F64 : optim::parameter_dtype(amp));
   optim::OptimizerOptions oo;
   oo.kind = optim::OptimizerKind::AdamW;
   oo.lr = vm["lr"].as<double>();
   oo.weight_decay = vm["weight-decay"].as<double>();
   oo.exclude_flagged_from_decay = false;
-  optim::MixedPrecisionOptimizer opt(model.net->parameters(), oo, amp);
+  std::unique_ptr<optim::MixedPrecisionOptimizer> opt;
+  if (!f64)
+    opt = std::make_unique<optim::MixedPrecisionOptimizer>(model.net->parameters(), oo, amp);
 
   SafetensorsFile batch = load_safetensors(vm["batch"].as<std::string>());
   Tensor input = batch.tensors.at("input").to(device);
   Tensor target = batch.tensors.at("target").to(device);
-  if (is_floating(input.dtype())) input = input.to(optim::precision_policy(amp).activation);
   Context ctx;
   ctx.device = device;
   ctx.training = true;
   ctx.precision = optim::precision_policy(amp);
+  if (f64) ctx.precision = PrecisionPolicy{DType::F64, DType::F64};
+  if (is_floating(input.dtype())) input = input.to(ctx.precision.activation);
   ctx.channels_last = vm.count("channels-last") > 0;
+  const DType out_dtype = f64 ? DType::F64 : DType::F32;
   SoftmaxCrossEntropy loss_fn;
   NamedTensors out;
-  std::vector<float> losses;
+  // Per step: the loss, the loss scale its gradients carried, 1 where the update was skipped.
+  std::vector<double> losses, scales, skipped;
   int steps = vm["steps"].as<int>();
   for (int step = 0; step < steps; ++step) {
-    opt.zero_grad();
+    const double scale = opt ? opt->scale() : 1.0;
+    if (opt) opt->zero_grad();
     ctx.step = static_cast<std::uint64_t>(step);
-    ctx.weights_version = opt.weights_version();
+    ctx.weights_version = opt ? opt->weights_version() : 0;
     Tensor logits = model.net->forward(ctx, input);
     Tensor flat = logits.dim() == 3 ? logits.reshape({-1, logits.size(-1)}) : logits;
     Tensor t = target.dim() == 2 ? target.reshape({-1}) : target;
     Tensor loss = loss_fn.forward(ctx, flat, t);
-    losses.push_back(static_cast<float>(loss.item()));
-    model.net->backward(ctx, loss_fn.backward(ctx, opt.scale()));
+    losses.push_back(loss.item());
+    model.net->backward(ctx, loss_fn.backward(ctx, scale));
     if (step == 0) {
-      out.emplace_back("logits", logits.to(Device::cpu(), DType::F32));
+      // clone(): on the CPU in the same dtype to() returns the tensor itself, and the gradient
+      // would be scaled in place and then overwritten by later steps.
+      out.emplace_back("logits", logits.to(Device::cpu(), out_dtype).clone());
       for (Parameter* p : model.net->parameters()) {
-        Tensor g = p->grad.to(Device::cpu(), DType::F32);
-        ops::scale(g, 1.0 / opt.scale());
+        Tensor g = p->grad.to(Device::cpu(), out_dtype).clone();
+        ops::scale(g, 1.0 / scale);
         out.emplace_back("grad." + p->name, g);
       }
     }
-    opt.step();
+    scales.push_back(scale);
+    skipped.push_back(opt && opt->step().skipped ? 1.0 : 0.0);
   }
-  out.emplace_back("loss", Tensor::from_vector(losses, {static_cast<std::int64_t>(losses.size())}));
+  auto vector_of = [](const std::vector<double>& v) {
+    return Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())});
+  };
+  out.emplace_back("loss", vector_of(losses));
+  out.emplace_back("loss_scale", vector_of(scales));
+  out.emplace_back("skipped", vector_of(skipped));
   save_safetensors(vm["out"].as<std::string>(), out);
-  std::printf("replay %s on %s (%s): %d step(s), first loss %.6f, last loss %.6f\n",
-              mo.name.c_str(), device.str().c_str(), vm["amp"].as<std::string>().c_str(), steps,
-              losses.front(), losses.back());
+  int skips = 0;
+  for (double s : skipped) skips += s > 0;
+  std::printf("replay %s on %s (%s, %s): %d step(s), %d skipped, first loss %.6f, last loss %.6f\n",
+              mo.name.c_str(), device.str().c_str(), vm["amp"].as<std::string>().c_str(),
+              dtype.c_str(), steps, skips, losses.front(), losses.back());
   return 0;
 }
 

@@ -35,17 +35,31 @@ KILN_HOST_DEVICE T gelu_erf_grad(T x) {
   T pdf = ::exp(T(-0.5) * x * x) * T(0.39894228040143267794);  // 1/sqrt(2 pi)
   return cdf + x * pdf;
 }
+// sigmoid(z) and 1 - sigmoid(z), each without cancellation (e = exp(-|z|) never overflows).
+template <typename T>
+KILN_HOST_DEVICE void sigmoid_pair(T z, T& s, T& one_minus_s) {
+  T e = ::exp(-::fabs(z));
+  T r = T(1) / (T(1) + e);
+  s = z >= T(0) ? r : e * r;
+  one_minus_s = z >= T(0) ? e * r : r;
+}
+// The tanh form, computed as x * sigmoid(2u) (= x (1 + tanh u) / 2): the textbook 1 + tanh u
+// cancels for negative x, where CPU and GPU tanh would then differ in the last digits.
 template <typename T>
 KILN_HOST_DEVICE T gelu_tanh(T x) {
   T inner = T(0.79788456080286535588) * (x + T(0.044715) * x * x * x);  // sqrt(2/pi)
-  return T(0.5) * x * (T(1) + ::tanh(inner));
+  T s, one_minus_s;
+  sigmoid_pair(T(2) * inner, s, one_minus_s);
+  return x * s;
 }
 template <typename T>
 KILN_HOST_DEVICE T gelu_tanh_grad(T x) {
   T inner = T(0.79788456080286535588) * (x + T(0.044715) * x * x * x);
-  T t = ::tanh(inner);
   T dinner = T(0.79788456080286535588) * (T(1) + T(3) * T(0.044715) * x * x);
-  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * dinner;
+  T s, one_minus_s;
+  sigmoid_pair(T(2) * inner, s, one_minus_s);
+  // d/dx x s(2u) = s + 2 x s (1 - s) u'
+  return s + T(2) * x * s * one_minus_s * dinner;
 }
 
 // act(z) and act'(z) for the epilogue activations (ReLU's derivative at 0 is 0, as PyTorch's).

@@ -15,17 +15,17 @@ std::uint64_t Layer::next_layer_id() {
 
 Tensor Layer::forward(Context& ctx, const Tensor& x) {
   NvtxRange range(name_.empty() ? "forward" : name_.c_str());
-  if (ctx.on_layer) ctx.on_layer(name_, true, true);
+  if (ctx.on_layer) ctx.on_layer(*this, true, true);
   Tensor y = forward_impl(ctx, x);
-  if (ctx.on_layer) ctx.on_layer(name_, true, false);
+  if (ctx.on_layer) ctx.on_layer(*this, true, false);
   return y;
 }
 
 Tensor Layer::backward(Context& ctx, const Tensor& dy) {
   NvtxRange range(name_.empty() ? "backward" : name_.c_str());
-  if (ctx.on_layer) ctx.on_layer(name_, false, true);
+  if (ctx.on_layer) ctx.on_layer(*this, false, true);
   Tensor dx = backward_impl(ctx, dy);
-  if (ctx.on_layer) ctx.on_layer(name_, false, false);
+  if (ctx.on_layer) ctx.on_layer(*this, false, false);
   if (ctx.on_grad_ready) {
     for (auto& p : params_) ctx.on_grad_ready(*p);
   }

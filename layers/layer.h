@@ -41,7 +41,7 @@ struct PrecisionPolicy {
   // O1 casts fp32 weights to `matmul` once per weights_version, not once per use.
 };
 
-struct Profiler;  // train/ supplies one to time layers; layers only forward it.
+class Layer;
 
 struct Context {
   Device device = Device::cpu();
@@ -53,7 +53,7 @@ struct Context {
   bool channels_last = false;         // NHWC activations for convolutional models
   Tensor attention_mask;              // (B, T) of 1 (attend) / 0 (padding), optional
   std::function<void(Parameter&)> on_grad_ready;
-  std::function<void(const std::string& layer, bool forward, bool begin)> on_layer;  // profiling
+  std::function<void(Layer& layer, bool forward, bool begin)> on_layer;  // profiling
 };
 
 class Layer {

@@ -57,7 +57,15 @@ export LD_LIBRARY_PATH=$PWD/$BUILD/bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
          layers/test_layers_transformer_gpu optim/test_optim_gpu data/test_data_loader_gpu; do
   run_test gpu "$BUILD/tests/$t"
 done
-if [ "${NO_TESTS:-0}" = 1 ]; then :; elif [ "$GPUS" -ge 2 ]; then run_test gpu2 "$BUILD/tests/comm/test_comm_nccl" 2; else note "gpu2: not run (one GPU)"; fi
+if [ "${NO_TESTS:-0}" = 1 ]; then :; elif [ "$GPUS" -ge 2 ]; then
+  run_test gpu2 "$BUILD/tests/comm/test_comm_nccl" 2
+  # The trainer on two GPUs: exact resume with fp16 O2, dead, exiting and hung ranks, an inf.
+  start=$SECONDS
+  timeout 600 bash tests/train/test_gpu_training.sh "$BUILD/bin/kiln" > "$OUT/test-gpu-training.log" 2>&1
+  rc=$?
+  note "gpu2 test_gpu_training.sh: $(grep -c '^PASS' "$OUT/test-gpu-training.log") passed (exit $rc, $((SECONDS - start)) s)"
+  grep -E '^(PASS|FAIL)' "$OUT/test-gpu-training.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+else note "gpu2: not run (one GPU)"; fi
 
 # PyTorch comparisons: each script prints lines starting with PASS or FAIL.
 for script in tools/parity/*.py; do

@@ -1,29 +1,78 @@
 #!/usr/bin/env bash
-# One GPU-machine session under a time budget: a Kiln smoke benchmark first (so a broken GPU path
-# shows at once), the gpu/gpu2 test binaries, the Kiln vs PyTorch table (quick: 15 timed steps),
-# then the PyTorch parity checks while time remains. Everything is logged under $OUT.
-#   tools/gpu-session.sh [BUILD_DIR] [SECONDS]
+# One GPU-machine session under a time budget, in stages run in the order given:
+#   smoke     a short kiln bench (a broken GPU path shows at once)
+#   tests     the gpu/gpu2 test binaries and the two-GPU trainer tests (tools/gpu-check.sh)
+#   profile   kiln bench --profile for ResNet-50 128, BERT-base 32 and ViT-B/16 64
+#   datawait  data-wait fractions of GPU training (tools/data-wait.sh; FASHION_MNIST_DIR)
+#   table     the Kiln vs PyTorch table (bench/compare-pytorch.sh --quick)
+#   kbench    Kiln alone on the nine seed configurations (kiln bench --json, 15 timed steps)
+#   parity    Kiln vs PyTorch from the same weights (tools/parity/models.py, 20 steps)
+#   sanitize  compute-sanitizer memcheck and racecheck over the GPU kernels' tests
+#   kernels   GPU time per kernel of one training step (tools/kernel-profile.sh, Nsight Compute)
+# Logs go to $OUT/logs, packed into $OUT/logs.tar.gz at the end (few files travel back).
+#   tools/gpu-session.sh BUILD_DIR SECONDS [STAGE ...]   (default: smoke tests table parity)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build-gpu}
 BUDGET=${2:-480}
+shift 2 || true
+STAGES=("$@")
+[ ${#STAGES[@]} -gt 0 ] || STAGES=(smoke tests table parity)
 DEADLINE=$((SECONDS + BUDGET))
-OUT=${OUT:-$PWD/gpu-session-out}
-export OUT NCCL_NVLS_ENABLE=0 LD_LIBRARY_PATH=$PWD/$BUILD/bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+RESULTS=${OUT:-$PWD/gpu-session-out}
+export OUT=$RESULTS/logs
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 LD_LIBRARY_PATH=$PWD/$BUILD/bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 left() { echo $((DEADLINE - SECONDS)); }
-echo "== smoke: kiln bench resnet50 32 O2 (left $(left) s)"
-timeout 120 "$BUILD/bin/kiln" bench --model resnet50 --batch 32 --amp O2 --steps 10 --warmup 3 2>&1 | tee "$OUT/smoke.log" | tail -6
-echo "== tests (left $(left) s)"
-timeout $(( $(left) - 60 )) bash tools/gpu-check.sh "$BUILD" --no-bench --no-parity > "$OUT/tests.log" 2>&1
-sed -n '/==== summary/,$p' "$OUT/tests.log"
-echo "== comparison table (left $(left) s)"
-if [ "$(left)" -gt 120 ]; then
-  timeout $(( $(left) - 20 )) bash bench/compare-pytorch.sh "$BUILD" --quick > "$OUT/bench.log" 2>&1
-  echo "exit $?"; tail -25 "$OUT/bench.log"
+upto() { local l=$(( $(left) - 10 )); echo $(( l < $1 ? l : $1 )); }  # seconds for a stage: at most $1
+# What tools/gpu-pack.sh packed (the binaries, compressed to fit the transfer limit).
+if [ -f "$BUILD/carry.tar.xz" ]; then
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall()' "$BUILD/carry.tar.xz" \
+    || { echo "gpu-session: cannot unpack $BUILD/carry.tar.xz"; exit 1; }
 fi
-if [ "$(left)" -gt 90 ]; then
-  echo "== parity (left $(left) s)"
-  timeout $(( $(left) - 10 )) python3 tools/parity/models.py --build "$BUILD" --steps 10 > "$OUT/parity.log" 2>&1
-  cat "$OUT/parity.log" | tail -20
-fi
+
+for stage in "${STAGES[@]}"; do
+  echo "== $stage (left $(left) s)"
+  [ "$(left)" -gt 30 ] || { echo "skipped: out of time"; continue; }
+  case "$stage" in
+    smoke)
+      timeout 120 "$BUILD/bin/kiln" bench --model resnet50 --batch 32 --amp O2 --steps 10 --warmup 3 2>&1 \
+        | tee "$OUT/smoke.log" | tail -6 ;;
+    tests)
+      timeout $(( $(left) - 20 )) bash tools/gpu-check.sh "$BUILD" --no-bench --no-parity > "$OUT/tests.log" 2>&1
+      sed -n '/==== summary/,$p' "$OUT/tests.log" ;;
+    profile)
+      for mb in "resnet50 128" "bert_base 32" "vit_b16 64"; do
+        set -- $mb
+        timeout 120 "$BUILD/bin/kiln" bench --model "$1" --batch "$2" --amp O2 --steps 20 --warmup 5 --profile \
+          > "$OUT/profile-$1.log" 2>&1
+        echo "exit $?"; cat "$OUT/profile-$1.log"
+      done ;;
+    datawait)
+      timeout "$(upto 120)" bash tools/data-wait.sh "$BUILD" "${FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}" ;;
+    kbench)
+      for mb in "resnet50 32" "resnet50 64" "resnet50 128" "bert_base 8" "bert_base 16" "bert_base 32" \
+                "vit_b16 16" "vit_b16 32" "vit_b16 64"; do
+        set -- $mb
+        [ "$(left)" -gt 25 ] || break
+        timeout 60 "$BUILD/bin/kiln" bench --model "$1" --batch "$2" --amp O2 --half fp16 --steps 15 \
+          --warmup 5 --json 2>> "$OUT/kbench.err" | tail -1 >> "$OUT/kbench.jsonl"
+        python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readlines()[-1]); print(f"{r[\"model\"]} {r[\"batch_per_gpu\"]}: {r[\"samples_per_s\"]:.0f} samples/s, {r[\"tflops_per_gpu\"]:.1f} TFLOP/s, peak {r[\"peak_allocated_bytes\"]/2**30:.2f} GiB, data wait {100*r[\"data_wait_fraction\"]:.2f} %")' "$OUT/kbench.jsonl" 2>&1 | tail -1
+      done ;;
+    table)
+      timeout $(( $(left) - 10 )) bash bench/compare-pytorch.sh "$BUILD" --quick > "$OUT/bench.log" 2>&1
+      echo "exit $?"; tail -25 "$OUT/bench.log" ;;
+    parity)
+      timeout "$(upto 200)" python3 tools/parity/models.py --build "$BUILD" --steps 20 > "$OUT/parity.log" 2>&1
+      echo "exit $?"; grep -E '^(PASS|FAIL| )' "$OUT/parity.log" | tail -40 ;;
+    kernels)
+      for mb in "resnet50 128" "vit_b16 64" "bert_base 32"; do
+        timeout $(( $(left) - 10 )) bash tools/kernel-profile.sh "$BUILD" $mb 8000 5000
+      done ;;
+    sanitize)
+      timeout $(( $(left) - 10 )) bash tools/gpu-sanitize.sh "$BUILD" ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+done
+tar -czf "$RESULTS/logs.tar.gz" -C "$RESULTS" logs && rm -rf "$OUT"
 echo "== done (left $(left) s)"

@@ -12,6 +12,7 @@
 #include <limits>
 #include <map>
 #include <sstream>
+#include <tuple>
 
 #include "comm/communicator.h"
 #include "comm/data_parallel.h"
@@ -684,27 +685,34 @@ BenchResult Trainer::benchmark(int warmup, int steps, bool profile) {
   if (gpu) gpu->reset_peak_stats();
   std::uint64_t raw_before = gpu ? gpu->stats().raw_allocations : 0;
 
-  // Per-layer events: top-level layers only (names without a dot).
+  // Per-layer events: top-level layers (names without a dot), and every leaf layer summed by
+  // its type, so a profile shows both where in the model and in which kind of layer time goes.
   struct Span {
     std::string layer;
     bool forward;
     Event begin, end;
   };
-  std::vector<std::unique_ptr<Span>> spans;
-  std::map<std::string, Span*> open;
+  std::vector<std::unique_ptr<Span>> spans, leaf_spans;
+  std::map<std::tuple<Layer*, bool, bool>, Span*> open;
   if (profile && s.device.is_cuda()) {
-    ctx.on_layer = [&](const std::string& layer, bool forward, bool begin) {
-      if (layer.empty() || layer.find('.') != std::string::npos) return;
+    ctx.on_layer = [&](Layer& layer, bool forward, bool begin) {
+      bool top = !layer.name().empty() && layer.name().find('.') == std::string::npos;
+      bool leaf = layer.children().empty();
       void* stream = current_stream(s.device);
-      std::string key = layer + (forward ? "/f" : "/b");
-      if (begin) {
-        spans.push_back(std::make_unique<Span>(
-            Span{layer, forward, Event(s.device, true), Event(s.device, true)}));
-        spans.back()->begin.record(stream);
-        open[key] = spans.back().get();
-      } else if (open.count(key)) {
-        open[key]->end.record(stream);
-        open.erase(key);
+      for (bool as_top : {true, false}) {
+        if (as_top ? !top : !leaf) continue;
+        auto key = std::make_tuple(&layer, forward, as_top);
+        if (begin) {
+          auto& list = as_top ? spans : leaf_spans;
+          list.push_back(
+              std::make_unique<Span>(Span{as_top ? layer.name() : layer.type(), forward,
+                                          Event(s.device, true), Event(s.device, true)}));
+          list.back()->begin.record(stream);
+          open[key] = list.back().get();
+        } else if (open.count(key)) {
+          open[key]->end.record(stream);
+          open.erase(key);
+        }
       }
     };
   }
@@ -758,6 +766,12 @@ BenchResult Trainer::benchmark(int warmup, int steps, bool profile) {
     for (const std::string& name : order) {
       r.layers.push_back({name, median(times[name].first), median(times[name].second)});
     }
+    std::map<std::string, std::pair<double, double>> by_type;
+    for (auto& span : leaf_spans) {
+      auto& t = by_type[span->layer];
+      (span->forward ? t.first : t.second) += span->begin.elapsed_ms(span->end) / steps;
+    }
+    for (const auto& [type, t] : by_type) r.layer_types.push_back({type, t.first, t.second});
   }
   return r;
 }

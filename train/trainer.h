@@ -48,7 +48,8 @@ struct BenchResult {
   std::size_t peak_reserved_bytes = 0;
   double fragmentation = 0;
   std::uint64_t raw_allocations_in_timed_steps = 0;  // cudaMalloc calls after warm-up
-  std::vector<LayerTime> layers;                     // with profiling
+  std::vector<LayerTime> layers;                     // with profiling: top-level layers
+  std::vector<LayerTime> layer_types;  // with profiling: leaf layers by type, mean per step
 };
 
 struct TrainerOptions {

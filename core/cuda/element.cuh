@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "core/dtype.h"
 
@@ -138,6 +139,22 @@ __device__ __forceinline__ std::uint8_t store<std::uint8_t>(float v) {
 template <>
 __device__ __forceinline__ std::uint8_t store<std::uint8_t>(double v) {
   return static_cast<std::uint8_t>(v);
+}
+
+// 16 bytes of T (8 halves, 4 floats, 2 doubles): one vector load or store. Memory-bound
+// kernels move a Pack per thread and step, which keeps every access a full 16-byte transaction.
+template <typename T>
+struct alignas(16) Pack {
+  static constexpr int kSize = 16 / static_cast<int>(sizeof(T));
+  T v[kSize];
+};
+
+// Whether every pointer is 16-byte aligned (the condition for Pack access).
+inline bool aligned16(std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers) {
+    if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
 }
 
 inline unsigned grid_for(std::int64_t n, unsigned block = 256, unsigned max_blocks = 65535u * 8) {

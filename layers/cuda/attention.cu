@@ -9,6 +9,7 @@
 #include "core/cuda/element.cuh"
 #include "core/stream.h"
 #include "layers/attention.h"
+#include "layers/cuda/column_sums.cuh"
 #include "layers/dropout.h"
 
 namespace kiln::cuda {
@@ -91,16 +92,6 @@ __global__ void column_partial_sums_kernel(const T* __restrict__ dy, std::int64_
   C sum = 0;
   for (std::int64_t r = first; r < last; ++r) sum += static_cast<C>(load(dy[r * cols + col]));
   partial[blockIdx.y * cols + col] = sum;
-}
-
-template <typename C, typename G>
-__global__ void accumulate_partials_kernel(const C* __restrict__ partial, std::int64_t chunks,
-                                           std::int64_t cols, G* __restrict__ grad) {
-  std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (col >= cols) return;
-  C sum = 0;
-  for (std::int64_t k = 0; k < chunks; ++k) sum += partial[k * cols + col];
-  grad[col] = store<G>(static_cast<C>(load(grad[col])) + sum);
 }
 
 // One warp per row of scores; row r belongs to batch r / (heads * t).
@@ -223,8 +214,9 @@ void accumulate_bias_grad(const Tensor& dy, Tensor& bias_grad) {
             static_cast<const T*>(dy.data()), rows, cols, static_cast<C*>(partial.data()));
     KILN_CUDA_LAUNCH_CHECK();
     KILN_CUDA_DISPATCH_FLOATING(bias_grad.dtype(), G, {
-      accumulate_partials_kernel<C, G><<<column_blocks, 256, 0, stream_of(dy)>>>(
-          static_cast<const C*>(partial.data()), chunks, cols, static_cast<G*>(bias_grad.data()));
+      column_sums_kernel<C, G><<<column_sums_grid(cols), column_sums_block(), 0, stream_of(dy)>>>(
+          static_cast<const C*>(partial.data()), chunks, cols, true,
+          static_cast<G*>(bias_grad.data()));
       KILN_CUDA_LAUNCH_CHECK();
     });
   });

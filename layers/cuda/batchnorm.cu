@@ -3,6 +3,7 @@
 // The variance is the mean of squared deviations from the mean (two passes), not E[x^2] - mean^2,
 // so large means do not cancel away the variance in fp32.
 
+#include <cstdint>
 #include <initializer_list>
 
 #include "core/cuda/cuda_check.h"
@@ -99,6 +100,70 @@ __global__ void row_sums_kernel(const T* x, const T* dy, const float* mean, Layo
   }
 }
 
+// inner == 1 (NHWC) with whole 16-byte packs of channels per row: thread (x: one pack of
+// channels, y: every blockDim.y-th row of the chunk); the block then sums its rows per channel.
+template <Sum kind, typename T>
+__global__ void row_pack_sums_kernel(const T* x, const T* dy, const float* mean, Layout l,
+                                     float* part0, float* part1) {
+  constexpr int V = cuda::Pack<T>::kSize;
+  const std::int64_t packs_per_row = l.channels / V;
+  const std::int64_t p = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::int64_t chunk = blockIdx.y, chunks = gridDim.y;
+  const std::int64_t per = (l.outer + chunks - 1) / chunks;
+  const std::int64_t begin = chunk * per, end = begin + per < l.outer ? begin + per : l.outer;
+  float s0[V], s1[V], m[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) s0[k] = s1[k] = m[k] = 0.f;
+  if (p < packs_per_row) {
+    if (kind != Sum::X) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) m[k] = mean[p * V + k];
+    }
+    const auto* xp = reinterpret_cast<const cuda::Pack<T>*>(x);
+    const auto* gp = reinterpret_cast<const cuda::Pack<T>*>(dy);
+    for (std::int64_t r = begin + threadIdx.y; r < end; r += blockDim.y) {
+      cuda::Pack<T> xv = xp[r * packs_per_row + p];
+      if (kind == Sum::Gradient) {
+        cuda::Pack<T> gv = gp[r * packs_per_row + p];
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          float g = static_cast<float>(cuda::load(gv.v[k]));
+          s0[k] += g;
+          s1[k] += g * (static_cast<float>(cuda::load(xv.v[k])) - m[k]);
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          float v = static_cast<float>(cuda::load(xv.v[k]));
+          s0[k] += kind == Sum::X ? v : (v - m[k]) * (v - m[k]);
+        }
+      }
+    }
+  }
+  extern __shared__ float rows[];  // [2][blockDim.y][blockDim.x * V]
+  const int width = blockDim.x * V;
+  float* r0 = rows;
+  float* r1 = rows + blockDim.y * width;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    r0[threadIdx.y * width + threadIdx.x * V + k] = s0[k];
+    r1[threadIdx.y * width + threadIdx.x * V + k] = s1[k];
+  }
+  __syncthreads();
+  for (int col = threadIdx.y * blockDim.x + threadIdx.x; col < width;
+       col += blockDim.x * blockDim.y) {
+    const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * width + col;
+    if (c >= l.channels) continue;
+    float t0 = 0.f, t1 = 0.f;
+    for (unsigned y = 0; y < blockDim.y; ++y) {
+      t0 += r0[y * width + col];
+      t1 += r1[y * width + col];
+    }
+    part0[chunk * l.channels + c] = t0;
+    if (kind == Sum::Gradient) part1[chunk * l.channels + c] = t1;
+  }
+}
+
 __global__ void finalize_mean_kernel(const float* part0, int chunks, std::int64_t channels,
                                      float count, float* mean) {
   std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
@@ -174,6 +239,58 @@ __global__ void backward_dx_kernel(const T* x, const T* dy, const float* mean, c
   }
 }
 
+// NHWC with whole packs of channels per row: the channel of a pack is its index modulo the
+// packs per row (32-bit: a tensor of 2^32 packs would be 64 GiB).
+template <typename T>
+__global__ void normalize_rows_kernel(const cuda::Pack<T>* x, const float* mean,
+                                      const float* invstd, const float* weight, const float* bias,
+                                      std::uint32_t packs_per_row, std::uint32_t packs,
+                                      cuda::Pack<T>* y) {
+  constexpr int V = cuda::Pack<T>::kSize;
+  for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < packs;
+       i += gridDim.x * blockDim.x) {
+    const std::uint32_t c0 = (i % packs_per_row) * V;
+    cuda::Pack<T> p = x[i];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const std::uint32_t c = c0 + k;
+      float scale = invstd[c] * weight[c];
+      p.v[k] = cuda::store<T>((static_cast<float>(cuda::load(p.v[k])) - mean[c]) * scale + bias[c]);
+    }
+    y[i] = p;
+  }
+}
+
+template <typename T>
+__global__ void backward_dx_rows_kernel(const cuda::Pack<T>* x, const cuda::Pack<T>* dy,
+                                        const float* mean, const float* invstd, const float* weight,
+                                        const float* mean_dy, const float* mean_dy_xhat,
+                                        std::uint32_t packs_per_row, std::uint32_t packs,
+                                        cuda::Pack<T>* dx) {
+  constexpr int V = cuda::Pack<T>::kSize;
+  for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < packs;
+       i += gridDim.x * blockDim.x) {
+    const std::uint32_t c0 = (i % packs_per_row) * V;
+    cuda::Pack<T> xv = x[i], g = dy[i];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const std::uint32_t c = c0 + k;
+      float xhat = (static_cast<float>(cuda::load(xv.v[k])) - mean[c]) * invstd[c];
+      float gk = static_cast<float>(cuda::load(g.v[k]));
+      g.v[k] = cuda::store<T>(weight[c] * invstd[c] * (gk - mean_dy[c] - xhat * mean_dy_xhat[c]));
+    }
+    dx[i] = g;
+  }
+}
+
+// Whether `l` is NHWC with whole 16-byte packs per row and the tensors allow pack access.
+template <typename T>
+bool packed_rows(const Layout& l, std::initializer_list<const void*> pointers) {
+  constexpr int V = cuda::Pack<T>::kSize;
+  return l.inner == 1 && l.channels % V == 0 && cuda::aligned16(pointers) &&
+         l.outer * l.channels / V < (std::int64_t{1} << 32);
+}
+
 Layout layout_of(const Tensor& physical, bool channels_last) {
   KILN_CHECK(physical.dim() == 4 && physical.is_contiguous(),
              "batchnorm_cuda: expected a contiguous 4-D tensor, got " + physical.str());
@@ -207,7 +324,17 @@ void launch_sums(const Tensor& x, const Tensor* dy, const float* mean, const Lay
   const T* pdy = dy ? static_cast<const T*>(dy->data()) : nullptr;
   float* p0 = static_cast<float*>(part0.data());
   float* p1 = static_cast<float*>(part1.data());
-  if (l.inner == 1) {
+  if (packed_rows<T>(l, {px, pdy})) {
+    constexpr int V = cuda::Pack<T>::kSize;
+    const std::int64_t packs_per_row = l.channels / V;
+    const unsigned bx = static_cast<unsigned>(packs_per_row < 32 ? packs_per_row : 32);
+    const unsigned by = 256 / bx;
+    dim3 grid(static_cast<unsigned>((packs_per_row + bx - 1) / bx), static_cast<unsigned>(chunks));
+    std::size_t shared = 2 * sizeof(float) * by * bx * V;
+    row_pack_sums_kernel<kind, T><<<grid, dim3(bx, by), shared, stream>>>(px, pdy, mean, l, p0, p1);
+    KILN_CUDA_LAUNCH_CHECK();
+    return;
+  } else if (l.inner == 1) {
     dim3 grid(static_cast<unsigned>((l.channels + kRowChannels - 1) / kRowChannels),
               static_cast<unsigned>(chunks));
     row_sums_kernel<kind, T>
@@ -215,6 +342,26 @@ void launch_sums(const Tensor& x, const Tensor* dy, const float* mean, const Lay
   } else {
     dim3 grid(static_cast<unsigned>(l.channels), static_cast<unsigned>(chunks));
     plane_sums_kernel<kind, T><<<grid, kPlaneThreads, 0, stream>>>(px, pdy, mean, l, p0, p1);
+  }
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+template <typename T>
+void launch_normalize(const Tensor& x, const float* mean, const float* invstd, const Tensor& weight,
+                      const Tensor& bias, const Layout& l, Tensor& y, cudaStream_t stream) {
+  const std::int64_t n = x.numel();
+  const T* px = static_cast<const T*>(x.data());
+  T* py = static_cast<T*>(y.data());
+  const float* pw = static_cast<const float*>(weight.data());
+  const float* pb = static_cast<const float*>(bias.data());
+  if (packed_rows<T>(l, {px, py})) {
+    const std::int64_t packs = n / cuda::Pack<T>::kSize;
+    normalize_rows_kernel<T><<<cuda::grid_for(packs), 256, 0, stream>>>(
+        reinterpret_cast<const cuda::Pack<T>*>(px), mean, invstd, pw, pb,
+        static_cast<std::uint32_t>(l.channels / cuda::Pack<T>::kSize),
+        static_cast<std::uint32_t>(packs), reinterpret_cast<cuda::Pack<T>*>(py));
+  } else {
+    normalize_kernel<T><<<cuda::grid_for(n), 256, 0, stream>>>(px, mean, invstd, pw, pb, l, n, py);
   }
   KILN_CUDA_LAUNCH_CHECK();
 }
@@ -231,7 +378,6 @@ void forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias,
   }
   KILN_CHECK(y.shape() == x.shape() && y.dtype() == x.dtype() && y.is_contiguous(),
              "batchnorm_cuda: y " + y.str() + " for x " + x.str());
-  const std::int64_t n = x.numel();
   const float count = static_cast<float>(l.outer * l.inner);
   const int chunks = chunks_for(l);
   cudaStream_t stream = static_cast<cudaStream_t>(current_stream(x.device()));
@@ -250,10 +396,7 @@ void forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias,
         static_cast<float>(momentum), update_running, mean, invstd,
         static_cast<float*>(running_mean.data()), static_cast<float*>(running_var.data()));
     KILN_CUDA_LAUNCH_CHECK();
-    normalize_kernel<T><<<cuda::grid_for(n), 256, 0, stream>>>(
-        static_cast<const T*>(x.data()), mean, invstd, static_cast<const float*>(weight.data()),
-        static_cast<const float*>(bias.data()), l, n, static_cast<T*>(y.data()));
-    KILN_CUDA_LAUNCH_CHECK();
+    launch_normalize<T>(x, mean, invstd, weight, bias, l, y, stream);
   });
 }
 
@@ -267,18 +410,14 @@ void forward_inference(const Tensor& x, const Tensor& weight, const Tensor& bias
   }
   KILN_CHECK(y.shape() == x.shape() && y.dtype() == x.dtype() && y.is_contiguous(),
              "batchnorm_cuda: y " + y.str() + " for x " + x.str());
-  const std::int64_t n = x.numel();
   cudaStream_t stream = static_cast<cudaStream_t>(current_stream(x.device()));
   float* invstd = static_cast<float*>(save_invstd.data());
   inference_invstd_kernel<<<channel_blocks(l.channels), 256, 0, stream>>>(
       static_cast<const float*>(running_var.data()), l.channels, static_cast<float>(eps), invstd);
   KILN_CUDA_LAUNCH_CHECK();
   KILN_CUDA_DISPATCH_FLOATING(x.dtype(), T, {
-    normalize_kernel<T><<<cuda::grid_for(n), 256, 0, stream>>>(
-        static_cast<const T*>(x.data()), static_cast<const float*>(running_mean.data()), invstd,
-        static_cast<const float*>(weight.data()), static_cast<const float*>(bias.data()), l, n,
-        static_cast<T*>(y.data()));
-    KILN_CUDA_LAUNCH_CHECK();
+    launch_normalize<T>(x, static_cast<const float*>(running_mean.data()), invstd, weight, bias, l,
+                        y, stream);
   });
 }
 
@@ -311,10 +450,21 @@ void backward(const Tensor& x, const Tensor& dy, const Tensor& weight, const Ten
         l.channels, count, batch_stats, pinvstd, static_cast<float*>(dweight.data()),
         static_cast<float*>(dbias.data()), mean_dy, mean_dy_xhat);
     KILN_CUDA_LAUNCH_CHECK();
-    backward_dx_kernel<T><<<cuda::grid_for(n), 256, 0, stream>>>(
-        static_cast<const T*>(x.data()), static_cast<const T*>(dy.data()), pmean, pinvstd,
-        static_cast<const float*>(weight.data()), mean_dy, mean_dy_xhat, l, n,
-        static_cast<T*>(dx.data()));
+    const T* px = static_cast<const T*>(x.data());
+    const T* pdy = static_cast<const T*>(dy.data());
+    T* pdx = static_cast<T*>(dx.data());
+    const float* pw = static_cast<const float*>(weight.data());
+    if (packed_rows<T>(l, {px, pdy, pdx})) {
+      const std::int64_t packs = n / cuda::Pack<T>::kSize;
+      backward_dx_rows_kernel<T><<<cuda::grid_for(packs), 256, 0, stream>>>(
+          reinterpret_cast<const cuda::Pack<T>*>(px), reinterpret_cast<const cuda::Pack<T>*>(pdy),
+          pmean, pinvstd, pw, mean_dy, mean_dy_xhat,
+          static_cast<std::uint32_t>(l.channels / cuda::Pack<T>::kSize),
+          static_cast<std::uint32_t>(packs), reinterpret_cast<cuda::Pack<T>*>(pdx));
+    } else {
+      backward_dx_kernel<T><<<cuda::grid_for(n), 256, 0, stream>>>(
+          px, pdy, pmean, pinvstd, pw, mean_dy, mean_dy_xhat, l, n, pdx);
+    }
     KILN_CUDA_LAUNCH_CHECK();
   });
 }

@@ -7,6 +7,7 @@
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/element.cuh"
 #include "core/stream.h"
+#include "layers/cuda/column_sums.cuh"
 #include "layers/layernorm.h"
 
 namespace kiln::cuda {
@@ -92,17 +93,6 @@ __global__ void layernorm_backward_kernel(const T* __restrict__ dy, const T* __r
   }
 }
 
-template <typename C>
-__global__ void sum_partials_kernel(const C* __restrict__ partial, std::int64_t chunks,
-                                    std::int64_t cols, C* __restrict__ out) {
-  for (std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; c < cols;
-       c += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    C sum = 0;
-    for (std::int64_t k = 0; k < chunks; ++k) sum += partial[k * cols + c];
-    out[c] = sum;
-  }
-}
-
 }  // namespace
 
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
@@ -141,12 +131,13 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
         static_cast<const C*>(rstd.data()), rows, cols, static_cast<T*>(dx.data()),
         static_cast<C*>(dw_partial.data()), static_cast<C*>(db_partial.data()));
     KILN_CUDA_LAUNCH_CHECK();
-    unsigned grid = grid_for(cols, 256);
-    sum_partials_kernel<C><<<grid, 256, 0, stream>>>(static_cast<const C*>(dw_partial.data()),
-                                                     chunks, cols, static_cast<C*>(dweight.data()));
+    column_sums_kernel<C, C><<<column_sums_grid(cols), column_sums_block(), 0, stream>>>(
+        static_cast<const C*>(dw_partial.data()), chunks, cols, false,
+        static_cast<C*>(dweight.data()));
     KILN_CUDA_LAUNCH_CHECK();
-    sum_partials_kernel<C><<<grid, 256, 0, stream>>>(static_cast<const C*>(db_partial.data()),
-                                                     chunks, cols, static_cast<C*>(dbias.data()));
+    column_sums_kernel<C, C><<<column_sums_grid(cols), column_sums_block(), 0, stream>>>(
+        static_cast<const C*>(db_partial.data()), chunks, cols, false,
+        static_cast<C*>(dbias.data()));
     KILN_CUDA_LAUNCH_CHECK();
   });
 }

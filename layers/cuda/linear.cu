@@ -6,6 +6,10 @@
 // column-major terms: y^T (out, M) = W (out, in) [row-major] ^T-view x^T.
 
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <utility>
 
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/element.cuh"
@@ -18,20 +22,6 @@ namespace kiln::cuda {
 namespace {
 
 constexpr std::size_t kWorkspaceBytes = 32u << 20;  // cuBLAS's recommendation for Hopper
-
-// RAII for the cuBLASLt descriptors of one call.
-struct LtDescriptors {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-  cublasLtMatmulPreference_t preference = nullptr;
-  ~LtDescriptors() {
-    if (preference) KILN_IGNORE_ERROR(cublasLtMatmulPreferenceDestroy(preference));
-    if (d) KILN_IGNORE_ERROR(cublasLtMatrixLayoutDestroy(d));
-    if (b) KILN_IGNORE_ERROR(cublasLtMatrixLayoutDestroy(b));
-    if (a) KILN_IGNORE_ERROR(cublasLtMatrixLayoutDestroy(a));
-    if (op) KILN_IGNORE_ERROR(cublasLtMatmulDescDestroy(op));
-  }
-};
 
 struct LtGemm {
   // Column-major D (m, n) = op(A) op(B) + beta * D.
@@ -52,68 +42,159 @@ struct LtGemm {
   std::int64_t aux_ld = 0;
 };
 
+// The cuBLASLt descriptors and the heuristic's algorithm for one GEMM shape: made once per
+// shape, because the heuristic query costs far more host time than the GEMM launch.
+struct LtPlan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t preference = nullptr;
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  bool supported = false;
+  LtPlan() = default;
+  LtPlan(const LtPlan&) = delete;
+  LtPlan& operator=(const LtPlan&) = delete;
+  ~LtPlan() {
+    if (preference) KILN_IGNORE_ERROR(cublasLtMatmulPreferenceDestroy(preference));
+    if (d) KILN_IGNORE_ERROR(cublasLtMatrixLayoutDestroy(d));
+    if (b) KILN_IGNORE_ERROR(cublasLtMatrixLayoutDestroy(b));
+    if (a) KILN_IGNORE_ERROR(cublasLtMatrixLayoutDestroy(a));
+    if (op) KILN_IGNORE_ERROR(cublasLtMatmulDescDestroy(op));
+  }
+};
+
+// The largest power of two up to 256 that divides the address (cuBLASLt's alignment classes).
+std::uint32_t alignment_of(const void* p) {
+  auto v = reinterpret_cast<std::uintptr_t>(p);
+  std::uint32_t a = 256;
+  while (a > 1 && v % a != 0) a /= 2;
+  return a;
+}
+
+using LtPlanKey =
+    std::tuple<int, bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+               std::int64_t, std::int64_t, int, int, int, bool, bool, std::int64_t, std::uint32_t,
+               std::uint32_t, std::uint32_t, std::uint32_t>;
+
+// The epilogue's bias and aux pointers of this call.
+void set_epilogue_pointers(const LtGemm& g, cublasLtMatmulDesc_t op) {
+  if (g.bias) {
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias,
+                                                     sizeof(g.bias)));
+  }
+  if (g.aux) {
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                     &g.aux, sizeof(g.aux)));
+  }
+}
+
+void make_plan(const LtGemm& g, std::uint32_t align_a, std::uint32_t align_b, std::uint32_t align_d,
+               std::uint32_t align_bias, LtPlan& plan) {
+  bool wide = g.ab_type == DType::F64;
+  cublasComputeType_t compute = wide ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F;
+  cudaDataType_t scale_type = wide ? CUDA_R_64F : CUDA_R_32F;
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, compute, scale_type));
+  cublasOperation_t opa = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t opb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  KILN_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+  KILN_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                   &g.epilogue, sizeof(g.epilogue)));
+  // The heuristic must see the pointers' kinds (set or not); their values are set per call.
+  set_epilogue_pointers(g, plan.op);
+  if (g.aux) {
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                     &g.aux_ld, sizeof(g.aux_ld)));
+  }
+  auto rows_of = [](bool trans, std::int64_t r, std::int64_t c) { return trans ? c : r; };
+  auto cols_of = [](bool trans, std::int64_t r, std::int64_t c) { return trans ? r : c; };
+  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(
+      &plan.a, cuda_data_type(g.ab_type), static_cast<std::uint64_t>(rows_of(g.trans_a, g.m, g.k)),
+      static_cast<std::uint64_t>(cols_of(g.trans_a, g.m, g.k)), g.lda));
+  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(
+      &plan.b, cuda_data_type(g.ab_type), static_cast<std::uint64_t>(rows_of(g.trans_b, g.k, g.n)),
+      static_cast<std::uint64_t>(cols_of(g.trans_b, g.k, g.n)), g.ldb));
+  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, cuda_data_type(g.d_type),
+                                               static_cast<std::uint64_t>(g.m),
+                                               static_cast<std::uint64_t>(g.n), g.ldd));
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&plan.preference));
+  std::size_t workspace_bytes = kWorkspaceBytes;
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      plan.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+      sizeof(workspace_bytes)));
+  // Algorithms that need more alignment than these pointers have are excluded (the default
+  // assumes 256 bytes, which a view into a larger tensor need not have).
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, std::uint32_t> alignments[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d}};
+  for (const auto& [attribute, value] : alignments) {
+    KILN_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(plan.preference, attribute, &value, sizeof(value)));
+  }
+  (void)align_bias;  // part of the key only: a bias pointer's alignment has no preference
+  int found = 0;
+  cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(), plan.op, plan.a, plan.b, plan.d, plan.d,
+                                     plan.preference, 1, &plan.heuristic, &found);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && found == 0)) {
+    plan.supported = false;
+    return;
+  }
+  KILN_CUBLAS_CHECK(status);
+  plan.supported = true;
+}
+
 // Runs `g`; false when cuBLASLt has no algorithm for its epilogue and types (the caller falls
 // back), any other failure throws.
 bool lt_matmul(const LtGemm& g, Device device) {
   if (g.m == 0 || g.n == 0) return true;
   cudaStream_t stream = static_cast<cudaStream_t>(current_stream(device));
   cublasLtHandle_t handle = cublaslt_handle();
+  std::uint32_t align_a = alignment_of(g.a), align_b = alignment_of(g.b),
+                align_d = alignment_of(g.d), align_bias = g.bias ? alignment_of(g.bias) : 0;
+  LtPlanKey key{device.index,
+                g.trans_a,
+                g.trans_b,
+                g.m,
+                g.n,
+                g.k,
+                g.lda,
+                g.ldb,
+                g.ldd,
+                static_cast<int>(g.ab_type),
+                static_cast<int>(g.d_type),
+                static_cast<int>(g.epilogue),
+                g.bias != nullptr,
+                g.aux != nullptr,
+                g.aux_ld,
+                align_a,
+                align_b,
+                align_d,
+                align_bias};
+  // One cache per thread: the descriptors are updated with each call's pointers.
+  thread_local std::map<LtPlanKey, std::unique_ptr<LtPlan>> plans;
+  std::unique_ptr<LtPlan>& slot = plans[key];
+  if (!slot) {
+    auto plan = std::make_unique<LtPlan>();
+    make_plan(g, align_a, align_b, align_d, align_bias, *plan);
+    slot = std::move(plan);
+  }
+  LtPlan& plan = *slot;
+  if (!plan.supported) return false;
+  set_epilogue_pointers(g, plan.op);
   bool wide = g.ab_type == DType::F64;
-  cublasComputeType_t compute = wide ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F;
-  cudaDataType_t scale_type = wide ? CUDA_R_64F : CUDA_R_32F;
-  LtDescriptors desc;
-  KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc.op, compute, scale_type));
-  cublasOperation_t opa = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  cublasOperation_t opb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  KILN_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
-  KILN_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
-  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                   &g.epilogue, sizeof(g.epilogue)));
-  if (g.bias) {
-    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                     &g.bias, sizeof(g.bias)));
-  }
-  if (g.aux) {
-    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-        desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof(g.aux)));
-    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
-                                                     &g.aux_ld, sizeof(g.aux_ld)));
-  }
-  auto rows_of = [](bool trans, std::int64_t r, std::int64_t c) { return trans ? c : r; };
-  auto cols_of = [](bool trans, std::int64_t r, std::int64_t c) { return trans ? r : c; };
-  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(
-      &desc.a, cuda_data_type(g.ab_type), static_cast<std::uint64_t>(rows_of(g.trans_a, g.m, g.k)),
-      static_cast<std::uint64_t>(cols_of(g.trans_a, g.m, g.k)), g.lda));
-  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(
-      &desc.b, cuda_data_type(g.ab_type), static_cast<std::uint64_t>(rows_of(g.trans_b, g.k, g.n)),
-      static_cast<std::uint64_t>(cols_of(g.trans_b, g.k, g.n)), g.ldb));
-  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&desc.d, cuda_data_type(g.d_type),
-                                               static_cast<std::uint64_t>(g.m),
-                                               static_cast<std::uint64_t>(g.n), g.ldd));
-  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&desc.preference));
-  std::size_t workspace_bytes = kWorkspaceBytes;
-  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      desc.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
-      sizeof(workspace_bytes)));
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
-  cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-      handle, desc.op, desc.a, desc.b, desc.d, desc.d, desc.preference, 1, &heuristic, &found);
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && found == 0)) {
-    return false;
-  }
-  KILN_CUBLAS_CHECK(status);
   Tensor workspace =
-      Tensor::empty({static_cast<std::int64_t>(heuristic.workspaceSize)}, DType::U8, device);
+      Tensor::empty({static_cast<std::int64_t>(plan.heuristic.workspaceSize)}, DType::U8, device);
   float alpha32 = 1.0f, beta32 = static_cast<float>(g.beta);
   double alpha64 = 1.0, beta64 = g.beta;
   const void* alpha = wide ? static_cast<const void*>(&alpha64) : &alpha32;
   const void* beta = wide ? static_cast<const void*>(&beta64) : &beta32;
-  status =
-      cublasLtMatmul(handle, desc.op, alpha, g.a, desc.a, g.b, desc.b, beta, g.d, desc.d, g.d,
-                     desc.d, &heuristic.algo, workspace.data(), heuristic.workspaceSize, stream);
+  cublasStatus_t status = cublasLtMatmul(handle, plan.op, alpha, g.a, plan.a, g.b, plan.b, beta,
+                                         g.d, plan.d, g.d, plan.d, &plan.heuristic.algo,
+                                         workspace.data(), plan.heuristic.workspaceSize, stream);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;
   KILN_CUBLAS_CHECK(status);
   return true;
@@ -244,6 +325,8 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Activa
       break;
     case Activation::GELU: {
       // cuBLASLt's GELU is the tanh form; it writes the pre-activation z into aux for backward.
+      // Its approximation is good for half outputs only: fp32 takes our kernel.
+      if (!is_half(y.dtype())) break;
       std::int64_t ld = round_up(out, 8);
       Tensor aux = Tensor::empty({rows, ld}, y.dtype(), device);  // (M, ld)
       g.epilogue = has_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;

@@ -1,5 +1,6 @@
 // Pooling on CUDA: one thread per output element forward, one per input element backward (a
-// gather over the windows covering it: no atomics, deterministic), in NCHW or NHWC.
+// gather over the windows covering it: no atomics, deterministic), in NCHW or NHWC. Index
+// arithmetic is 32-bit when the tensors allow it.
 
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/element.cuh"
@@ -9,17 +10,19 @@
 namespace kiln::pooling_cuda {
 namespace {
 
+template <typename I>
 struct Index {
-  std::int64_t n, c, h, w;
+  I n, c, h, w;
 };
 
 // Splits a linear index of a (hh, ww) plane tensor in g's memory order.
-__device__ __forceinline__ Index split(const PoolGeometry& g, std::int64_t i, std::int64_t hh,
-                                       std::int64_t ww) {
-  Index x;
+template <typename I>
+__device__ __forceinline__ Index<I> split(const PoolGeometry& g, I i, I hh, I ww) {
+  const I channels = static_cast<I>(g.channels);
+  Index<I> x;
   if (g.channels_last) {
-    x.c = i % g.channels;
-    i /= g.channels;
+    x.c = i % channels;
+    i /= channels;
     x.w = i % ww;
     i /= ww;
     x.h = i % hh;
@@ -29,49 +32,52 @@ __device__ __forceinline__ Index split(const PoolGeometry& g, std::int64_t i, st
     i /= ww;
     x.h = i % hh;
     i /= hh;
-    x.c = i % g.channels;
-    x.n = i / g.channels;
+    x.c = i % channels;
+    x.n = i / channels;
   }
   return x;
 }
 
-__device__ __forceinline__ std::int64_t offset(const PoolGeometry& g, std::int64_t n,
-                                               std::int64_t c, std::int64_t h, std::int64_t w,
-                                               std::int64_t hh, std::int64_t ww) {
-  return g.channels_last ? ((n * hh + h) * ww + w) * g.channels + c
-                         : ((n * g.channels + c) * hh + h) * ww + w;
+template <typename I>
+__device__ __forceinline__ I offset(const PoolGeometry& g, I n, I c, I h, I w, I hh, I ww) {
+  const I channels = static_cast<I>(g.channels);
+  return g.channels_last ? ((n * hh + h) * ww + w) * channels + c
+                         : ((n * channels + c) * hh + h) * ww + w;
 }
 
-__device__ __forceinline__ void covering(std::int64_t h, std::int64_t k, std::int64_t s,
-                                         std::int64_t p, std::int64_t out, std::int64_t* lo,
-                                         std::int64_t* hi) {
-  std::int64_t first = h + p - k + 1;
+template <typename I>
+__device__ __forceinline__ void covering(I h, I k, I s, I p, I out, I* lo, I* hi) {
+  I first = h + p - k + 1;
   *lo = first <= 0 ? 0 : (first + s - 1) / s;
-  std::int64_t last = (h + p) / s;
+  I last = (h + p) / s;
   *hi = last < out - 1 ? last : out - 1;
 }
 
-#define KILN_GRID_STRIDE(i, n)                                                                     \
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < (n); \
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+#define KILN_GRID_STRIDE(i, n)                                               \
+  for (I i = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<I>(gridDim.x) * blockDim.x)
 
-template <typename T>
+template <typename T, typename I>
 __global__ void max_forward_kernel(PoolGeometry g, const T* x, T* y, std::int32_t* argmax,
-                                   std::int64_t total) {
+                                   I total) {
+  const I height = static_cast<I>(g.height), width = static_cast<I>(g.width);
+  const I out_height = static_cast<I>(g.out_height), out_width = static_cast<I>(g.out_width);
+  const I kernel = static_cast<I>(g.kernel), stride = static_cast<I>(g.stride);
+  const I padding = static_cast<I>(g.padding);
   KILN_GRID_STRIDE(i, total) {
-    Index o = split(g, i, g.out_height, g.out_width);
+    Index<I> o = split(g, i, out_height, out_width);
     float best = -INFINITY;
-    std::int64_t best_at = -1;
-    for (std::int64_t r = 0; r < g.kernel; ++r) {
-      std::int64_t h = o.h * g.stride - g.padding + r;
-      if (h < 0 || h >= g.height) continue;
-      for (std::int64_t s = 0; s < g.kernel; ++s) {
-        std::int64_t w = o.w * g.stride - g.padding + s;
-        if (w < 0 || w >= g.width) continue;
-        float v = static_cast<float>(cuda::load(x[offset(g, o.n, o.c, h, w, g.height, g.width)]));
+    I best_at = -1;
+    for (I r = 0; r < kernel; ++r) {
+      I h = o.h * stride - padding + r;
+      if (h < 0 || h >= height) continue;
+      for (I s = 0; s < kernel; ++s) {
+        I w = o.w * stride - padding + s;
+        if (w < 0 || w >= width) continue;
+        float v = static_cast<float>(cuda::load(x[offset(g, o.n, o.c, h, w, height, width)]));
         if (v > best || best_at < 0) {
           best = v;
-          best_at = h * g.width + w;
+          best_at = h * width + w;
         }
       }
     }
@@ -80,38 +86,46 @@ __global__ void max_forward_kernel(PoolGeometry g, const T* x, T* y, std::int32_
   }
 }
 
-template <typename T>
+template <typename T, typename I>
 __global__ void max_backward_kernel(PoolGeometry g, const T* dy, const std::int32_t* argmax, T* dx,
-                                    std::int64_t total) {
+                                    I total) {
+  const I height = static_cast<I>(g.height), width = static_cast<I>(g.width);
+  const I out_height = static_cast<I>(g.out_height), out_width = static_cast<I>(g.out_width);
+  const I kernel = static_cast<I>(g.kernel), stride = static_cast<I>(g.stride);
+  const I padding = static_cast<I>(g.padding);
   KILN_GRID_STRIDE(i, total) {
-    Index p = split(g, i, g.height, g.width);
-    std::int64_t oh_lo, oh_hi, ow_lo, ow_hi;
-    covering(p.h, g.kernel, g.stride, g.padding, g.out_height, &oh_lo, &oh_hi);
-    covering(p.w, g.kernel, g.stride, g.padding, g.out_width, &ow_lo, &ow_hi);
-    const std::int32_t me = static_cast<std::int32_t>(p.h * g.width + p.w);
+    Index<I> p = split(g, i, height, width);
+    I oh_lo, oh_hi, ow_lo, ow_hi;
+    covering(p.h, kernel, stride, padding, out_height, &oh_lo, &oh_hi);
+    covering(p.w, kernel, stride, padding, out_width, &ow_lo, &ow_hi);
+    const std::int32_t me = static_cast<std::int32_t>(p.h * width + p.w);
     float sum = 0.f;
-    for (std::int64_t oh = oh_lo; oh <= oh_hi; ++oh)
-      for (std::int64_t ow = ow_lo; ow <= ow_hi; ++ow) {
-        std::int64_t o = offset(g, p.n, p.c, oh, ow, g.out_height, g.out_width);
+    for (I oh = oh_lo; oh <= oh_hi; ++oh)
+      for (I ow = ow_lo; ow <= ow_hi; ++ow) {
+        I o = offset(g, p.n, p.c, oh, ow, out_height, out_width);
         if (argmax[o] == me) sum += static_cast<float>(cuda::load(dy[o]));
       }
     dx[i] = cuda::store<T>(sum);
   }
 }
 
-template <typename T>
-__global__ void avg_forward_kernel(PoolGeometry g, const T* x, T* y, std::int64_t total) {
+template <typename T, typename I>
+__global__ void avg_forward_kernel(PoolGeometry g, const T* x, T* y, I total) {
   const float inv = 1.f / static_cast<float>(g.kernel * g.kernel);
+  const I height = static_cast<I>(g.height), width = static_cast<I>(g.width);
+  const I out_height = static_cast<I>(g.out_height), out_width = static_cast<I>(g.out_width);
+  const I kernel = static_cast<I>(g.kernel), stride = static_cast<I>(g.stride);
+  const I padding = static_cast<I>(g.padding);
   KILN_GRID_STRIDE(i, total) {
-    Index o = split(g, i, g.out_height, g.out_width);
+    Index<I> o = split(g, i, out_height, out_width);
     float sum = 0.f;
-    for (std::int64_t r = 0; r < g.kernel; ++r) {
-      std::int64_t h = o.h * g.stride - g.padding + r;
-      if (h < 0 || h >= g.height) continue;
-      for (std::int64_t s = 0; s < g.kernel; ++s) {
-        std::int64_t w = o.w * g.stride - g.padding + s;
-        if (w >= 0 && w < g.width) {
-          sum += static_cast<float>(cuda::load(x[offset(g, o.n, o.c, h, w, g.height, g.width)]));
+    for (I r = 0; r < kernel; ++r) {
+      I h = o.h * stride - padding + r;
+      if (h < 0 || h >= height) continue;
+      for (I s = 0; s < kernel; ++s) {
+        I w = o.w * stride - padding + s;
+        if (w >= 0 && w < width) {
+          sum += static_cast<float>(cuda::load(x[offset(g, o.n, o.c, h, w, height, width)]));
         }
       }
     }
@@ -119,26 +133,30 @@ __global__ void avg_forward_kernel(PoolGeometry g, const T* x, T* y, std::int64_
   }
 }
 
-template <typename T>
-__global__ void avg_backward_kernel(PoolGeometry g, const T* dy, T* dx, std::int64_t total) {
+template <typename T, typename I>
+__global__ void avg_backward_kernel(PoolGeometry g, const T* dy, T* dx, I total) {
   const float inv = 1.f / static_cast<float>(g.kernel * g.kernel);
+  const I height = static_cast<I>(g.height), width = static_cast<I>(g.width);
+  const I out_height = static_cast<I>(g.out_height), out_width = static_cast<I>(g.out_width);
+  const I kernel = static_cast<I>(g.kernel), stride = static_cast<I>(g.stride);
+  const I padding = static_cast<I>(g.padding);
   KILN_GRID_STRIDE(i, total) {
-    Index p = split(g, i, g.height, g.width);
-    std::int64_t oh_lo, oh_hi, ow_lo, ow_hi;
-    covering(p.h, g.kernel, g.stride, g.padding, g.out_height, &oh_lo, &oh_hi);
-    covering(p.w, g.kernel, g.stride, g.padding, g.out_width, &ow_lo, &ow_hi);
+    Index<I> p = split(g, i, height, width);
+    I oh_lo, oh_hi, ow_lo, ow_hi;
+    covering(p.h, kernel, stride, padding, out_height, &oh_lo, &oh_hi);
+    covering(p.w, kernel, stride, padding, out_width, &ow_lo, &ow_hi);
     float sum = 0.f;
-    for (std::int64_t oh = oh_lo; oh <= oh_hi; ++oh)
-      for (std::int64_t ow = ow_lo; ow <= ow_hi; ++ow) {
-        sum += static_cast<float>(
-            cuda::load(dy[offset(g, p.n, p.c, oh, ow, g.out_height, g.out_width)]));
+    for (I oh = oh_lo; oh <= oh_hi; ++oh)
+      for (I ow = ow_lo; ow <= ow_hi; ++ow) {
+        sum +=
+            static_cast<float>(cuda::load(dy[offset(g, p.n, p.c, oh, ow, out_height, out_width)]));
       }
     dx[i] = cuda::store<T>(sum * inv);
   }
 }
 
 // One thread per (n, c); in NHWC neighbouring threads read neighbouring channels.
-template <typename T>
+template <typename T, typename I = std::int64_t>
 __global__ void global_avg_forward_kernel(PoolGeometry g, const T* x, T* y, std::int64_t total) {
   const std::int64_t plane = g.height * g.width;
   KILN_GRID_STRIDE(i, total) {
@@ -152,7 +170,7 @@ __global__ void global_avg_forward_kernel(PoolGeometry g, const T* x, T* y, std:
   }
 }
 
-template <typename T>
+template <typename T, typename I = std::int64_t>
 __global__ void global_avg_backward_kernel(PoolGeometry g, const T* dy, T* dx, std::int64_t total) {
   const std::int64_t plane = g.height * g.width;
   KILN_GRID_STRIDE(i, total) {
@@ -179,6 +197,12 @@ void check_dense(const Tensor& a, const Tensor& b, const char* who) {
              std::string(who) + ": " + a.str() + ", " + b.str());
 }
 
+// 32-bit index arithmetic when every index fits (64-bit division is several times slower).
+bool small_indices(const Tensor& a, const Tensor& b) {
+  constexpr std::int64_t kLimit = std::int64_t{1} << 30;
+  return a.numel() < kLimit && b.numel() < kLimit;
+}
+
 }  // namespace
 
 void max_forward(const PoolGeometry& g, const Tensor& x, Tensor& y, Tensor& argmax) {
@@ -187,9 +211,16 @@ void max_forward(const PoolGeometry& g, const Tensor& x, Tensor& y, Tensor& argm
   const std::int64_t total = y.numel();
   if (total == 0) return;
   KILN_CUDA_DISPATCH_FLOATING(x.dtype(), T, {
-    max_forward_kernel<T><<<cuda::grid_for(total), 256, 0, stream_of(x)>>>(
-        g, static_cast<const T*>(x.data()), static_cast<T*>(y.data()),
-        static_cast<std::int32_t*>(argmax.data()), total);
+    if (small_indices(x, y)) {
+      max_forward_kernel<T, std::int32_t><<<cuda::grid_for(total), 256, 0, stream_of(x)>>>(
+          g, static_cast<const T*>(x.data()), static_cast<T*>(y.data()),
+          static_cast<std::int32_t*>(argmax.data()), static_cast<std::int32_t>(total));
+      KILN_CUDA_LAUNCH_CHECK();
+    } else {
+      max_forward_kernel<T, std::int64_t><<<cuda::grid_for(total), 256, 0, stream_of(x)>>>(
+          g, static_cast<const T*>(x.data()), static_cast<T*>(y.data()),
+          static_cast<std::int32_t*>(argmax.data()), total);
+    }
     KILN_CUDA_LAUNCH_CHECK();
   });
 }
@@ -199,9 +230,16 @@ void max_backward(const PoolGeometry& g, const Tensor& dy, const Tensor& argmax,
   const std::int64_t total = dx.numel();
   if (total == 0) return;
   KILN_CUDA_DISPATCH_FLOATING(dx.dtype(), T, {
-    max_backward_kernel<T><<<cuda::grid_for(total), 256, 0, stream_of(dx)>>>(
-        g, static_cast<const T*>(dy.data()), static_cast<const std::int32_t*>(argmax.data()),
-        static_cast<T*>(dx.data()), total);
+    if (small_indices(dx, dy)) {
+      max_backward_kernel<T, std::int32_t><<<cuda::grid_for(total), 256, 0, stream_of(dx)>>>(
+          g, static_cast<const T*>(dy.data()), static_cast<const std::int32_t*>(argmax.data()),
+          static_cast<T*>(dx.data()), static_cast<std::int32_t>(total));
+      KILN_CUDA_LAUNCH_CHECK();
+    } else {
+      max_backward_kernel<T, std::int64_t><<<cuda::grid_for(total), 256, 0, stream_of(dx)>>>(
+          g, static_cast<const T*>(dy.data()), static_cast<const std::int32_t*>(argmax.data()),
+          static_cast<T*>(dx.data()), total);
+    }
     KILN_CUDA_LAUNCH_CHECK();
   });
 }
@@ -211,8 +249,15 @@ void avg_forward(const PoolGeometry& g, const Tensor& x, Tensor& y) {
   const std::int64_t total = y.numel();
   if (total == 0) return;
   KILN_CUDA_DISPATCH_FLOATING(x.dtype(), T, {
-    avg_forward_kernel<T><<<cuda::grid_for(total), 256, 0, stream_of(x)>>>(
-        g, static_cast<const T*>(x.data()), static_cast<T*>(y.data()), total);
+    if (small_indices(x, y)) {
+      avg_forward_kernel<T, std::int32_t><<<cuda::grid_for(total), 256, 0, stream_of(x)>>>(
+          g, static_cast<const T*>(x.data()), static_cast<T*>(y.data()),
+          static_cast<std::int32_t>(total));
+      KILN_CUDA_LAUNCH_CHECK();
+    } else {
+      avg_forward_kernel<T, std::int64_t><<<cuda::grid_for(total), 256, 0, stream_of(x)>>>(
+          g, static_cast<const T*>(x.data()), static_cast<T*>(y.data()), total);
+    }
     KILN_CUDA_LAUNCH_CHECK();
   });
 }
@@ -222,8 +267,15 @@ void avg_backward(const PoolGeometry& g, const Tensor& dy, Tensor& dx) {
   const std::int64_t total = dx.numel();
   if (total == 0) return;
   KILN_CUDA_DISPATCH_FLOATING(dx.dtype(), T, {
-    avg_backward_kernel<T><<<cuda::grid_for(total), 256, 0, stream_of(dx)>>>(
-        g, static_cast<const T*>(dy.data()), static_cast<T*>(dx.data()), total);
+    if (small_indices(dx, dy)) {
+      avg_backward_kernel<T, std::int32_t><<<cuda::grid_for(total), 256, 0, stream_of(dx)>>>(
+          g, static_cast<const T*>(dy.data()), static_cast<T*>(dx.data()),
+          static_cast<std::int32_t>(total));
+      KILN_CUDA_LAUNCH_CHECK();
+    } else {
+      avg_backward_kernel<T, std::int64_t><<<cuda::grid_for(total), 256, 0, stream_of(dx)>>>(
+          g, static_cast<const T*>(dy.data()), static_cast<T*>(dx.data()), total);
+    }
     KILN_CUDA_LAUNCH_CHECK();
   });
 }

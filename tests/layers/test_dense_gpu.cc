@@ -130,10 +130,26 @@ TEST_F(DenseGpu, LinearMatchesCpu) {
           Tensor x = random_cpu(size.input, seed + 1).to(kGpu, prec.activation);
           Shape out_shape = size.input;
           out_shape.back() = size.out;
-          Tensor dy = random_cpu(out_shape, seed + 2).to(kGpu, prec.activation);
+          Tensor dy = random_cpu(out_shape, seed + 2);
           Tensor y_gpu = gpu_layer.forward(gctx, x);
-          Tensor dx_gpu = gpu_layer.backward(gctx, dy);
           Tensor y_cpu = cpu_layer.forward(cctx, x.to(Device::cpu(), DType::F32));
+          if (act == Activation::ReLU) {
+            // A pre-activation within rounding of 0 may have either sign on the two sides; such
+            // an output's ReLU derivative legitimately differs, so its gradient is left out.
+            std::vector<float> yg = y_gpu.to_vector<float>(), yc = y_cpu.to_vector<float>(),
+                               g = dy.to_vector<float>();
+            std::size_t flips = 0;
+            for (std::size_t i = 0; i < g.size(); ++i) {
+              if ((yg[i] > 0) != (yc[i] > 0)) {
+                g[i] = 0;
+                ++flips;
+              }
+            }
+            EXPECT_LE(flips, 1 + g.size() / 100) << name << ": ReLU masks differ too often";
+            dy = Tensor::from_vector(g, out_shape);
+          }
+          dy = dy.to(kGpu, prec.activation);
+          Tensor dx_gpu = gpu_layer.backward(gctx, dy);
           Tensor dx_cpu = cpu_layer.backward(cctx, dy.to(Device::cpu(), DType::F32));
           EXPECT_EQ(y_gpu.dtype(), prec.activation);
           EXPECT_EQ(dx_gpu.dtype(), prec.activation);

@@ -378,7 +378,8 @@ void profile_layers(Layer& net, Context ctx, const Tensor& x, const Tensor& dy) 
   if (!std::getenv("KILN_PROFILE_LAYERS")) return;
   std::map<std::string, double> total;
   std::vector<std::chrono::steady_clock::time_point> starts;
-  ctx.on_layer = [&](const std::string& name, bool forward, bool begin) {
+  ctx.on_layer = [&](Layer& layer, bool forward, bool begin) {
+    const std::string& name = layer.name();
     device_synchronize(kGpu);
     if (begin) {
       starts.push_back(std::chrono::steady_clock::now());

@@ -17,3 +17,12 @@ for line in open(sys.argv[1]):
     r = json.loads(line)
     if "loss" in r: print(r["step"], repr(r["loss"]))
 ' "$1"; }
+
+# Drops the records after step $2 from the metrics.jsonl $1 (as a run killed there left it).
+keep_until() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+lines = [l for l in open(sys.argv[1]) if json.loads(l)["step"] <= int(sys.argv[2])]
+open(sys.argv[1], "w").writelines(lines)
+PY
+}

@@ -10,11 +10,7 @@ run train --config "$TINY" --set logging.dir="$WORK/a" --quiet > "$WORK/a.log" 2
 run train --config "$TINY" --set logging.dir="$WORK/b" --set train.steps=20 --quiet > "$WORK/b1.log" 2>&1 || { cat "$WORK/b1.log"; fail "first half"; }
 # Keep only the step-10 checkpoint and the log up to step 10, then resume from it.
 rm -rf "$WORK/b/checkpoints/step-000020"
-python3 - "$WORK/b/metrics.jsonl" <<'PY'
-import json, sys
-lines = [l for l in open(sys.argv[1]) if json.loads(l)["step"] <= 10]
-open(sys.argv[1], "w").writelines(lines)
-PY
+keep_until "$WORK/b/metrics.jsonl" 10
 run train --config "$TINY" --set logging.dir="$WORK/b" --resume latest > "$WORK/b2.log" 2>&1 || { cat "$WORK/b2.log"; fail "resumed run"; }
 grep -q "resumed from .*step-000010 at step 10" "$WORK/b2.log" || { cat "$WORK/b2.log"; fail "resume message"; }
 
