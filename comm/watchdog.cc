@@ -45,6 +45,7 @@ Watchdog::~Watchdog() {
   }
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (probe_thread_.joinable()) probe_thread_.join();
 }
 
 void Watchdog::set_options(const WatchdogOptions& options) {
@@ -67,6 +68,7 @@ void Watchdog::set_rank(int rank) {
 
 void Watchdog::ensure_thread_locked() {
   if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+  if (!probe_thread_.joinable()) probe_thread_ = std::thread([this] { run_probes(); });
 }
 
 std::uint64_t Watchdog::begin(const std::string& what, std::uint64_t sequence, double timeout_s,
@@ -122,34 +124,24 @@ void Watchdog::set_fire_handler_for_testing(FireHandler handler) {
   std::lock_guard<std::mutex> lock(mutex_);
   fire_handler_ = std::move(handler);
   fired_ = false;
+  health_failure_.clear();
 }
 
+// The timer: only clocks and flags, never a call into CUDA, NCCL or MPI, so that it fires even
+// when a probe or health check blocks (a CUDA or NCCL call can wait for a peer that hangs).
 void Watchdog::run() {
   for (;;) {
-    std::vector<std::pair<std::uint64_t, std::shared_ptr<std::function<bool()>>>> probes;
-    double poll_s;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      poll_s = options_.poll_interval_s;
-      wake_.wait_for(lock, std::chrono::duration<double>(poll_s), [this] { return stop_; });
-      if (stop_) return;
-      for (auto& [id, w] : watches_) {
-        if (w.done) probes.emplace_back(id, w.done);
-      }
-    }
-    // Probes run outside the lock: a CUDA event query must not hold up begin()/end().
-    std::vector<std::uint64_t> finished;
-    for (auto& [id, probe] : probes) {
-      if ((*probe)()) finished.push_back(id);
-    }
-
     std::string failure;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
-      for (std::uint64_t id : finished) watches_.erase(id);
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait_for(lock, std::chrono::duration<double>(options_.poll_interval_s),
+                     [this] { return stop_; });
+      if (stop_) return;
       if (fired_) continue;
+      failure = health_failure_;
       auto now = std::chrono::steady_clock::now();
       for (auto& [id, w] : watches_) {
+        if (!failure.empty()) break;
         double waited = std::chrono::duration<double>(now - w.start).count();
         if (waited < w.timeout_s) continue;
         std::ostringstream os;
@@ -166,10 +158,33 @@ void Watchdog::run() {
            << waited_text << " s)";
         if (!w.hint.empty()) os << "; " << w.hint;
         failure = os.str();
-        break;
       }
     }
-    if (failure.empty()) {
+    if (!failure.empty()) fire(failure);
+  }
+}
+
+// The prober: polls the watches' completion probes (CUDA event queries) and the health checks
+// (ncclCommGetAsyncError). If one blocks, only this thread waits; the timer still fires.
+void Watchdog::run_probes() {
+  for (;;) {
+    std::vector<std::pair<std::uint64_t, std::shared_ptr<std::function<bool()>>>> probes;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait_for(lock, std::chrono::duration<double>(options_.poll_interval_s),
+                     [this] { return stop_; });
+      if (stop_) return;
+      for (auto& [id, w] : watches_) {
+        if (w.done) probes.emplace_back(id, w.done);
+      }
+    }
+    // Probes run outside the lock: a CUDA event query must not hold up begin()/end().
+    std::vector<std::uint64_t> finished;
+    for (auto& [id, probe] : probes) {
+      if ((*probe)()) finished.push_back(id);
+    }
+    std::string failure;
+    {
       std::lock_guard<std::mutex> callbacks(callback_mutex_);
       std::vector<std::function<std::string()>*> checks;
       {
@@ -181,7 +196,9 @@ void Watchdog::run() {
         if (!failure.empty()) break;
       }
     }
-    if (!failure.empty()) fire(failure);
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (std::uint64_t id : finished) watches_.erase(id);
+    if (!failure.empty() && health_failure_.empty()) health_failure_ = failure;
   }
 }
 

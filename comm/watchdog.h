@@ -1,11 +1,12 @@
 #pragma once
-// A watchdog thread per process. Nothing ends a job whose rank hangs (mpirun only notices ranks
-// that exit), so every operation that could wait forever on another rank — a collective, a
-// training step — is registered here with a timeout. The thread polls every watched operation
-// (and optional health checks such as ncclCommGetAsyncError); when one is late or a check
-// reports an error it prints what happened and where, runs the abort hooks (ncclCommAbort), and
-// _exit()s the process after a bounded wait even if an abort hook blocks. mpirun then ends the
-// other ranks.
+// A watchdog per process. Nothing ends a job whose rank hangs (mpirun only notices ranks that
+// exit), so every operation that could wait forever on another rank — a collective, a training
+// step — is registered here with a timeout. A prober thread polls every watched operation's
+// completion (CUDA event queries) and the health checks (ncclCommGetAsyncError); a timer thread,
+// which calls into no library, fires when an operation is late or a check reported an error, so
+// a probe that blocks inside CUDA or NCCL cannot hold it up. Firing prints what happened and
+// where, runs the abort hooks (ncclCommAbort), and _exit()s the process after a bounded wait even
+// if an abort hook blocks. mpirun then ends the other ranks.
 //
 // Message on timeout:
 //   collective all_reduce #123 on rank 0 did not finish within 30 s (waited 30.2 s); a rank may
@@ -76,7 +77,8 @@ class Watchdog {
     std::string hint;
   };
   void ensure_thread_locked();
-  void run();
+  void run();         // the timer
+  void run_probes();  // the prober
   void fire(const std::string& message);
 
   mutable std::mutex mutex_;
@@ -91,9 +93,10 @@ class Watchdog {
   std::map<std::uint64_t, std::function<std::string()>> health_checks_;
   std::map<std::uint64_t, std::function<void()>> abort_hooks_;
   FireHandler fire_handler_;
+  std::string health_failure_;  // the first failed health check, for the timer to fire
   bool fired_ = false;
   bool stop_ = false;
-  std::thread thread_;
+  std::thread thread_, probe_thread_;
 };
 
 // Watches the enclosing scope: begin() on construction, end() on destruction.

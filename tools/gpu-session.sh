@@ -5,7 +5,9 @@
 #   profile   kiln bench --profile for ResNet-50 128, BERT-base 32 and ViT-B/16 64
 #   datawait  data-wait fractions of GPU training (tools/data-wait.sh; FASHION_MNIST_DIR)
 #   table     the Kiln vs PyTorch table (bench/compare-pytorch.sh --quick)
-#   kbench    Kiln alone on the nine seed configurations (kiln bench --json, 15 timed steps)
+#   kbench    Kiln alone on the nine seed configurations (kiln bench --json, 15 timed steps;
+#             KBENCH="model batch,..." picks others)
+#   hang      the two-GPU hung-rank test alone (tests/train/test_gpu_training.sh, part hang)
 #   parity    Kiln vs PyTorch from the same weights (tools/parity/models.py, 20 steps)
 #   sanitize  compute-sanitizer memcheck and racecheck over the GPU kernels' tests
 #   kernels   GPU time per kernel of one training step (tools/kernel-profile.sh, Nsight Compute)
@@ -51,14 +53,23 @@ for stage in "${STAGES[@]}"; do
     datawait)
       timeout "$(upto 120)" bash tools/data-wait.sh "$BUILD" "${FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}" ;;
     kbench)
-      for mb in "resnet50 32" "resnet50 64" "resnet50 128" "bert_base 8" "bert_base 16" "bert_base 32" \
-                "vit_b16 16" "vit_b16 32" "vit_b16 64"; do
+      IFS=, read -ra configs <<< "${KBENCH:-resnet50 32,resnet50 64,resnet50 128,bert_base 8,bert_base 16,bert_base 32,vit_b16 16,vit_b16 32,vit_b16 64}"
+      for mb in "${configs[@]}"; do
         set -- $mb
         [ "$(left)" -gt 25 ] || break
         timeout 60 "$BUILD/bin/kiln" bench --model "$1" --batch "$2" --amp O2 --half fp16 --steps 15 \
           --warmup 5 --json 2>> "$OUT/kbench.err" | tail -1 >> "$OUT/kbench.jsonl"
-        python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readlines()[-1]); print(f"{r[\"model\"]} {r[\"batch_per_gpu\"]}: {r[\"samples_per_s\"]:.0f} samples/s, {r[\"tflops_per_gpu\"]:.1f} TFLOP/s, peak {r[\"peak_allocated_bytes\"]/2**30:.2f} GiB, data wait {100*r[\"data_wait_fraction\"]:.2f} %")' "$OUT/kbench.jsonl" 2>&1 | tail -1
+        python3 - "$OUT/kbench.jsonl" <<'PY' 2>&1 | tail -1
+import json, sys
+r = json.loads(open(sys.argv[1]).readlines()[-1])
+print(f"{r['model']} {r['batch_per_gpu']}: {r['samples_per_s']:.0f} samples/s, {r['tflops_per_gpu']:.1f} "
+      f"TFLOP/s, peak {r['peak_allocated_bytes'] / 2**30:.2f} GiB, data wait {100 * r['data_wait_fraction']:.2f} %")
+PY
       done ;;
+    hang)
+      KILN_SOURCE_DIR=$PWD KILN_GPU_TRAINING_PARTS=hang timeout "$(upto 200)" \
+        bash tests/train/test_gpu_training.sh "$BUILD/bin/kiln" > "$OUT/hang.log" 2>&1
+      echo "exit $?"; tail -40 "$OUT/hang.log" ;;
     table)
       timeout $(( $(left) - 10 )) bash bench/compare-pytorch.sh "$BUILD" --quick > "$OUT/bench.log" 2>&1
       echo "exit $?"; tail -25 "$OUT/bench.log" ;;

@@ -313,17 +313,25 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
 
   // Resume: verified before step 1; a checkpoint of another model or batch layout is refused.
   std::string resume = options.resume.empty() ? s.e.checkpoint().resume() : options.resume;
+  if (resume == "latest") {
+    if (s.rank0()) s.store->remove_partial();
+    s.comm->barrier();  // no rank looks for the latest while rank 0 still removes partial ones
+    auto latest = s.store->latest();
+    if (latest) {
+      resume = *latest;
+    } else if (!options.resume.empty()) {
+      throw InputError("--resume latest: no complete checkpoint in " + ckpt_dir +
+                       " (checkpoint.dir); start without --resume, or point it at a checkpoint");
+    } else {
+      // checkpoint.resume "latest" in a config: a job's first run starts fresh, its requeued
+      // runs continue from their checkpoints.
+      if (s.rank0())
+        s.log("checkpoint.resume latest: no checkpoint in " + ckpt_dir + " yet; starting fresh");
+      resume.clear();
+    }
+  }
   if (!resume.empty()) {
     std::string path_to_load = resume;
-    if (resume == "latest") {
-      if (s.rank0()) s.store->remove_partial();
-      auto latest = s.store->latest();
-      if (!latest) {
-        throw InputError("--resume latest: no complete checkpoint in " + ckpt_dir +
-                         " (checkpoint.dir); start without --resume, or point it at a checkpoint");
-      }
-      path_to_load = *latest;
-    }
     Checkpoint c = CheckpointStore::load(path_to_load);
     const config::CheckpointState& st = c.state;
     if (st.model_name() != s.e.model().name()) {

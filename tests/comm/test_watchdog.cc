@@ -107,6 +107,40 @@ TEST(Watchdog, LateWatchFiresOnceWithItsMessage) {
       << message;
 }
 
+// A CUDA event query or ncclCommGetAsyncError can block behind a hung peer: the timer must
+// fire anyway (seen on two GPUs: a rank stopped with SIGSTOP left rank 0 silent).
+TEST(Watchdog, FiresWhileAProbeOrHealthCheckBlocks) {
+  Watchdog w(fast_options());
+  std::atomic<int> fired{0};
+  std::mutex m;
+  std::string message;
+  w.set_fire_handler_for_testing([&](const std::string& text) {
+    std::lock_guard<std::mutex> lock(m);
+    message = text;
+    ++fired;
+  });
+  std::atomic<bool> release{false};
+  auto block = [&] {
+    while (!release.load()) sleep_s(0.01);
+  };
+  std::uint64_t check = w.add_health_check([&] {
+    block();
+    return std::string();
+  });
+  w.begin("collective all_reduce", 4, 0.2, [&] {
+    block();
+    return true;
+  });
+  sleep_s(0.6);
+  EXPECT_EQ(fired.load(), 1);
+  {
+    std::lock_guard<std::mutex> lock(m);
+    EXPECT_NE(message.find("collective all_reduce #4"), std::string::npos) << message;
+  }
+  release = true;
+  w.remove(check);
+}
+
 TEST(Watchdog, RemovedHealthCheckIsNotCalled) {
   Watchdog w(fast_options());
   std::atomic<int> calls{0};

@@ -6,7 +6,10 @@ source "$(dirname "$0")/lib.sh"
 NP=${NP:-1}
 run() { if [ "$NP" = 1 ]; then "$KILN" "$@"; else "${MPIRUN[@]}" -np "$NP" "$KILN" "$@"; fi; }
 
-run train --config "$TINY" --set logging.dir="$WORK/a" --quiet > "$WORK/a.log" 2>&1 || { cat "$WORK/a.log"; fail "reference run"; }
+# The reference run also proves that checkpoint.resume "latest" in a config starts fresh when
+# there is no checkpoint yet (a batch job's first run).
+run train --config "$TINY" --set logging.dir="$WORK/a" --set checkpoint.resume=latest --quiet > "$WORK/a.log" 2>&1 \
+  || { cat "$WORK/a.log"; fail "reference run"; }
 run train --config "$TINY" --set logging.dir="$WORK/b" --set train.steps=20 --quiet > "$WORK/b1.log" 2>&1 || { cat "$WORK/b1.log"; fail "first half"; }
 # Keep only the step-10 checkpoint and the log up to step 10, then resume from it.
 rm -rf "$WORK/b/checkpoints/step-000020"
