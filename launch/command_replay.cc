@@ -1,7 +1,7 @@
 // kiln replay: forward, backward and optimizer steps of a model on one fixed batch read from a
-// safetensors file, from weights read from another; writes the logits, the parameter gradients
-// of the first step and the loss of every step. The comparison scripts in tools/parity/ run
-// PyTorch on the same weights and batch and compare.
+// safetensors file, from weights read from another; writes the eval-mode logits of the loaded
+// model, the logits and parameter gradients of the first step and the loss of every step. The
+// comparison scripts in tools/parity/ run PyTorch on the same weights and batch and compare.
 
 #include <boost/program_options.hpp>
 
@@ -126,6 +126,14 @@ int run_replay(const Arguments& args) {
   NamedTensors out;
   // Per step: the loss, the loss scale its gradients carried, 1 where the update was skipped.
   std::vector<double> losses, scales, skipped;
+  // Inference first: the loaded model in eval mode (batch norm from its running statistics),
+  // the logits a user of the converted weights gets.
+  model.net->set_training(false);
+  ctx.training = false;
+  out.emplace_back("eval_logits",
+                   model.net->forward(ctx, input).to(Device::cpu(), out_dtype).clone());
+  model.net->set_training(true);
+  ctx.training = true;
   int steps = vm["steps"].as<int>();
   for (int step = 0; step < steps; ++step) {
     const double scale = opt ? opt->scale() : 1.0;
