@@ -28,6 +28,8 @@ using kiln::testing::eps_of;
 using kiln::testing::fresh_seed;
 using kiln::testing::kGpu;
 using kiln::testing::poison_gpu_cache;
+using kiln::testing::Precision;
+using kiln::testing::worst;
 using Pair = std::pair<std::int64_t, std::int64_t>;
 
 // A CPU tensor of `dtype` holding uniform values (already rounded to dtype, so both sides see
@@ -38,35 +40,9 @@ Tensor random_cpu(const Shape& shape, std::uint64_t seed, DType dtype) {
   return t.to(dtype);
 }
 
-std::string file_safe(std::string s) {
-  for (char& ch : s) {
-    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_' && ch != '-') ch = '_';
-  }
-  return s;
-}
-
 void expect_close(const Tensor& gpu, const Tensor& cpu, DType dtype, const std::string& what,
                   double factor = 16.0) {
-  ASSERT_TRUE(gpu.device().is_cuda()) << what << " is not on the GPU: " << gpu.str();
-  ASSERT_EQ(gpu.shape(), cpu.shape()) << what;
-  std::vector<double> g = gpu.to_vector<double>(), c = cpu.to_vector<double>();
-  double max_ref = 0;
-  for (double v : c) max_ref = std::max(max_ref, std::fabs(v));
-  EXPECT_GT(max_ref, 0.0) << what << ": the reference is all zeros, the test proves nothing";
-  const double eps = eps_of(dtype);
-  int bad = 0;
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    double tol = factor * eps * (max_ref + std::fabs(c[i]));
-    if (!(std::fabs(g[i] - c[i]) <= tol)) {  // also catches NaN
-      if (++bad <= 5) ADD_FAILURE() << what << "[" << i << "]: gpu " << g[i] << " cpu " << c[i];
-    }
-  }
-  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << g.size() << " elements differ";
-  if (bad > 0) {
-    std::ofstream out("conv_gpu_" + file_safe(what) + ".txt");
-    out << "# index gpu cpu\n";
-    for (std::size_t i = 0; i < g.size(); ++i) out << i << " " << g[i] << " " << c[i] << "\n";
-  }
+  kiln::testing::expect_close(gpu, cpu, dtype, what, factor, "conv_gpu_");
 }
 
 // ||gpu - cpu|| / ||cpu|| for whole networks, where elementwise bounds are meaningless.
@@ -88,23 +64,12 @@ class ConvGpuTest : public ::testing::Test {
   }
 };
 
-// One precision setting: parameter storage, tensors between layers, convolution inputs.
-struct Precision {
-  const char* name;
-  DType parameters, activation, matmul;
-};
 const Precision kPrecisions[] = {
     {"f32", DType::F32, DType::F32, DType::F32},
     {"f16", DType::F16, DType::F16, DType::F16},  // O2-like: half weights
     {"bf16", DType::BF16, DType::BF16, DType::BF16},
     {"o1_f16", DType::F32, DType::F32, DType::F16},  // fp32 weights and activations, half conv
 };
-
-DType worst(const Precision& p) {
-  if (p.matmul == DType::BF16 || p.activation == DType::BF16) return DType::BF16;
-  if (p.matmul == DType::F16 || p.activation == DType::F16) return DType::F16;
-  return DType::F32;
-}
 
 Context gpu_context(const Precision& p, bool channels_last) {
   Context ctx;

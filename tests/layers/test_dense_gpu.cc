@@ -28,6 +28,8 @@ using kiln::testing::eps_of;
 using kiln::testing::fresh_seed;
 using kiln::testing::kGpu;
 using kiln::testing::poison_gpu_cache;
+using kiln::testing::Precision;
+using kiln::testing::worst;
 
 Tensor random_cpu(const Shape& shape, std::uint64_t seed, double low = -1.0, double high = 1.0) {
   Tensor t = Tensor::empty(shape, DType::F32);
@@ -37,30 +39,7 @@ Tensor random_cpu(const Shape& shape, std::uint64_t seed, double low = -1.0, dou
 
 void expect_close(const Tensor& gpu, const Tensor& cpu, DType dtype, const std::string& what,
                   double factor = 32.0) {
-  ASSERT_TRUE(gpu.device().is_cuda()) << what << " is not on the GPU: " << gpu.str();
-  ASSERT_EQ(gpu.shape(), cpu.shape()) << what;
-  std::vector<double> g = gpu.to_vector<double>(), c = cpu.to_vector<double>();
-  double max_ref = 0;
-  for (double v : c) max_ref = std::max(max_ref, std::fabs(v));
-  EXPECT_GT(max_ref, 0.0) << what << ": the reference is all zeros, the test proves nothing";
-  double eps = eps_of(dtype);
-  int bad = 0;
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    double tol = factor * eps * (max_ref + std::fabs(c[i]));
-    if (!(std::fabs(g[i] - c[i]) <= tol)) {  // also catches NaN
-      if (++bad <= 5) ADD_FAILURE() << what << "[" << i << "]: gpu " << g[i] << " cpu " << c[i];
-    }
-  }
-  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << g.size() << " elements differ";
-  if (bad > 0) {
-    std::string file = "dense_gpu_" + what + ".txt";
-    for (char& ch : file) {
-      if (ch == ' ' || ch == '/' || ch == '(' || ch == ')' || ch == ',') ch = '_';
-    }
-    std::ofstream out(file);
-    out << "# index gpu cpu\n";
-    for (std::size_t i = 0; i < g.size(); ++i) out << i << " " << g[i] << " " << c[i] << "\n";
-  }
+  kiln::testing::expect_close(gpu, cpu, dtype, what, factor, "dense_gpu_");
 }
 
 class DenseGpu : public ::testing::Test {
@@ -71,11 +50,6 @@ class DenseGpu : public ::testing::Test {
   }
 };
 
-// One precision setting: parameter storage, tensors between layers, GEMM inputs.
-struct Precision {
-  const char* name;
-  DType parameters, activation, matmul;
-};
 const Precision kPrecisions[] = {
     {"f32", DType::F32, DType::F32, DType::F32},
     {"f16", DType::F16, DType::F16, DType::F16},  // O2/O3-like: half weights
@@ -90,13 +64,6 @@ Context gpu_context(const Precision& p) {
   ctx.precision.activation = p.activation;
   ctx.precision.matmul = p.matmul;
   return ctx;
-}
-
-// The tolerance's dtype: the least precise storage a value passed through.
-DType worst(const Precision& p) {
-  if (p.matmul == DType::BF16 || p.activation == DType::BF16) return DType::BF16;
-  if (p.matmul == DType::F16 || p.activation == DType::F16) return DType::F16;
-  return DType::F32;
 }
 
 TEST_F(DenseGpu, LinearMatchesCpu) {
