@@ -72,13 +72,13 @@ TEST(WatchdogDeathTest, AHealthCheckErrorFails) {
 }
 
 TEST(Watchdog, FinishedWatchesDoNotFire) {
-  Watchdog w(fast_options());
   std::atomic<int> fired{0};
+  std::atomic<bool> done{false};  // before the watchdog, whose threads read it
+  Watchdog w(fast_options());
   w.set_fire_handler_for_testing([&](const std::string&) { ++fired; });
   std::uint64_t ended = w.begin("collective all_reduce", 1, 0.2);
   w.end(ended);
   w.end(ended);  // a second end is a no-op
-  std::atomic<bool> done{false};
   w.begin("collective all_reduce", 2, 0.3, [&] { return done.load(); });
   { WatchdogScope scope("training step", 3, 0.3, w); }
   done = true;
@@ -110,19 +110,20 @@ TEST(Watchdog, LateWatchFiresOnceWithItsMessage) {
 // A CUDA event query or ncclCommGetAsyncError can block behind a hung peer: the timer must
 // fire anyway (seen on two GPUs: a rank stopped with SIGSTOP left rank 0 silent).
 TEST(Watchdog, FiresWhileAProbeOrHealthCheckBlocks) {
-  Watchdog w(fast_options());
+  // Declared before the watchdog: its threads (joined by its destructor) use them to the end.
   std::atomic<int> fired{0};
   std::mutex m;
   std::string message;
+  std::atomic<bool> release{false};
+  auto block = [&] {
+    while (!release.load()) sleep_s(0.01);
+  };
+  Watchdog w(fast_options());
   w.set_fire_handler_for_testing([&](const std::string& text) {
     std::lock_guard<std::mutex> lock(m);
     message = text;
     ++fired;
   });
-  std::atomic<bool> release{false};
-  auto block = [&] {
-    while (!release.load()) sleep_s(0.01);
-  };
   std::uint64_t check = w.add_health_check([&] {
     block();
     return std::string();
