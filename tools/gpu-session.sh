@@ -8,6 +8,8 @@
 #   kbench    Kiln alone on the nine seed configurations (kiln bench --json, 15 timed steps;
 #             KBENCH="model batch,..." picks others)
 #   hang      the two-GPU hung-rank test alone (tests/train/test_gpu_training.sh, part hang)
+#   scaling   data-parallel scaling on every GPU of the machine (bench/scaling.sh), with the
+#             same-result check and the dead/hung-rank tests at that many ranks
 #   parity    Kiln vs PyTorch from the same weights (tools/parity/models.py, 20 steps)
 #   sanitize  compute-sanitizer memcheck and racecheck over the GPU kernels' tests
 #   kernels   GPU time per kernel of one training step (tools/kernel-profile.sh, Nsight Compute)
@@ -70,6 +72,9 @@ PY
       KILN_SOURCE_DIR=$PWD KILN_GPU_TRAINING_PARTS=hang timeout "$(upto 200)" \
         bash tests/train/test_gpu_training.sh "$BUILD/bin/kiln" > "$OUT/hang.log" 2>&1
       echo "exit $?"; tail -40 "$OUT/hang.log" ;;
+    scaling)
+      timeout "$(upto 580)" bash bench/scaling.sh "$BUILD" > "$OUT/scaling.log" 2>&1
+      echo "exit $?"; grep -vE '^\s*$' "$OUT/scaling.log" | tail -25 ;;
     table)
       timeout $(( $(left) - 10 )) bash bench/compare-pytorch.sh "$BUILD" --quick > "$OUT/bench.log" 2>&1
       echo "exit $?"; tail -25 "$OUT/bench.log" ;;

@@ -9,16 +9,18 @@
 #   an inf in rank 1's gradients: every rank skips the step, weights unchanged, scale halved;
 #   hung rank (SIGSTOP) with a 30 s collective timeout: rank 0's watchdog names the
 #     operation, its sequence number and the time waited, and the job ends within 90 s.
-# KILN_GPU_TRAINING_PARTS (default "resume faults inf hang") selects parts.
+# KILN_GPU_TRAINING_PARTS (default "resume faults inf hang") selects parts; KILN_GPU_TRAINING_NP
+# (default 2) the number of ranks, one GPU each (bench/scaling.sh runs the faults at 8).
 source "$(dirname "$0")/lib.sh"
 export NCCL_NVLS_ENABLE=0 NCCL_ALGO=Ring
 PARTS=" ${KILN_GPU_TRAINING_PARTS:-resume faults inf hang} "
 want() { [[ "$PARTS" == *" $1 "* ]]; }
+NP=${KILN_GPU_TRAINING_NP:-2}
 GPUS=$(nvidia-smi -L 2>/dev/null | grep -c GPU || true)
-[ "$GPUS" -ge 2 ] || { echo "SKIP: needs two GPUs ($GPUS found)"; exit 0; }
+[ "$GPUS" -ge "$NP" ] || { echo "SKIP: needs $NP GPUs ($GPUS found)"; exit 0; }
 GPU=(--set train.device=CUDA --set train.deterministic=true --set precision.opt_level=O2
      --set precision.half=FP16 --set precision.loss_scale.growth_interval=30)
-np2() { "${MPIRUN[@]}" -np 2 "$KILN" train --config "$TINY" "${GPU[@]}" "$@"; }
+run_np() { "${MPIRUN[@]}" -np "$NP" "$KILN" train --config "$TINY" "${GPU[@]}" "$@"; }
 timed() {  # max-seconds log -- command...: expects a non-zero exit within max-seconds
   local max=$1 log=$2; shift 3
   local start code=0; start=$(date +%s)
@@ -35,11 +37,11 @@ state() { grep -vE '^ *(dir|experiment_hash): ' "$1/state.pbtxt"; }
 # 1. Exact resume with mixed precision: 200 steps against 100 + 100.
 if want resume; then
 LONG=(--set train.steps=200 --set checkpoint.every_steps=100)
-np2 "${LONG[@]}" --set logging.dir="$WORK/a" --quiet > "$WORK/a.log" 2>&1 || { cat "$WORK/a.log"; fail "reference run"; }
-np2 "${LONG[@]}" --set logging.dir="$WORK/b" --quiet > "$WORK/b1.log" 2>&1 || { cat "$WORK/b1.log"; fail "first run"; }
+run_np "${LONG[@]}" --set logging.dir="$WORK/a" --quiet > "$WORK/a.log" 2>&1 || { cat "$WORK/a.log"; fail "reference run"; }
+run_np "${LONG[@]}" --set logging.dir="$WORK/b" --quiet > "$WORK/b1.log" 2>&1 || { cat "$WORK/b1.log"; fail "first run"; }
 rm -rf "$WORK/b/checkpoints/step-000200"
 keep_until "$WORK/b/metrics.jsonl" 100
-np2 "${LONG[@]}" --set logging.dir="$WORK/b" --resume latest > "$WORK/b2.log" 2>&1 || { cat "$WORK/b2.log"; fail "resumed run"; }
+run_np "${LONG[@]}" --set logging.dir="$WORK/b" --resume latest > "$WORK/b2.log" 2>&1 || { cat "$WORK/b2.log"; fail "resumed run"; }
 grep -q "resumed from .*step-000100 at step 100" "$WORK/b2.log" || { cat "$WORK/b2.log"; fail "resume message"; }
 diff <(losses "$WORK/a/metrics.jsonl") <(losses "$WORK/b/metrics.jsonl") || fail "losses differ after resume"
 [ "$(losses "$WORK/a/metrics.jsonl" | wc -l)" = 200 ] || fail "expected 200 loss records"
@@ -48,29 +50,29 @@ for f in model.safetensors optimizer.safetensors; do
 done
 diff <(state "$WORK/a/checkpoints/step-000200") <(state "$WORK/b/checkpoints/step-000200") || fail "state differs at step 200"
 scales=$(python3 -c 'import json,sys; print(sorted({r["loss_scale"] for r in map(json.loads, open(sys.argv[1])) if "loss" in r}))' "$WORK/a/metrics.jsonl")
-pass "fp16 O2 on 2 GPUs: 100 + 100 steps equal 200 uninterrupted bit for bit (losses, weights, moments, state; scales seen $scales)"
+pass "fp16 O2 on $NP GPUs: 100 + 100 steps equal 200 uninterrupted bit for bit (losses, weights, moments, state; scales seen $scales)"
 fi
 
 # 2. Dead rank at step 50, then resume from the step-50 checkpoint; rank 1 exiting with code 3.
 if want faults; then
 STEPS=(--set train.steps=60)
-np2 "${STEPS[@]}" --set logging.dir="$WORK/ref" --quiet > "$WORK/ref.log" 2>&1 || { cat "$WORK/ref.log"; fail "reference run"; }
+run_np "${STEPS[@]}" --set logging.dir="$WORK/ref" --quiet > "$WORK/ref.log" 2>&1 || { cat "$WORK/ref.log"; fail "reference run"; }
 took=$(KILN_FAULT_KIND=kill KILN_FAULT_STEP=50 KILN_FAULT_RANK=1 timed 60 "$WORK/kill.log" -- \
-  np2 "${STEPS[@]}" --set logging.dir="$WORK/k")
+  run_np "${STEPS[@]}" --set logging.dir="$WORK/k")
 grep -qiE "rank 1 .*(signal 9|killed)|process rank 1" "$WORK/kill.log" || { cat "$WORK/kill.log"; fail "the log does not name rank 1"; }
 [ -d "$WORK/k/checkpoints/step-000050" ] || fail "no step-50 checkpoint"
-np2 "${STEPS[@]}" --set logging.dir="$WORK/k" --resume latest --quiet > "$WORK/k2.log" 2>&1 || { cat "$WORK/k2.log"; fail "resume after the dead rank"; }
+run_np "${STEPS[@]}" --set logging.dir="$WORK/k" --resume latest --quiet > "$WORK/k2.log" 2>&1 || { cat "$WORK/k2.log"; fail "resume after the dead rank"; }
 diff <(losses "$WORK/ref/metrics.jsonl") <(losses "$WORK/k/metrics.jsonl") || fail "losses after resume differ"
 pass "dead rank on NCCL: job ended in ${took}s naming rank 1; resume matches the reference bit for bit"
 
 took=$(KILN_FAULT_KIND=exit3 KILN_FAULT_STEP=5 KILN_FAULT_RANK=1 timed 60 "$WORK/exit3.log" -- \
-  np2 --set logging.dir="$WORK/e")
+  run_np --set logging.dir="$WORK/e")
 pass "rank 1 exiting with code 3 on NCCL: job ended non-zero in ${took}s"
 fi
 
 # 3. An inf in rank 1's gradients at step 5: skipped everywhere, weights unchanged, scale halved.
 if want inf; then
-KILN_FAULT_KIND=inf-grad KILN_FAULT_STEP=4 KILN_FAULT_RANK=1 np2 --set train.steps=8 --set checkpoint.every_steps=1 \
+KILN_FAULT_KIND=inf-grad KILN_FAULT_STEP=4 KILN_FAULT_RANK=1 run_np --set train.steps=8 --set checkpoint.every_steps=1 \
   --set logging.dir="$WORK/inf" --quiet > "$WORK/inf.log" 2>&1 || { cat "$WORK/inf.log"; fail "inf run"; }
 python3 - "$WORK/inf/metrics.jsonl" <<'PY' || fail "scale after the injected inf"
 import json, sys
@@ -85,7 +87,7 @@ fi
 # 4. Hung rank: SIGSTOP with a 30 s collective timeout (last: it is the slowest part).
 if want hang; then
   took=$(KILN_FAULT_KIND=hang KILN_FAULT_STEP=5 KILN_FAULT_RANK=1 timed 90 "$WORK/hang.log" -- \
-    timeout -s KILL 150 "${MPIRUN[@]}" -np 2 "$KILN" train --config "$TINY" "${GPU[@]}" \
+    timeout -s KILL 150 "${MPIRUN[@]}" -np "$NP" "$KILN" train --config "$TINY" "${GPU[@]}" \
     --set parallel.collective_timeout_s=30 --set logging.dir="$WORK/h")
   grep -qE "#[0-9]+ .*did not finish within 30 s \(waited [0-9.]+ s\)" "$WORK/hang.log" \
     || { cat "$WORK/hang.log"; fail "rank 0's watchdog message (operation, sequence number, time waited) is missing"; }
