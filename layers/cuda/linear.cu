@@ -88,7 +88,7 @@ void set_epilogue_pointers(const LtGemm& g, cublasLtMatmulDesc_t op) {
 }
 
 void make_plan(const LtGemm& g, std::uint32_t align_a, std::uint32_t align_b, std::uint32_t align_d,
-               std::uint32_t align_bias, LtPlan& plan) {
+               LtPlan& plan) {
   bool wide = g.ab_type == DType::F64;
   cublasComputeType_t compute = wide ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F;
   cudaDataType_t scale_type = wide ? CUDA_R_64F : CUDA_R_32F;
@@ -134,7 +134,6 @@ void make_plan(const LtGemm& g, std::uint32_t align_a, std::uint32_t align_b, st
     KILN_CUBLAS_CHECK(
         cublasLtMatmulPreferenceSetAttribute(plan.preference, attribute, &value, sizeof(value)));
   }
-  (void)align_bias;  // part of the key only: a bias pointer's alignment has no preference
   int found = 0;
   cublasStatus_t status =
       cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(), plan.op, plan.a, plan.b, plan.d, plan.d,
@@ -179,7 +178,7 @@ bool lt_matmul(const LtGemm& g, Device device) {
   std::unique_ptr<LtPlan>& slot = plans[key];
   if (!slot) {
     auto plan = std::make_unique<LtPlan>();
-    make_plan(g, align_a, align_b, align_d, align_bias, *plan);
+    make_plan(g, align_a, align_b, align_d, *plan);
     slot = std::move(plan);
   }
   LtPlan& plan = *slot;

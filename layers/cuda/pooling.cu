@@ -197,10 +197,16 @@ void check_dense(const Tensor& a, const Tensor& b, const char* who) {
              std::string(who) + ": " + a.str() + ", " + b.str());
 }
 
-// 32-bit index arithmetic when every index fits (64-bit division is several times slower).
-bool small_indices(const Tensor& a, const Tensor& b) {
+// Calls f(I{}) with I = int32 when every index of a and b fits (64-bit division is several times
+// slower on the GPU), else int64.
+template <typename F>
+void with_index_type(const Tensor& a, const Tensor& b, F&& f) {
   constexpr std::int64_t kLimit = std::int64_t{1} << 30;
-  return a.numel() < kLimit && b.numel() < kLimit;
+  if (a.numel() < kLimit && b.numel() < kLimit) {
+    f(std::int32_t{});
+  } else {
+    f(std::int64_t{});
+  }
 }
 
 }  // namespace
@@ -211,17 +217,13 @@ void max_forward(const PoolGeometry& g, const Tensor& x, Tensor& y, Tensor& argm
   const std::int64_t total = y.numel();
   if (total == 0) return;
   KILN_CUDA_DISPATCH_FLOATING(x.dtype(), T, {
-    if (small_indices(x, y)) {
-      max_forward_kernel<T, std::int32_t><<<cuda::grid_for(total), 256, 0, stream_of(x)>>>(
+    with_index_type(x, y, [&](auto index) {
+      using I = decltype(index);
+      max_forward_kernel<T, I><<<cuda::grid_for(total), 256, 0, stream_of(x)>>>(
           g, static_cast<const T*>(x.data()), static_cast<T*>(y.data()),
-          static_cast<std::int32_t*>(argmax.data()), static_cast<std::int32_t>(total));
+          static_cast<std::int32_t*>(argmax.data()), static_cast<I>(total));
       KILN_CUDA_LAUNCH_CHECK();
-    } else {
-      max_forward_kernel<T, std::int64_t><<<cuda::grid_for(total), 256, 0, stream_of(x)>>>(
-          g, static_cast<const T*>(x.data()), static_cast<T*>(y.data()),
-          static_cast<std::int32_t*>(argmax.data()), total);
-    }
-    KILN_CUDA_LAUNCH_CHECK();
+    });
   });
 }
 
@@ -230,17 +232,13 @@ void max_backward(const PoolGeometry& g, const Tensor& dy, const Tensor& argmax,
   const std::int64_t total = dx.numel();
   if (total == 0) return;
   KILN_CUDA_DISPATCH_FLOATING(dx.dtype(), T, {
-    if (small_indices(dx, dy)) {
-      max_backward_kernel<T, std::int32_t><<<cuda::grid_for(total), 256, 0, stream_of(dx)>>>(
+    with_index_type(dx, dy, [&](auto index) {
+      using I = decltype(index);
+      max_backward_kernel<T, I><<<cuda::grid_for(total), 256, 0, stream_of(dx)>>>(
           g, static_cast<const T*>(dy.data()), static_cast<const std::int32_t*>(argmax.data()),
-          static_cast<T*>(dx.data()), static_cast<std::int32_t>(total));
+          static_cast<T*>(dx.data()), static_cast<I>(total));
       KILN_CUDA_LAUNCH_CHECK();
-    } else {
-      max_backward_kernel<T, std::int64_t><<<cuda::grid_for(total), 256, 0, stream_of(dx)>>>(
-          g, static_cast<const T*>(dy.data()), static_cast<const std::int32_t*>(argmax.data()),
-          static_cast<T*>(dx.data()), total);
-    }
-    KILN_CUDA_LAUNCH_CHECK();
+    });
   });
 }
 
@@ -249,16 +247,12 @@ void avg_forward(const PoolGeometry& g, const Tensor& x, Tensor& y) {
   const std::int64_t total = y.numel();
   if (total == 0) return;
   KILN_CUDA_DISPATCH_FLOATING(x.dtype(), T, {
-    if (small_indices(x, y)) {
-      avg_forward_kernel<T, std::int32_t><<<cuda::grid_for(total), 256, 0, stream_of(x)>>>(
-          g, static_cast<const T*>(x.data()), static_cast<T*>(y.data()),
-          static_cast<std::int32_t>(total));
+    with_index_type(x, y, [&](auto index) {
+      using I = decltype(index);
+      avg_forward_kernel<T, I><<<cuda::grid_for(total), 256, 0, stream_of(x)>>>(
+          g, static_cast<const T*>(x.data()), static_cast<T*>(y.data()), static_cast<I>(total));
       KILN_CUDA_LAUNCH_CHECK();
-    } else {
-      avg_forward_kernel<T, std::int64_t><<<cuda::grid_for(total), 256, 0, stream_of(x)>>>(
-          g, static_cast<const T*>(x.data()), static_cast<T*>(y.data()), total);
-    }
-    KILN_CUDA_LAUNCH_CHECK();
+    });
   });
 }
 
@@ -267,16 +261,12 @@ void avg_backward(const PoolGeometry& g, const Tensor& dy, Tensor& dx) {
   const std::int64_t total = dx.numel();
   if (total == 0) return;
   KILN_CUDA_DISPATCH_FLOATING(dx.dtype(), T, {
-    if (small_indices(dx, dy)) {
-      avg_backward_kernel<T, std::int32_t><<<cuda::grid_for(total), 256, 0, stream_of(dx)>>>(
-          g, static_cast<const T*>(dy.data()), static_cast<T*>(dx.data()),
-          static_cast<std::int32_t>(total));
+    with_index_type(dx, dy, [&](auto index) {
+      using I = decltype(index);
+      avg_backward_kernel<T, I><<<cuda::grid_for(total), 256, 0, stream_of(dx)>>>(
+          g, static_cast<const T*>(dy.data()), static_cast<T*>(dx.data()), static_cast<I>(total));
       KILN_CUDA_LAUNCH_CHECK();
-    } else {
-      avg_backward_kernel<T, std::int64_t><<<cuda::grid_for(total), 256, 0, stream_of(dx)>>>(
-          g, static_cast<const T*>(dy.data()), static_cast<T*>(dx.data()), total);
-    }
-    KILN_CUDA_LAUNCH_CHECK();
+    });
   });
 }
 

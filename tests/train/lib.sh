@@ -26,3 +26,16 @@ lines = [l for l in open(sys.argv[1]) if json.loads(l)["step"] <= int(sys.argv[2
 open(sys.argv[1], "w").writelines(lines)
 PY
 }
+
+# Runs a command with its output in `log`, checks its exit (non-zero when expected-nonzero is 1)
+# and that it took at most max-seconds, and prints the seconds it took. Used as took=$(timed ...):
+# what explains a failure goes to stderr, or the command substitution would swallow it.
+timed() {  # max-seconds expected-nonzero(1|0) log -- command...
+  local max=$1 nonzero=$2 log=$3; shift 4
+  local start code=0; start=$(date +%s)
+  "$@" > "$log" 2>&1 || code=$?
+  local took=$(( $(date +%s) - start ))
+  if [ "$nonzero" = 1 ] && [ "$code" = 0 ]; then cat "$log" >&2; fail "expected a non-zero exit: $*"; fi
+  [ "$took" -le "$max" ] || { tail -40 "$log" >&2; fail "took ${took}s (limit ${max}s): $*"; }
+  echo "$took"
+}

@@ -10,15 +10,6 @@
 #   an impossible batch: every rank exits within 60 s with requested and in-use bytes.
 source "$(dirname "$0")/lib.sh"
 np2() { "${MPIRUN[@]}" -np 2 "$@"; }
-timed() {  # max-seconds expected-nonzero(1|0) log -- command...
-  local max=$1 nonzero=$2 log=$3; shift 4
-  local start code=0; start=$(date +%s)
-  "$@" > "$log" 2>&1 || code=$?
-  local took=$(( $(date +%s) - start ))
-  if [ "$nonzero" = 1 ] && [ "$code" = 0 ]; then cat "$log"; fail "expected a non-zero exit: $*"; fi
-  [ "$took" -le "$max" ] || fail "took ${took}s (limit ${max}s): $*"
-  echo "$took"
-}
 STEPS=60
 np2 "$KILN" train --config "$TINY" --set train.steps=$STEPS --set logging.dir="$WORK/ref" --quiet > "$WORK/ref.log" 2>&1 \
   || { cat "$WORK/ref.log"; fail "reference run"; }

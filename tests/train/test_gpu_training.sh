@@ -21,16 +21,6 @@ GPUS=$(nvidia-smi -L 2>/dev/null | grep -c GPU || true)
 GPU=(--set train.device=CUDA --set train.deterministic=true --set precision.opt_level=O2
      --set precision.half=FP16 --set precision.loss_scale.growth_interval=30)
 run_np() { "${MPIRUN[@]}" -np "$NP" "$KILN" train --config "$TINY" "${GPU[@]}" "$@"; }
-timed() {  # max-seconds log -- command...: expects a non-zero exit within max-seconds
-  local max=$1 log=$2; shift 3
-  local start code=0; start=$(date +%s)
-  "$@" > "$log" 2>&1 || code=$?
-  local took=$(( $(date +%s) - start ))
-  # Runs inside $(...): what explains a failure goes to stderr, or it would be swallowed.
-  [ "$code" != 0 ] || { cat "$log" >&2; fail "expected a non-zero exit: $*"; }
-  [ "$took" -le "$max" ] || { tail -40 "$log" >&2; fail "took ${took}s (limit ${max}s): $*"; }
-  echo "$took"
-}
 # The training state of a checkpoint without what names the run's directory (its paths, and
 # the experiment's hash, which covers them).
 state() { grep -vE '^ *(dir|experiment_hash): ' "$1/state.pbtxt"; }
@@ -57,7 +47,7 @@ fi
 if want faults; then
 STEPS=(--set train.steps=60)
 run_np "${STEPS[@]}" --set logging.dir="$WORK/ref" --quiet > "$WORK/ref.log" 2>&1 || { cat "$WORK/ref.log"; fail "reference run"; }
-took=$(KILN_FAULT_KIND=kill KILN_FAULT_STEP=50 KILN_FAULT_RANK=1 timed 60 "$WORK/kill.log" -- \
+took=$(KILN_FAULT_KIND=kill KILN_FAULT_STEP=50 KILN_FAULT_RANK=1 timed 60 1 "$WORK/kill.log" -- \
   run_np "${STEPS[@]}" --set logging.dir="$WORK/k")
 grep -qiE "rank 1 .*(signal 9|killed)|process rank 1" "$WORK/kill.log" || { cat "$WORK/kill.log"; fail "the log does not name rank 1"; }
 [ -d "$WORK/k/checkpoints/step-000050" ] || fail "no step-50 checkpoint"
@@ -65,7 +55,7 @@ run_np "${STEPS[@]}" --set logging.dir="$WORK/k" --resume latest --quiet > "$WOR
 diff <(losses "$WORK/ref/metrics.jsonl") <(losses "$WORK/k/metrics.jsonl") || fail "losses after resume differ"
 pass "dead rank on NCCL: job ended in ${took}s naming rank 1; resume matches the reference bit for bit"
 
-took=$(KILN_FAULT_KIND=exit3 KILN_FAULT_STEP=5 KILN_FAULT_RANK=1 timed 60 "$WORK/exit3.log" -- \
+took=$(KILN_FAULT_KIND=exit3 KILN_FAULT_STEP=5 KILN_FAULT_RANK=1 timed 60 1 "$WORK/exit3.log" -- \
   run_np --set logging.dir="$WORK/e")
 pass "rank 1 exiting with code 3 on NCCL: job ended non-zero in ${took}s"
 fi
@@ -86,7 +76,7 @@ fi
 
 # 4. Hung rank: SIGSTOP with a 30 s collective timeout (last: it is the slowest part).
 if want hang; then
-  took=$(KILN_FAULT_KIND=hang KILN_FAULT_STEP=5 KILN_FAULT_RANK=1 timed 90 "$WORK/hang.log" -- \
+  took=$(KILN_FAULT_KIND=hang KILN_FAULT_STEP=5 KILN_FAULT_RANK=1 timed 90 1 "$WORK/hang.log" -- \
     timeout -s KILL 150 "${MPIRUN[@]}" -np "$NP" "$KILN" train --config "$TINY" "${GPU[@]}" \
     --set parallel.collective_timeout_s=30 --set logging.dir="$WORK/h")
   grep -qE "#[0-9]+ .*did not finish within 30 s \(waited [0-9.]+ s\)" "$WORK/hang.log" \
