@@ -7,7 +7,8 @@
 #   table     the Kiln vs PyTorch table (bench/compare-pytorch.sh --quick)
 #   kbench    Kiln alone on the nine seed configurations (kiln bench --json, 15 timed steps;
 #             KBENCH="model batch,..." picks others)
-#   hang      the two-GPU hung-rank test alone (tests/train/test_gpu_training.sh, part hang)
+#   hang      the two-GPU hung-rank test alone (tests/train/test_gpu_training.sh, part hang;
+#             HANG_PARTS="inf hang" adds others)
 #   scaling   data-parallel scaling on every GPU of the machine (bench/scaling.sh), with the
 #             same-result check and the dead/hung-rank tests at that many ranks
 #   parity    Kiln vs PyTorch from the same weights (tools/parity/models.py, 20 steps)
@@ -69,7 +70,7 @@ print(f"{r['model']} {r['batch_per_gpu']}: {r['samples_per_s']:.0f} samples/s, {
 PY
       done ;;
     hang)
-      KILN_SOURCE_DIR=$PWD KILN_GPU_TRAINING_PARTS=hang timeout "$(upto 200)" \
+      KILN_SOURCE_DIR=$PWD KILN_GPU_TRAINING_PARTS=${HANG_PARTS:-hang} timeout "$(upto 200)" \
         bash tests/train/test_gpu_training.sh "$BUILD/bin/kiln" > "$OUT/hang.log" 2>&1
       echo "exit $?"; tail -40 "$OUT/hang.log" ;;
     scaling)

@@ -39,3 +39,21 @@ timed() {  # max-seconds expected-nonzero(1|0) log -- command...
   [ "$took" -le "$max" ] || { tail -40 "$log" >&2; fail "took ${took}s (limit ${max}s): $*"; }
   echo "$took"
 }
+
+# Whether two model.safetensors hold the same parameters, byte for byte; buffers (batch-norm
+# running statistics) are left out: the forward pass of a skipped step still updates them.
+same_parameters() {
+  python3 - "$1" "$2" <<'PY'
+import json, struct, sys
+def params(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header, data = json.loads(f.read(n)), f.read()
+    return {k: data[v["data_offsets"][0]:v["data_offsets"][1]] for k, v in header.items()
+            if k != "__metadata__" and not any(b in k for b in ("running_", "num_batches_tracked"))}
+a, b = params(sys.argv[1]), params(sys.argv[2])
+assert a.keys() == b.keys() and a, (sorted(a), sorted(b))
+changed = [k for k in a if a[k] != b[k]]
+if changed: sys.exit("parameters differ: " + ", ".join(changed[:5]))
+PY
+}
