@@ -109,6 +109,10 @@ int run_bench(const Arguments& args) {
             j.field(name_key, l.layer);
             j.field("forward_ms", l.forward_ms);
             j.field("backward_ms", l.backward_ms);
+            if (l.host_forward_ms > 0 || l.host_backward_ms > 0) {
+              j.field("host_forward_ms", l.host_forward_ms);
+              j.field("host_backward_ms", l.host_backward_ms);
+            }
             j.end_object();
           }
           j.end_array();
@@ -137,11 +141,13 @@ int run_bench(const Arguments& args) {
           for (const auto& l : r.layers) {
             std::printf("  %-36s %12.3f %12.3f\n", l.layer.c_str(), l.forward_ms, l.backward_ms);
           }
-          std::printf("\n  %-36s %12s %12s %8s\n", "leaf layers by type (per step)", "forward ms",
-                      "backward ms", "of step");
+          std::printf("\n  %-36s %12s %12s %8s %12s %12s\n", "leaf layers by type (per step)",
+                      "forward ms", "backward ms", "of step", "host fwd ms", "host bwd ms");
           for (const auto& l : r.layer_types) {
-            std::printf("  %-36s %12.3f %12.3f %7.1f%%\n", l.layer.c_str(), l.forward_ms,
-                        l.backward_ms, 100 * (l.forward_ms + l.backward_ms) / r.median_ms);
+            std::printf("  %-36s %12.3f %12.3f %7.1f%% %12.3f %12.3f\n", l.layer.c_str(),
+                        l.forward_ms, l.backward_ms,
+                        100 * (l.forward_ms + l.backward_ms) / r.median_ms, l.host_forward_ms,
+                        l.host_backward_ms);
           }
         }
       }

@@ -25,13 +25,15 @@ const char* activation_name(Activation a);
 
 enum class GeluForm { Erf, Tanh };
 
+// The normal CDF as erfc(-x / sqrt 2) / 2: 1 + erf(x / sqrt 2) cancels for negative x (3 digits
+// lost at x = -3), where CPU and GPU would then differ far beyond rounding.
 template <typename T>
 KILN_HOST_DEVICE T gelu_erf(T x) {
-  return T(0.5) * x * (T(1) + ::erf(x * T(0.70710678118654752440)));
+  return T(0.5) * x * ::erfc(x * T(-0.70710678118654752440));
 }
 template <typename T>
 KILN_HOST_DEVICE T gelu_erf_grad(T x) {
-  T cdf = T(0.5) * (T(1) + ::erf(x * T(0.70710678118654752440)));
+  T cdf = T(0.5) * ::erfc(x * T(-0.70710678118654752440));
   T pdf = ::exp(T(-0.5) * x * x) * T(0.39894228040143267794);  // 1/sqrt(2 pi)
   return cdf + x * pdf;
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/cpu/element.h"
 #include "core/ops.h"
 #include "layers/conv2d.h"
 
@@ -102,7 +103,7 @@ Tensor BatchNorm2d::forward_impl(Context& ctx, const Tensor& x) {
     if (batch_stats) {
       batchnorm_cuda::forward_training(xp, weight_->value, bias_->value, cl, eps_, momentum_, true,
                                        running_mean_->value, running_var_->value, yp, saved_mean_,
-                                       saved_invstd_);
+                                       saved_invstd_, fused_relu_);
       if (!one_.defined() || one_.device() != nbt.device() || one_.dtype() != nbt.dtype()) {
         one_ = Tensor::full(nbt.shape(), 1.0, nbt.dtype(), nbt.device());
       }
@@ -111,7 +112,7 @@ Tensor BatchNorm2d::forward_impl(Context& ctx, const Tensor& x) {
       saved_mean_ = running_mean_->value;
       batchnorm_cuda::forward_inference(xp, weight_->value, bias_->value, cl, eps_,
                                         running_mean_->value, running_var_->value, yp,
-                                        saved_invstd_);
+                                        saved_invstd_, fused_relu_);
     }
     saved_x_ = xp;
     return from_physical(yp, cl);
@@ -173,7 +174,18 @@ Tensor BatchNorm2d::forward_impl(Context& ctx, const Tensor& x) {
   saved_x_ = xp;
   saved_mean_ = f64_vector(mean);
   saved_invstd_ = f64_vector(invstd);
-  return from_physical(yp.to(x.dtype()), cl);
+  Tensor out = yp.to(x.dtype());
+  if (fused_relu_) {
+    // The ReLU layer's rule on the stored value (as BatchNorm2d then ReLU).
+    KILN_DISPATCH_FLOATING(out.dtype(), T, {
+      T* p = static_cast<T*>(out.data());
+      for (std::int64_t i = 0, n = out.numel(); i < n; ++i) {
+        if (!(cpu::load(p[i]) > 0)) p[i] = cpu::store<T>(0.0);
+      }
+    });
+    saved_y_ = out;
+  }
+  return from_physical(out, cl);
 }
 
 Tensor BatchNorm2d::backward_impl(Context& ctx, const Tensor& dy) {
@@ -184,13 +196,27 @@ Tensor BatchNorm2d::backward_impl(Context& ctx, const Tensor& dy) {
 #if KILN_WITH_CUDA
     Tensor dyp = to_physical(dy, cl).to(saved_x_.dtype());
     Tensor dxp = Tensor::empty(saved_x_.shape(), saved_x_.dtype(), dy.device());
-    batchnorm_cuda::backward(saved_x_, dyp, weight_->value, saved_mean_, saved_invstd_, cl,
-                             saved_batch_stats_, dxp, weight_->grad, bias_->grad);
+    batchnorm_cuda::backward(saved_x_, dyp, weight_->value, bias_->value, saved_mean_,
+                             saved_invstd_, cl, saved_batch_stats_, fused_relu_, dxp, weight_->grad,
+                             bias_->grad);
     return from_physical(dxp, cl);
 #endif
   }
   const DType cd = saved_x_.dtype();
-  Tensor dyp = to_physical(dy, cl).to(cd);
+  Tensor dyp = to_physical(dy, cl);
+  if (fused_relu_) {
+    // The ReLU's backward on dy in its own dtype, as the ReLU layer does.
+    KILN_CHECK(saved_y_.defined(), "BatchNorm2d " + name() + ": backward without forward");
+    dyp = dyp.to(saved_y_.dtype()).clone();
+    KILN_DISPATCH_FLOATING(dyp.dtype(), T, {
+      const T* py = static_cast<const T*>(saved_y_.data());
+      T* pd = static_cast<T*>(dyp.data());
+      for (std::int64_t i = 0, n = dyp.numel(); i < n; ++i) {
+        if (!(cpu::load(py[i]) > 0)) pd[i] = cpu::store<T>(0.0);
+      }
+    });
+  }
+  dyp = dyp.to(cd);
   const Shape logical = from_physical(saved_x_, cl).shape();
   const ChannelLayout l = layout_of(logical, cl);
   const double n = static_cast<double>(l.count());

@@ -10,6 +10,9 @@
 // PyTorch's names). Statistics are computed in fp32 (f64 for f64) whatever the activation dtype.
 // Gradient contract: weight.grad and bias.grad are ACCUMULATED (+=); dx is written (=).
 // The training/eval choice is the layer's training() flag (set_training), as in PyTorch.
+// set_fused_relu(true) makes the output relu(y), as BatchNorm2d then ReLU, and backward goes
+// through both: on CUDA the ReLU pass and its backward pass over the activations disappear (the
+// backward recomputes the mask from the saved input); results are bitwise those of the pair.
 
 #include <cstdint>
 
@@ -20,7 +23,7 @@ namespace kiln {
 class BatchNorm2d : public Layer {
  public:
   explicit BatchNorm2d(std::int64_t channels, double eps = 1e-5, double momentum = 0.1);
-  std::string type() const override { return "BatchNorm2d"; }
+  std::string type() const override { return fused_relu_ ? "BatchNorm2d+ReLU" : "BatchNorm2d"; }
   Shape output_shape(const Shape& input) const override;
   double forward_flops(const Shape& input) const override;
   // weight 1, bias 0, running statistics reset (PyTorch's reset_parameters + reset_running_stats).
@@ -31,6 +34,8 @@ class BatchNorm2d : public Layer {
   Buffer& running_mean() { return *running_mean_; }
   Buffer& running_var() { return *running_var_; }
   Buffer& num_batches_tracked() { return *num_batches_tracked_; }
+  void set_fused_relu(bool on) { fused_relu_ = on; }
+  bool fused_relu() const { return fused_relu_; }
   double eps() const { return eps_; }
   double momentum() const { return momentum_; }
 
@@ -41,6 +46,7 @@ class BatchNorm2d : public Layer {
  private:
   std::int64_t channels_;
   double eps_, momentum_;
+  bool fused_relu_ = false;
   Parameter* weight_;
   Parameter* bias_;
   Buffer* running_mean_;
@@ -54,7 +60,8 @@ class BatchNorm2d : public Layer {
   bool saved_channels_last_ = false;
   bool saved_batch_stats_ = true;
   DType saved_input_dtype_ = DType::F32;
-  Tensor one_;  // 1 on the buffers' device, to count batches without a host round trip
+  Tensor saved_y_;  // CPU with a fused ReLU: the output (physical, input dtype), for the mask
+  Tensor one_;      // 1 on the buffers' device, to count batches without a host round trip
 };
 
 // CUDA launchers (layers/cuda/batchnorm.cu) on physical tensors; x, y, dy, dx share a dtype
@@ -64,16 +71,19 @@ namespace batchnorm_cuda {
 // Batch statistics; updates the running ones when update_running.
 void forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias, bool channels_last,
                       double eps, double momentum, bool update_running, Tensor& running_mean,
-                      Tensor& running_var, Tensor& y, Tensor& save_mean, Tensor& save_invstd);
+                      Tensor& running_var, Tensor& y, Tensor& save_mean, Tensor& save_invstd,
+                      bool relu = false);
 // Running statistics; save_invstd receives 1 / sqrt(running_var + eps).
 void forward_inference(const Tensor& x, const Tensor& weight, const Tensor& bias,
                        bool channels_last, double eps, const Tensor& running_mean,
-                       const Tensor& running_var, Tensor& y, Tensor& save_invstd);
+                       const Tensor& running_var, Tensor& y, Tensor& save_invstd,
+                       bool relu = false);
 // batch_stats: backward through the batch statistics (training) or through fixed ones (eval).
-// dweight, dbias are accumulated (+=).
-void backward(const Tensor& x, const Tensor& dy, const Tensor& weight, const Tensor& mean,
-              const Tensor& invstd, bool channels_last, bool batch_stats, Tensor& dx,
-              Tensor& dweight, Tensor& dbias);
+// dweight, dbias are accumulated (+=). relu: dy is the gradient of relu(y), the mask recomputed
+// from x, weight, bias, mean and invstd exactly as forward computed y.
+void backward(const Tensor& x, const Tensor& dy, const Tensor& weight, const Tensor& bias,
+              const Tensor& mean, const Tensor& invstd, bool channels_last, bool batch_stats,
+              bool relu, Tensor& dx, Tensor& dweight, Tensor& dbias);
 }  // namespace batchnorm_cuda
 
 }  // namespace kiln

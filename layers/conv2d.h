@@ -71,6 +71,10 @@ struct ConvAlgorithmChoice {
   bool forward_deterministic = false, backward_data_deterministic = false,
        backward_filter_deterministic = false;
   int forward_math = 0, backward_data_math = 0, backward_filter_math = 0;  // cudnnMathType_t
+  // Cached graph-API execution plans that run instead of the legacy calls above (-1: none;
+  // layers/cuda/conv2d_graph.h). Weight gradients have one plan writing, one accumulating.
+  int graph_forward = -1, graph_backward_data = -1, graph_backward_filter = -1,
+      graph_backward_filter_accumulate = -1;
 };
 
 class Conv2d : public Layer {

@@ -3,6 +3,7 @@
 #   smoke     a short kiln bench (a broken GPU path shows at once)
 #   tests     the gpu/gpu2 test binaries and the two-GPU trainer tests (tools/gpu-check.sh)
 #   profile   kiln bench --profile for ResNet-50 128, BERT-base 32 and ViT-B/16 64
+#             (PROFILE="model batch,..." picks others)
 #   datawait  data-wait fractions of GPU training (tools/data-wait.sh; FASHION_MNIST_DIR)
 #   table     the Kiln vs PyTorch table (bench/compare-pytorch.sh --quick)
 #   kbench    Kiln alone on the nine seed configurations (kiln bench --json, 15 timed steps;
@@ -47,7 +48,8 @@ for stage in "${STAGES[@]}"; do
       timeout $(( $(left) - 20 )) bash tools/gpu-check.sh "$BUILD" --no-bench --no-parity > "$OUT/tests.log" 2>&1
       sed -n '/==== summary/,$p' "$OUT/tests.log" ;;
     profile)
-      for mb in "resnet50 128" "bert_base 32" "vit_b16 64"; do
+      IFS=, read -ra configs <<< "${PROFILE:-resnet50 128,bert_base 32,vit_b16 64}"
+      for mb in "${configs[@]}"; do
         set -- $mb
         timeout 120 "$BUILD/bin/kiln" bench --model "$1" --batch "$2" --amp O2 --steps 20 --warmup 5 --profile \
           > "$OUT/profile-$1.log" 2>&1

@@ -699,6 +699,8 @@ BenchResult Trainer::benchmark(int warmup, int steps, bool profile) {
     std::string layer;
     bool forward;
     Event begin, end;
+    Clock::time_point host_begin{};
+    double host_ms = 0;
   };
   std::vector<std::unique_ptr<Span>> spans, leaf_spans;
   std::map<std::tuple<Layer*, bool, bool>, Span*> open;
@@ -716,9 +718,12 @@ BenchResult Trainer::benchmark(int warmup, int steps, bool profile) {
               std::make_unique<Span>(Span{as_top ? layer.name() : layer.type(), forward,
                                           Event(s.device, true), Event(s.device, true)}));
           list.back()->begin.record(stream);
+          list.back()->host_begin = Clock::now();
           open[key] = list.back().get();
         } else if (open.count(key)) {
-          open[key]->end.record(stream);
+          Span* span = open[key];
+          span->host_ms = 1e3 * seconds_since(span->host_begin);
+          span->end.record(stream);
           open.erase(key);
         }
       }
@@ -774,12 +779,14 @@ BenchResult Trainer::benchmark(int warmup, int steps, bool profile) {
     for (const std::string& name : order) {
       r.layers.push_back({name, median(times[name].first), median(times[name].second)});
     }
-    std::map<std::string, std::pair<double, double>> by_type;
+    std::map<std::string, LayerTime> by_type;
     for (auto& span : leaf_spans) {
-      auto& t = by_type[span->layer];
-      (span->forward ? t.first : t.second) += span->begin.elapsed_ms(span->end) / steps;
+      LayerTime& t = by_type[span->layer];
+      t.layer = span->layer;
+      (span->forward ? t.forward_ms : t.backward_ms) += span->begin.elapsed_ms(span->end) / steps;
+      (span->forward ? t.host_forward_ms : t.host_backward_ms) += span->host_ms / steps;
     }
-    for (const auto& [type, t] : by_type) r.layer_types.push_back({type, t.first, t.second});
+    for (const auto& entry : by_type) r.layer_types.push_back(entry.second);
   }
   return r;
 }

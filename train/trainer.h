@@ -34,6 +34,10 @@ struct LayerTime {
   std::string layer;
   double forward_ms = 0;  // median per step
   double backward_ms = 0;
+  // Host time spent issuing the layer's work (leaf types only): where it is near the GPU time,
+  // the GPU waits for the host there.
+  double host_forward_ms = 0;
+  double host_backward_ms = 0;
 };
 
 struct BenchResult {

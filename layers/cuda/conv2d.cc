@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -23,6 +24,7 @@
 #include "core/cuda/cudnn_handle.h"
 #include "core/cuda/handles.h"
 #include "layers/conv2d.h"
+#include "layers/cuda/conv2d_graph.h"
 
 namespace kiln::cudnn_conv {
 namespace {
@@ -176,6 +178,23 @@ bool acceptable(const Perf& p, const Conv2dGeometry& g, const ConvAlgorithmOptio
   return true;
 }
 
+// KILN_CONV_LOG=1: one stderr line per choice, with what the search measured (ms, MiB) for the
+// first results, to find the geometries and directions where cuDNN has no fast algorithm.
+template <typename Perf>
+void log_choice(const Conv2dGeometry& g, const char* direction, const std::vector<Perf>& perf,
+                int returned, int chosen) {
+  std::string line = "kiln conv: " + g.str() + " " + direction + ": chose algo " +
+                     std::to_string(static_cast<int>(perf[chosen].algo)) + "; results";
+  for (int i = 0; i < returned && i < 6; ++i) {
+    char item[96];
+    std::snprintf(item, sizeof item, " [%d: %.3f ms, %.0f MiB%s]", static_cast<int>(perf[i].algo),
+                  perf[i].time, perf[i].memory / 1048576.0,
+                  perf[i].status == CUDNN_STATUS_SUCCESS ? "" : ", failed");
+    line += item;
+  }
+  std::fprintf(stderr, "%s\n", line.c_str());
+}
+
 // Picks the first usable result of a heuristic query or a benchmark (both come sorted best
 // first). `query(perf, n, returned, workspace, workspace_bytes)` fills results; the heuristic
 // query ignores the workspace. The benchmark gets as much workspace as the heuristics say the
@@ -202,7 +221,10 @@ Perf choose(const Conv2dGeometry& g, const ConvAlgorithmOptions& o, int max_coun
     benchmark(perf.data(), max_count, &returned, workspace.data(), workspace_bytes);
   }
   for (int i = 0; i < returned; ++i) {
-    if (acceptable(perf[i], g, o)) return perf[i];
+    if (acceptable(perf[i], g, o)) {
+      if (std::getenv("KILN_CONV_LOG")) log_choice(g, direction, perf, returned, i);
+      return perf[i];
+    }
   }
   throw Error(std::string("cuDNN offers no usable ") + direction + " algorithm for " + g.str() +
               (o.deterministic ? " (deterministic only)" : "") + " within a workspace of " +
@@ -360,16 +382,34 @@ ConvAlgorithmChoice setup(const Conv2dGeometry& g, const ConvAlgorithmOptions& o
   choice.backward_filter_deterministic = bwd_filter.determinism == CUDNN_DETERMINISTIC;
   choice.backward_filter_math = static_cast<int>(bwd_filter.mathType);
 
+  choice.graph_forward = graph::plan_for(g, o, graph::Direction::Forward, 0.0);
+  choice.graph_backward_data = graph::plan_for(g, o, graph::Direction::BackwardData, 0.0);
+  choice.graph_backward_filter = graph::plan_for(g, o, graph::Direction::BackwardFilter, 0.0);
+  choice.graph_backward_filter_accumulate =
+      graph::plan_for(g, o, graph::Direction::BackwardFilter, 1.0);
+
   std::lock_guard<std::mutex> lock(cache().mutex);
   cache().choices.emplace(key, choice);
   return choice;
 }
+
+namespace {
+
+// Runs a graph plan when there is one and the pointers suit it; false: use the legacy call.
+bool run_graph(int plan, const void* a, const void* b, void* out, Device device) {
+  if (plan < 0) return false;
+  Tensor ws = workspace_tensor(graph::workspace_bytes(plan), device);
+  return graph::execute(plan, a, b, out, data_or_null(ws));
+}
+
+}  // namespace
 
 void forward(const Conv2dGeometry& g, const ConvAlgorithmChoice& algos, const Tensor& x,
              const Tensor& w, Tensor& y) {
   check_operand(x, x_shape(g), g.dtype, "x");
   check_operand(w, w_shape(g), g.dtype, "w");
   check_operand(y, y_shape(g), g.dtype, "y");
+  if (run_graph(algos.graph_forward, x.data(), w.data(), y.data(), x.device())) return;
   Descriptors& d = descriptors_for(g);
   KILN_CUDNN_CHECK(
       cudnnSetConvolutionMathType(d.conv.get(), static_cast<cudnnMathType_t>(algos.forward_math)));
@@ -386,6 +426,7 @@ void backward_data(const Conv2dGeometry& g, const ConvAlgorithmChoice& algos, co
   check_operand(dy, y_shape(g), g.dtype, "dy");
   check_operand(w, w_shape(g), g.dtype, "w");
   check_operand(dx, x_shape(g), g.dtype, "dx");
+  if (run_graph(algos.graph_backward_data, dy.data(), w.data(), dx.data(), dy.device())) return;
   Descriptors& d = descriptors_for(g);
   KILN_CUDNN_CHECK(cudnnSetConvolutionMathType(
       d.conv.get(), static_cast<cudnnMathType_t>(algos.backward_data_math)));
@@ -402,6 +443,10 @@ void backward_filter(const Conv2dGeometry& g, const ConvAlgorithmChoice& algos, 
   check_operand(x, x_shape(g), g.dtype, "x");
   check_operand(dy, y_shape(g), g.dtype, "dy");
   check_operand(dw, w_shape(g), g.dtype, "dw");
+  const int plan = beta == 0.0   ? algos.graph_backward_filter
+                   : beta == 1.0 ? algos.graph_backward_filter_accumulate
+                                 : -1;
+  if (run_graph(plan, x.data(), dy.data(), dw.data(), x.device())) return;
   Descriptors& d = descriptors_for(g);
   KILN_CUDNN_CHECK(cudnnSetConvolutionMathType(
       d.conv.get(), static_cast<cudnnMathType_t>(algos.backward_filter_math)));

@@ -47,10 +47,10 @@ class ResNetBlock : public Layer {
       convs_.push_back(&add_child("conv2", conv_no_bias(planes, planes, 3, 1, 1)));
       bns_.push_back(&add_child("bn2", std::make_unique<BatchNorm2d>(planes)));
     }
-    for (std::size_t i = 0; i < convs_.size(); ++i) {
-      relus_.push_back(
-          &add_child("relu" + std::to_string(i + 1), std::make_unique<ReLU>(/*inplace=*/true)));
-    }
+    // The ReLUs inside the body run fused into the batch norm before them; the last one follows
+    // the residual addition.
+    for (std::size_t i = 0; i + 1 < bns_.size(); ++i) bns_[i]->set_fused_relu(true);
+    relu_ = &add_child("relu" + std::to_string(convs_.size()), std::make_unique<ReLU>(true));
     if (stride != 1 || in_planes != out_planes) {
       auto down = std::make_unique<Sequential>();
       down->add("0", conv_no_bias(in_planes, out_planes, 1, stride, 0));
@@ -82,22 +82,18 @@ class ResNetBlock : public Layer {
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& x) override {
     Tensor h = x;
-    const std::size_t last = convs_.size() - 1;
     for (std::size_t i = 0; i < convs_.size(); ++i) {
       h = bns_[i]->forward(ctx, convs_[i]->forward(ctx, h));
-      if (i != last) h = relus_[i]->forward(ctx, h);
     }
     Tensor shortcut = downsample_ ? downsample_->forward(ctx, x) : x;
-    return relus_[last]->forward(ctx, add_in_order(ctx, h, shortcut));
+    return relu_->forward(ctx, add_in_order(ctx, h, shortcut));
   }
 
   Tensor backward_impl(Context& ctx, const Tensor& dy) override {
-    const std::size_t last = convs_.size() - 1;
-    Tensor g = relus_[last]->backward(ctx, dy);
+    Tensor g = relu_->backward(ctx, dy);
     Tensor d_shortcut = downsample_ ? downsample_->backward(ctx, g) : g;
     Tensor d = g;
     for (std::size_t i = convs_.size(); i-- > 0;) {
-      if (i != last) d = relus_[i]->backward(ctx, d);
       d = convs_[i]->backward(ctx, bns_[i]->backward(ctx, d));
     }
     return add_in_order(ctx, d, d_shortcut);
@@ -116,7 +112,7 @@ class ResNetBlock : public Layer {
 
   std::vector<Conv2d*> convs_;
   std::vector<BatchNorm2d*> bns_;
-  std::vector<ReLU*> relus_;
+  ReLU* relu_ = nullptr;
   Layer* downsample_ = nullptr;
 };
 
@@ -160,8 +156,10 @@ Model make_resnet(const ModelOptions& options, int depth) {
   } else {
     net->add("conv1", conv_no_bias(options.image_channels, 64, 7, 2, 3));
   }
-  net->add("bn1", std::make_unique<BatchNorm2d>(64));
-  net->add("relu", std::make_unique<ReLU>(/*inplace=*/true));
+  // The stem's ReLU runs fused into its batch norm.
+  auto stem_bn = std::make_unique<BatchNorm2d>(64);
+  stem_bn->set_fused_relu(true);
+  net->add("bn1", std::move(stem_bn));
   if (!options.cifar_stem) net->add("maxpool", std::make_unique<MaxPool2d>(3, 2, 1));
   std::int64_t in_planes = 64;
   for (int stage = 0; stage < 4; ++stage) {

@@ -188,11 +188,12 @@ TEST(Conv2d, PyTorchLayoutNamesAndInit) {
 
 // ---- BatchNorm2d -------------------------------------------------------------------------------
 
-class BatchNormGradient : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
+class BatchNormGradient : public ::testing::TestWithParam<std::tuple<bool, bool, bool>> {};
 
 TEST_P(BatchNormGradient, MatchesFiniteDifferences) {
   const bool training = std::get<0>(GetParam());
   BatchNorm2d bn(3);
+  bn.set_fused_relu(std::get<2>(GetParam()));
   bn.to(Device::cpu(), DType::F64);
   ops::fill_uniform(bn.weight().value, 0.5, 1.5, 1);
   ops::fill_uniform(bn.bias().value, -0.5, 0.5, 2);
@@ -207,11 +208,45 @@ TEST_P(BatchNormGradient, MatchesFiniteDifferences) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, BatchNormGradient,
-                         ::testing::Combine(::testing::Bool(), ::testing::Bool()),
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool(),
+                                            ::testing::Bool()),
                          [](const auto& info) {
                            return std::string(std::get<0>(info.param) ? "train" : "eval") +
-                                  (std::get<1>(info.param) ? "_nhwc" : "_nchw");
+                                  (std::get<1>(info.param) ? "_nhwc" : "_nchw") +
+                                  (std::get<2>(info.param) ? "_relu" : "");
                          });
+
+// A fused ReLU gives bitwise the results of BatchNorm2d followed by ReLU (f32 and a half dtype).
+TEST(BatchNorm2d, FusedReluEqualsBatchNormThenRelu) {
+  for (DType dt : {DType::F32, DType::BF16}) {
+    for (bool cl : {false, true}) {
+      Tensor x = random_tensor({4, 8, 5, 3}, 21, dt);
+      Tensor dy = random_tensor({4, 8, 5, 3}, 22, dt);
+      BatchNorm2d fused(8), plain(8);
+      ReLU relu;
+      for (BatchNorm2d* bn : {&fused, &plain}) {
+        ops::fill_uniform(bn->weight().value, 0.5, 1.5, 23);
+        ops::fill_uniform(bn->bias().value, -0.5, 0.5, 24);
+      }
+      fused.set_fused_relu(true);
+      EXPECT_EQ(fused.type(), "BatchNorm2d+ReLU");
+      Context ctx;
+      ctx.channels_last = cl;
+      Tensor y_fused = fused.forward(ctx, x);
+      Tensor y_plain = relu.forward(ctx, plain.forward(ctx, x));
+      Tensor dx_fused = fused.backward(ctx, dy);
+      Tensor dx_plain = plain.backward(ctx, relu.backward(ctx, dy));
+      const std::string what = std::string(dtype_name(dt)) + (cl ? " nhwc" : " nchw");
+      EXPECT_EQ(y_fused.to_vector<double>(), y_plain.to_vector<double>()) << what;
+      EXPECT_EQ(dx_fused.to_vector<double>(), dx_plain.to_vector<double>()) << what;
+      EXPECT_EQ(fused.weight().grad.to_vector<double>(), plain.weight().grad.to_vector<double>());
+      EXPECT_EQ(fused.bias().grad.to_vector<double>(), plain.bias().grad.to_vector<double>());
+      double zeros = 0;
+      for (double v : y_fused.to_vector<double>()) zeros += v == 0.0;
+      EXPECT_GT(zeros, 0) << "the ReLU cut nothing: the test checks no mask";
+    }
+  }
+}
 
 TEST(BatchNorm2d, RunningStatisticsMatchHandComputedValues) {
   BatchNorm2d bn(2, 1e-5, 0.1);

@@ -286,6 +286,49 @@ TEST_F(ConvGpuTest, BatchNormMatchesCpu) {
   }
 }
 
+// The fused ReLU recomputes its mask in backward from the saved input: bitwise the results of
+// BatchNorm2d then ReLU on the GPU, in every dtype and layout (packed NHWC, unpacked, planes).
+TEST_F(ConvGpuTest, BatchNormFusedReluEqualsBatchNormThenRelu) {
+  for (const Precision& p : kPrecisions) {
+    if (p.matmul != p.activation) continue;
+    for (bool cl : {false, true}) {
+      for (bool training : {true, false}) {
+        for (const Shape& shape : {Shape{4, 16, 9, 7}, Shape{2, 64, 16, 16}, Shape{3, 5, 1, 3}}) {
+          const std::uint64_t seed = fresh_seed();
+          BatchNorm2d fused(shape[1]), plain(shape[1]);
+          ReLU relu;
+          for (BatchNorm2d* bn : {&fused, &plain}) {
+            ops::fill_uniform(bn->weight().value, 0.5, 1.5, seed);
+            ops::fill_uniform(bn->bias().value, -0.5, 0.5, seed + 1);
+            ops::fill_uniform(bn->running_var().value, 0.5, 1.5, seed + 3);
+            bn->set_training(training);
+            bn->to(kGpu, p.parameters);
+          }
+          fused.set_fused_relu(true);
+          const std::string what = std::string("bn_relu_") + p.name + (cl ? "_nhwc" : "_nchw") +
+                                   (training ? "_train_" : "_eval_") + shape_str(shape) + " seed " +
+                                   std::to_string(seed);
+          Context ctx = gpu_context(p, cl);
+          Tensor x = random_cpu(shape, seed + 4, p.activation);
+          Tensor x_gpu = cl ? from_physical(to_physical(x, true).to(kGpu), true) : x.to(kGpu);
+          Tensor dy = random_cpu(shape, seed + 5, p.activation).to(kGpu);
+          Tensor y_fused = fused.forward(ctx, x_gpu);
+          Tensor y_plain = relu.forward(ctx, plain.forward(ctx, x_gpu));
+          Tensor dx_fused = fused.backward(ctx, dy);
+          Tensor dx_plain = plain.backward(ctx, relu.backward(ctx, dy));
+          EXPECT_EQ(y_fused.to_vector<double>(), y_plain.to_vector<double>()) << what;
+          EXPECT_EQ(dx_fused.to_vector<double>(), dx_plain.to_vector<double>()) << what;
+          EXPECT_EQ(fused.weight().grad.to_vector<double>(),
+                    plain.weight().grad.to_vector<double>())
+              << what;
+          EXPECT_EQ(fused.bias().grad.to_vector<double>(), plain.bias().grad.to_vector<double>())
+              << what;
+        }
+      }
+    }
+  }
+}
+
 TEST_F(ConvGpuTest, PoolingAndReluMatchCpu) {
   for (const Precision& p : kPrecisions) {
     if (p.matmul != p.activation) continue;  // no O1 cast here
