@@ -1190,11 +1190,11 @@ void fill_defaults(Experiment& experiment, const std::string& config_path) {
 
   ModelConfig& model = *experiment.mutable_model();
   if (!model.has_name()) model.set_name("fashion_cnn");
-  const bool transformer = model.name() == "bert_base" || model.name() == "vit_b16";
   if (!model.has_num_classes()) model.set_num_classes(fashion || cifar ? 10 : 1000);
   if (!model.has_image_size()) model.set_image_size(fashion ? 28 : cifar ? 32 : 224);
   if (!model.has_image_channels()) model.set_image_channels(fashion ? 1 : 3);
-  if (!model.has_dropout()) model.set_dropout(transformer ? 0.1 : 0.0);
+  // The reference models' own: BertConfig's hidden dropout 0.1; torchvision's vit_b_16 has none.
+  if (!model.has_dropout()) model.set_dropout(model.name() == "bert_base" ? 0.1 : 0.0);
   if (model.name() == "mlp" && model.mlp_hidden_size() == 0) {
     model.add_mlp_hidden(512);
     model.add_mlp_hidden(256);

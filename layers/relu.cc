@@ -1,6 +1,7 @@
 #include "layers/relu.h"
 
 #include "core/cpu/element.h"
+#include "core/ops.h"
 #include "layers/conv2d.h"
 
 namespace kiln {
@@ -15,11 +16,28 @@ Tensor ReLU::forward_impl(Context& ctx, const Tensor& x) {
   bool cl = false;
   Tensor xd = dense_memory(x, &cl);
   Tensor yd = inplace_ ? xd : Tensor::empty(xd.shape(), xd.dtype(), xd.device());
+  Tensor rd;
+  if (residual_.defined()) {
+    KILN_CHECK(residual_.shape() == x.shape(), "ReLU " + name() + ": residual " +
+                                                   shape_str(residual_.shape()) + " for input " +
+                                                   shape_str(x.shape()));
+    rd = to_physical(residual_, cl).to(xd.dtype());
+    residual_ = Tensor();
+  }
   if (xd.device().is_cuda()) {
 #if KILN_WITH_CUDA
-    relu_cuda::forward(xd, yd);
+    if (rd.defined()) {
+      relu_cuda::forward_add(xd, rd, yd);
+    } else {
+      relu_cuda::forward(xd, yd);
+    }
 #endif
   } else {
+    if (rd.defined()) {
+      Tensor sum = Tensor::empty(xd.shape(), xd.dtype(), xd.device());
+      ops::add(xd, rd, sum);
+      xd = sum;
+    }
     KILN_DISPATCH_FLOATING(xd.dtype(), T, {
       const T* px = static_cast<const T*>(xd.data());
       T* py = static_cast<T*>(yd.data());

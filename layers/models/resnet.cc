@@ -85,8 +85,9 @@ class ResNetBlock : public Layer {
     for (std::size_t i = 0; i < convs_.size(); ++i) {
       h = bns_[i]->forward(ctx, convs_[i]->forward(ctx, h));
     }
-    Tensor shortcut = downsample_ ? downsample_->forward(ctx, x) : x;
-    return relu_->forward(ctx, add_in_order(ctx, h, shortcut));
+    // The residual sum runs fused into the block's last ReLU.
+    relu_->set_residual(downsample_ ? downsample_->forward(ctx, x) : x);
+    return relu_->forward(ctx, h);
   }
 
   Tensor backward_impl(Context& ctx, const Tensor& dy) override {

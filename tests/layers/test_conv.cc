@@ -216,6 +216,32 @@ INSTANTIATE_TEST_SUITE_P(Modes, BatchNormGradient,
                                   (std::get<2>(info.param) ? "_relu" : "");
                          });
 
+// ReLU with a residual gives bitwise relu(add(x, r)), in both memory orders; backward as ReLU's.
+TEST(ReLU, ResidualEqualsAddThenRelu) {
+  for (DType dt : {DType::F32, DType::BF16}) {
+    for (bool cl : {false, true}) {
+      Tensor x = random_tensor({2, 8, 3, 5}, 31, dt), r = random_tensor({2, 8, 3, 5}, 32, dt);
+      Tensor dy = random_tensor({2, 8, 3, 5}, 33, dt);
+      Context ctx;
+      ctx.channels_last = cl;
+      ReLU fused, plain;
+      fused.set_residual(r);
+      Tensor y_fused = fused.forward(ctx, x);
+      Tensor y_plain = plain.forward(ctx, ops::add(x, r));
+      EXPECT_EQ(y_fused.to_vector<double>(), y_plain.to_vector<double>());
+      EXPECT_EQ(fused.backward(ctx, dy).to_vector<double>(),
+                plain.backward(ctx, dy).to_vector<double>());
+      // The residual is used once.
+      EXPECT_EQ(fused.forward(ctx, x).to_vector<double>(),
+                plain.forward(ctx, x).to_vector<double>());
+    }
+  }
+  ReLU relu;
+  relu.set_residual(Tensor::zeros({2, 3}, DType::F32));
+  Context ctx;
+  EXPECT_THROW(relu.forward(ctx, Tensor::zeros({3, 2}, DType::F32)), Error);
+}
+
 // A fused ReLU gives bitwise the results of BatchNorm2d followed by ReLU (f32 and a half dtype).
 TEST(BatchNorm2d, FusedReluEqualsBatchNormThenRelu) {
   for (DType dt : {DType::F32, DType::BF16}) {

@@ -329,6 +329,40 @@ TEST_F(ConvGpuTest, BatchNormFusedReluEqualsBatchNormThenRelu) {
   }
 }
 
+// ReLU with a residual (a block's fused sum): bitwise an addition then ReLU on the GPU.
+TEST_F(ConvGpuTest, ReluResidualEqualsAddThenRelu) {
+  for (const Precision& p : kPrecisions) {
+    if (p.matmul != p.activation) continue;
+    for (bool cl : {false, true}) {
+      for (const Shape& shape : {Shape{4, 16, 9, 7}, Shape{3, 5, 1, 3}}) {
+        const std::uint64_t seed = fresh_seed();
+        const std::string what = std::string("relu_residual_") + p.name +
+                                 (cl ? "_nhwc_" : "_nchw_") + shape_str(shape) + " seed " +
+                                 std::to_string(seed);
+        Context ctx = gpu_context(p, cl);
+        auto on_gpu = [&](const Tensor& t) {
+          return cl ? from_physical(to_physical(t, true).to(kGpu), true) : t.to(kGpu);
+        };
+        Tensor x = on_gpu(random_cpu(shape, seed, p.activation));
+        Tensor r = on_gpu(random_cpu(shape, seed + 1, p.activation));
+        Tensor dy = on_gpu(random_cpu(shape, seed + 2, p.activation));
+        ReLU fused, plain;
+        fused.set_residual(r);
+        Tensor y_fused = fused.forward(ctx, x);
+        Tensor xp = to_physical(x, cl), rp = to_physical(r, cl);
+        Tensor sum = Tensor::empty(xp.shape(), xp.dtype(), kGpu);
+        ops::add(xp, rp, sum);
+        Tensor y_plain = plain.forward(ctx, from_physical(sum, cl));
+        EXPECT_EQ(is_channels_last(y_fused), cl) << what;
+        EXPECT_EQ(y_fused.to_vector<double>(), y_plain.to_vector<double>()) << what;
+        EXPECT_EQ(fused.backward(ctx, dy).to_vector<double>(),
+                  plain.backward(ctx, dy).to_vector<double>())
+            << what;
+      }
+    }
+  }
+}
+
 TEST_F(ConvGpuTest, PoolingAndReluMatchCpu) {
   for (const Precision& p : kPrecisions) {
     if (p.matmul != p.activation) continue;  // no O1 cast here
