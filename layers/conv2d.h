@@ -64,7 +64,8 @@ struct ConvAlgorithmOptions {
 ConvAlgorithmOptions default_conv_algorithm_options();
 void set_default_conv_algorithm_options(const ConvAlgorithmOptions& options);
 
-// The algorithms chosen for one geometry (cuDNN enum values) and their workspace sizes.
+// The algorithms chosen for one geometry (cuDNN enum values) and their workspace sizes. A
+// direction that runs a graph-API plan has no legacy algorithm (-1).
 struct ConvAlgorithmChoice {
   int forward = -1, backward_data = -1, backward_filter = -1;
   std::size_t forward_workspace = 0, backward_data_workspace = 0, backward_filter_workspace = 0;

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # compute-sanitizer over the GPU tests: memcheck (out-of-bounds and misaligned accesses, errors
 # of CUDA calls) on every GPU test binary, and racecheck (shared-memory hazards) on the tests of
-# the kernels that use shared memory (reductions, layernorm, softmax, cross-entropy, embedding,
-# the optimizers' multi-tensor kernels). Full-size models are left out: under the sanitizer they
+# the kernels that use shared memory (reductions, batch norm, layernorm, softmax, cross-entropy,
+# embedding, the optimizers' multi-tensor kernels). Full-size models are left out: under the sanitizer they
 # take many minutes and run no kernel the small tests do not.
 #   tools/gpu-sanitize.sh [BUILD_DIR]     (on the GPU machine; logs under $OUT)
 set -uo pipefail
@@ -32,6 +32,7 @@ check memcheck layers/test_layers_conv_gpu '-*ResNet*'
 check memcheck optim/test_optim_gpu '*'
 check memcheck data/test_data_loader_gpu '*'
 check racecheck core/test_core_gpu '*Reductions*'
+check racecheck layers/test_layers_conv_gpu '*BatchNorm*'
 check racecheck layers/test_layers_transformer_gpu '*LayerNormLaunchers*:*SoftmaxLaunchers*:*EmbeddingLaunchers*'
 check racecheck layers/test_layers_dense_gpu '*SoftmaxCrossEntropy*'
 check racecheck optim/test_optim_gpu '*AdamW*:*GlobalNorm*:*Unscale*'

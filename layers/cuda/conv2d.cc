@@ -317,76 +317,92 @@ ConvAlgorithmChoice setup(const Conv2dGeometry& g, const ConvAlgorithmOptions& o
   int device = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&device));
   const Device dev = Device::cuda(device);
-  // Benchmarks run on scratch tensors, so no real output or gradient is overwritten.
-  Tensor x, w, y;
-  if (o.search == ConvAlgorithmSearch::Benchmark) {
-    x = Tensor::zeros(x_shape(g), g.dtype, dev);
-    w = Tensor::zeros(w_shape(g), g.dtype, dev);
-    y = Tensor::zeros(y_shape(g), g.dtype, dev);
-  }
   ConvAlgorithmChoice choice;
-  int max_count = 0;
-
-  KILN_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(handle, &max_count));
-  auto fwd = choose<cudnnConvolutionFwdAlgoPerf_t>(
-      g, o, max_count,
-      [&](cudnnConvolutionFwdAlgoPerf_t* p, int n, int* returned) {
-        KILN_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
-            handle, d.x.get(), d.w.get(), d.conv.get(), d.y.get(), n, returned, p));
-      },
-      [&](cudnnConvolutionFwdAlgoPerf_t* p, int n, int* returned, void* ws, std::size_t bytes) {
-        KILN_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
-            handle, d.x.get(), x.data(), d.w.get(), w.data(), d.conv.get(), d.y.get(), y.data(), n,
-            returned, p, ws, bytes));
-      },
-      "forward");
-  choice.forward = static_cast<int>(fwd.algo);
-  choice.forward_workspace = fwd.memory;
-  choice.forward_deterministic = fwd.determinism == CUDNN_DETERMINISTIC;
-  choice.forward_math = static_cast<int>(fwd.mathType);
-
-  KILN_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(handle, &max_count));
-  auto bwd_data = choose<cudnnConvolutionBwdDataAlgoPerf_t>(
-      g, o, max_count,
-      [&](cudnnConvolutionBwdDataAlgoPerf_t* p, int n, int* returned) {
-        KILN_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-            handle, d.w.get(), d.y.get(), d.conv.get(), d.x.get(), n, returned, p));
-      },
-      [&](cudnnConvolutionBwdDataAlgoPerf_t* p, int n, int* returned, void* ws, std::size_t bytes) {
-        KILN_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
-            handle, d.w.get(), w.data(), d.y.get(), y.data(), d.conv.get(), d.x.get(), x.data(), n,
-            returned, p, ws, bytes));
-      },
-      "backward-data");
-  choice.backward_data = static_cast<int>(bwd_data.algo);
-  choice.backward_data_workspace = bwd_data.memory;
-  choice.backward_data_deterministic = bwd_data.determinism == CUDNN_DETERMINISTIC;
-  choice.backward_data_math = static_cast<int>(bwd_data.mathType);
-
-  KILN_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(handle, &max_count));
-  auto bwd_filter = choose<cudnnConvolutionBwdFilterAlgoPerf_t>(
-      g, o, max_count,
-      [&](cudnnConvolutionBwdFilterAlgoPerf_t* p, int n, int* returned) {
-        KILN_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-            handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(), n, returned, p));
-      },
-      [&](cudnnConvolutionBwdFilterAlgoPerf_t* p, int n, int* returned, void* ws,
-          std::size_t bytes) {
-        KILN_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
-            handle, d.x.get(), x.data(), d.y.get(), y.data(), d.conv.get(), d.w.get(), w.data(), n,
-            returned, p, ws, bytes));
-      },
-      "backward-filter");
-  choice.backward_filter = static_cast<int>(bwd_filter.algo);
-  choice.backward_filter_workspace = bwd_filter.memory;
-  choice.backward_filter_deterministic = bwd_filter.determinism == CUDNN_DETERMINISTIC;
-  choice.backward_filter_math = static_cast<int>(bwd_filter.mathType);
-
+  // The graph API's plans first; the legacy algorithms only for a direction without one (their
+  // search would cost start-up time for nothing). Graph plans honour `deterministic` by filter.
   choice.graph_forward = graph::plan_for(g, o, graph::Direction::Forward, 0.0);
   choice.graph_backward_data = graph::plan_for(g, o, graph::Direction::BackwardData, 0.0);
   choice.graph_backward_filter = graph::plan_for(g, o, graph::Direction::BackwardFilter, 0.0);
   choice.graph_backward_filter_accumulate =
       graph::plan_for(g, o, graph::Direction::BackwardFilter, 1.0);
+  const bool legacy_forward = choice.graph_forward < 0;
+  const bool legacy_data = choice.graph_backward_data < 0;
+  const bool legacy_filter =
+      choice.graph_backward_filter < 0 || choice.graph_backward_filter_accumulate < 0;
+  choice.forward_deterministic = choice.backward_data_deterministic =
+      choice.backward_filter_deterministic = o.deterministic;
+
+  // Benchmarks run on scratch tensors, so no real output or gradient is overwritten.
+  Tensor x, w, y;
+  if (o.search == ConvAlgorithmSearch::Benchmark &&
+      (legacy_forward || legacy_data || legacy_filter)) {
+    x = Tensor::zeros(x_shape(g), g.dtype, dev);
+    w = Tensor::zeros(w_shape(g), g.dtype, dev);
+    y = Tensor::zeros(y_shape(g), g.dtype, dev);
+  }
+  int max_count = 0;
+
+  if (legacy_forward) {
+    KILN_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(handle, &max_count));
+    auto fwd = choose<cudnnConvolutionFwdAlgoPerf_t>(
+        g, o, max_count,
+        [&](cudnnConvolutionFwdAlgoPerf_t* p, int n, int* returned) {
+          KILN_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
+              handle, d.x.get(), d.w.get(), d.conv.get(), d.y.get(), n, returned, p));
+        },
+        [&](cudnnConvolutionFwdAlgoPerf_t* p, int n, int* returned, void* ws, std::size_t bytes) {
+          KILN_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
+              handle, d.x.get(), x.data(), d.w.get(), w.data(), d.conv.get(), d.y.get(), y.data(),
+              n, returned, p, ws, bytes));
+        },
+        "forward");
+    choice.forward = static_cast<int>(fwd.algo);
+    choice.forward_workspace = fwd.memory;
+    choice.forward_deterministic = fwd.determinism == CUDNN_DETERMINISTIC;
+    choice.forward_math = static_cast<int>(fwd.mathType);
+  }
+
+  if (legacy_data) {
+    KILN_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(handle, &max_count));
+    auto bwd_data = choose<cudnnConvolutionBwdDataAlgoPerf_t>(
+        g, o, max_count,
+        [&](cudnnConvolutionBwdDataAlgoPerf_t* p, int n, int* returned) {
+          KILN_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+              handle, d.w.get(), d.y.get(), d.conv.get(), d.x.get(), n, returned, p));
+        },
+        [&](cudnnConvolutionBwdDataAlgoPerf_t* p, int n, int* returned, void* ws,
+            std::size_t bytes) {
+          KILN_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
+              handle, d.w.get(), w.data(), d.y.get(), y.data(), d.conv.get(), d.x.get(), x.data(),
+              n, returned, p, ws, bytes));
+        },
+        "backward-data");
+    choice.backward_data = static_cast<int>(bwd_data.algo);
+    choice.backward_data_workspace = bwd_data.memory;
+    choice.backward_data_deterministic = bwd_data.determinism == CUDNN_DETERMINISTIC;
+    choice.backward_data_math = static_cast<int>(bwd_data.mathType);
+  }
+
+  if (legacy_filter) {
+    KILN_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(handle, &max_count));
+    auto bwd_filter = choose<cudnnConvolutionBwdFilterAlgoPerf_t>(
+        g, o, max_count,
+        [&](cudnnConvolutionBwdFilterAlgoPerf_t* p, int n, int* returned) {
+          KILN_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+              handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(), n, returned, p));
+        },
+        [&](cudnnConvolutionBwdFilterAlgoPerf_t* p, int n, int* returned, void* ws,
+            std::size_t bytes) {
+          KILN_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+              handle, d.x.get(), x.data(), d.y.get(), y.data(), d.conv.get(), d.w.get(), w.data(),
+              n, returned, p, ws, bytes));
+        },
+        "backward-filter");
+    choice.backward_filter = static_cast<int>(bwd_filter.algo);
+    choice.backward_filter_workspace = bwd_filter.memory;
+    choice.backward_filter_deterministic = bwd_filter.determinism == CUDNN_DETERMINISTIC;
+    choice.backward_filter_math = static_cast<int>(bwd_filter.mathType);
+  }
 
   std::lock_guard<std::mutex> lock(cache().mutex);
   cache().choices.emplace(key, choice);

@@ -109,6 +109,107 @@ __global__ void max_backward_kernel(PoolGeometry g, const T* dy, const std::int3
   }
 }
 
+// NHWC with whole 16-byte packs of channels: one thread per (pixel, pack), so the index
+// arithmetic is done once for V channels and every access is a vector access. The same
+// comparisons and the same summation order per channel as the kernels above: bitwise equal.
+template <typename T>
+struct ArgmaxPack {  // the int32 argmax of one pack's channels
+  std::int32_t v[cuda::Pack<T>::kSize];
+};
+
+template <typename T>
+__global__ void max_forward_packed_kernel(PoolGeometry g, const cuda::Pack<T>* x, cuda::Pack<T>* y,
+                                          ArgmaxPack<T>* argmax, std::int32_t total_packs) {
+  constexpr int V = cuda::Pack<T>::kSize;
+  const std::int32_t packs = static_cast<std::int32_t>(g.channels / V);
+  const std::int32_t height = static_cast<std::int32_t>(g.height);
+  const std::int32_t width = static_cast<std::int32_t>(g.width);
+  const std::int32_t out_height = static_cast<std::int32_t>(g.out_height);
+  const std::int32_t out_width = static_cast<std::int32_t>(g.out_width);
+  const std::int32_t kernel = static_cast<std::int32_t>(g.kernel);
+  const std::int32_t stride = static_cast<std::int32_t>(g.stride);
+  const std::int32_t padding = static_cast<std::int32_t>(g.padding);
+  using I = std::int32_t;
+  KILN_GRID_STRIDE(i, total_packs) {
+    const I c = i % packs, pixel = i / packs;
+    const I ow = pixel % out_width, rest = pixel / out_width;
+    const I oh = rest % out_height, n = rest / out_height;
+    float best[V];
+    std::int32_t best_at[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) best[k] = -INFINITY, best_at[k] = -1;
+    for (I r = 0; r < kernel; ++r) {
+      const I h = oh * stride - padding + r;
+      if (h < 0 || h >= height) continue;
+      for (I q = 0; q < kernel; ++q) {
+        const I w = ow * stride - padding + q;
+        if (w < 0 || w >= width) continue;
+        const cuda::Pack<T> xv = x[((n * height + h) * width + w) * packs + c];
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          const float v = static_cast<float>(cuda::load(xv.v[k]));
+          if (v > best[k] || best_at[k] < 0) best[k] = v, best_at[k] = h * width + w;
+        }
+      }
+    }
+    cuda::Pack<T> out;
+    ArgmaxPack<T> at;
+#pragma unroll
+    for (int k = 0; k < V; ++k) out.v[k] = cuda::store<T>(best[k]), at.v[k] = best_at[k];
+    y[i] = out;
+    argmax[i] = at;
+  }
+}
+
+template <typename T>
+__global__ void max_backward_packed_kernel(PoolGeometry g, const cuda::Pack<T>* dy,
+                                           const ArgmaxPack<T>* argmax, cuda::Pack<T>* dx,
+                                           std::int32_t total_packs) {
+  constexpr int V = cuda::Pack<T>::kSize;
+  using I = std::int32_t;
+  const I packs = static_cast<I>(g.channels / V);
+  const I height = static_cast<I>(g.height), width = static_cast<I>(g.width);
+  const I out_height = static_cast<I>(g.out_height), out_width = static_cast<I>(g.out_width);
+  const I kernel = static_cast<I>(g.kernel), stride = static_cast<I>(g.stride);
+  const I padding = static_cast<I>(g.padding);
+  KILN_GRID_STRIDE(i, total_packs) {
+    const I c = i % packs, pixel = i / packs;
+    const I w = pixel % width, rest = pixel / width;
+    const I h = rest % height, n = rest / height;
+    I oh_lo, oh_hi, ow_lo, ow_hi;
+    covering(h, kernel, stride, padding, out_height, &oh_lo, &oh_hi);
+    covering(w, kernel, stride, padding, out_width, &ow_lo, &ow_hi);
+    const std::int32_t me = h * width + w;
+    float sum[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) sum[k] = 0.f;
+    for (I oh = oh_lo; oh <= oh_hi; ++oh)
+      for (I ow = ow_lo; ow <= ow_hi; ++ow) {
+        const I o = ((n * out_height + oh) * out_width + ow) * packs + c;
+        const ArgmaxPack<T> at = argmax[o];
+        const cuda::Pack<T> g = dy[o];
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          if (at.v[k] == me) sum[k] += static_cast<float>(cuda::load(g.v[k]));
+        }
+      }
+    cuda::Pack<T> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) out.v[k] = cuda::store<T>(sum[k]);
+    dx[i] = out;
+  }
+}
+
+// Whether the packed kernels can run: NHWC, whole packs per pixel, aligned, 32-bit indices.
+template <typename T>
+bool packed(const PoolGeometry& g, const Tensor& a, const Tensor& b, const Tensor& argmax) {
+  constexpr int V = cuda::Pack<T>::kSize;
+  return g.channels_last && g.channels % V == 0 && a.numel() < (std::int64_t{1} << 30) &&
+         b.numel() < (std::int64_t{1} << 30) &&
+         cuda::aligned16({a.data(), b.data(), argmax.data()}) &&
+         reinterpret_cast<std::uintptr_t>(argmax.data()) % sizeof(ArgmaxPack<T>) == 0;
+}
+
 template <typename T, typename I>
 __global__ void avg_forward_kernel(PoolGeometry g, const T* x, T* y, I total) {
   const float inv = 1.f / static_cast<float>(g.kernel * g.kernel);
@@ -217,6 +318,14 @@ void max_forward(const PoolGeometry& g, const Tensor& x, Tensor& y, Tensor& argm
   const std::int64_t total = y.numel();
   if (total == 0) return;
   KILN_CUDA_DISPATCH_FLOATING(x.dtype(), T, {
+    if (packed<T>(g, x, y, argmax)) {
+      const std::int64_t packs = total / cuda::Pack<T>::kSize;
+      max_forward_packed_kernel<T><<<cuda::grid_for(packs), 256, 0, stream_of(x)>>>(
+          g, static_cast<const cuda::Pack<T>*>(x.data()), static_cast<cuda::Pack<T>*>(y.data()),
+          static_cast<ArgmaxPack<T>*>(argmax.data()), static_cast<std::int32_t>(packs));
+      KILN_CUDA_LAUNCH_CHECK();
+      return;
+    }
     with_index_type(x, y, [&](auto index) {
       using I = decltype(index);
       max_forward_kernel<T, I><<<cuda::grid_for(total), 256, 0, stream_of(x)>>>(
@@ -232,6 +341,15 @@ void max_backward(const PoolGeometry& g, const Tensor& dy, const Tensor& argmax,
   const std::int64_t total = dx.numel();
   if (total == 0) return;
   KILN_CUDA_DISPATCH_FLOATING(dx.dtype(), T, {
+    if (packed<T>(g, dx, dy, argmax)) {
+      const std::int64_t packs = total / cuda::Pack<T>::kSize;
+      max_backward_packed_kernel<T><<<cuda::grid_for(packs), 256, 0, stream_of(dx)>>>(
+          g, static_cast<const cuda::Pack<T>*>(dy.data()),
+          static_cast<const ArgmaxPack<T>*>(argmax.data()), static_cast<cuda::Pack<T>*>(dx.data()),
+          static_cast<std::int32_t>(packs));
+      KILN_CUDA_LAUNCH_CHECK();
+      return;
+    }
     with_index_type(dx, dy, [&](auto index) {
       using I = decltype(index);
       max_backward_kernel<T, I><<<cuda::grid_for(total), 256, 0, stream_of(dx)>>>(
