@@ -4,7 +4,7 @@
 # the kernels that use shared memory (reductions, batch norm, layernorm, softmax, cross-entropy,
 # embedding, the optimizers' multi-tensor kernels). Full-size models are left out: under the sanitizer they
 # take many minutes and run no kernel the small tests do not.
-#   tools/gpu-sanitize.sh [BUILD_DIR]     (on the GPU machine; logs under $OUT)
+#   tools/gpu-sanitize.sh [BUILD_DIR]     (on the GPU machine; logs under $OUT; SANITIZE_ONLY=regex)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build-gpu}
@@ -15,6 +15,8 @@ CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 [ -x "$CS" ] || { echo "sanitize: compute-sanitizer not found"; exit 1; }
 status=0
 check() {  # tool binary gtest-filter [compute-sanitizer option...]
+  # SANITIZE_ONLY (a bash regex over "tool binary filter") picks checks, for a short GPU call.
+  if [ -n "${SANITIZE_ONLY:-}" ] && ! [[ "$1 $2 $3" =~ $SANITIZE_ONLY ]]; then return 0; fi
   local tool=$1 bin=$BUILD/tests/$2 filter=$3 log start=$SECONDS
   log="$OUT/sanitize-$tool-$(basename "$2")${4:+-api}.log"
   local extra=("${@:4}"); [ "$tool" = racecheck ] && extra+=(--racecheck-report hazard)
