@@ -122,6 +122,39 @@ const char* direction_name(Direction d) {
                                         : "backward-filter";
 }
 
+// The descriptor type and attribute names of one direction's convolution operation.
+struct OperationAttributes {
+  cudnnBackendDescriptorType_t type;
+  cudnnBackendAttributeName_t x, w, y, conv, alpha, beta;
+};
+
+const OperationAttributes& attributes_of(Direction d) {
+  static const OperationAttributes forward{CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+                                           CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+                                           CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+                                           CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
+                                           CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+                                           CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+                                           CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA};
+  static const OperationAttributes data{
+      CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA};
+  static const OperationAttributes filter{
+      CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA};
+  return d == Direction::Forward ? forward : d == Direction::BackwardData ? data : filter;
+}
+
 // The engine's numerical notes rule it out for these options: TF32 (tensor cores or down-
 // converted inputs) for f32 data, half-precision accumulation for halves, non-determinism when
 // determinism is asked.
@@ -206,37 +239,16 @@ std::unique_ptr<Plan> build(const Conv2dGeometry& g, const ConvAlgorithmOptions&
   conv->set(CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, dilation, 2);
   conv->finalize();
 
+  // The operation of this direction: x, w and y are its (d)x, (d)w and (d)y.
+  const OperationAttributes& a = attributes_of(direction);
   const float alpha = 1.0f, beta_f = static_cast<float>(beta);
-  DescriptorPtr op;
-  switch (direction) {
-    case Direction::Forward:
-      op = make(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
-      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, *x);
-      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, *w);
-      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, *y);
-      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, *conv);
-      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, &alpha);
-      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, &beta_f);
-      break;
-    case Direction::BackwardData:
-      op = make(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR);
-      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, *x);
-      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, *w);
-      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, *y);
-      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, *conv);
-      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_TYPE_FLOAT, &alpha);
-      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, CUDNN_TYPE_FLOAT, &beta_f);
-      break;
-    case Direction::BackwardFilter:
-      op = make(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR);
-      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, *x);
-      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, *w);
-      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, *y);
-      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, *conv);
-      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_TYPE_FLOAT, &alpha);
-      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, CUDNN_TYPE_FLOAT, &beta_f);
-      break;
-  }
+  DescriptorPtr op = make(a.type);
+  op->set(a.x, *x);
+  op->set(a.w, *w);
+  op->set(a.y, *y);
+  op->set(a.conv, *conv);
+  op->set(a.alpha, CUDNN_TYPE_FLOAT, &alpha);
+  op->set(a.beta, CUDNN_TYPE_FLOAT, &beta_f);
   op->finalize();
 
   cudnnHandle_t handle = cuda::cudnn_handle();
