@@ -3,9 +3,9 @@
 #include <cmath>
 #include <vector>
 
-#include "core/cpu/element.h"
 #include "core/ops.h"
 #include "layers/conv2d.h"
+#include "layers/relu.h"
 
 namespace kiln {
 
@@ -176,13 +176,7 @@ Tensor BatchNorm2d::forward_impl(Context& ctx, const Tensor& x) {
   saved_invstd_ = f64_vector(invstd);
   Tensor out = yp.to(x.dtype());
   if (fused_relu_) {
-    // The ReLU layer's rule on the stored value (as BatchNorm2d then ReLU).
-    KILN_DISPATCH_FLOATING(out.dtype(), T, {
-      T* p = static_cast<T*>(out.data());
-      for (std::int64_t i = 0, n = out.numel(); i < n; ++i) {
-        if (!(cpu::load(p[i]) > 0)) p[i] = cpu::store<T>(0.0);
-      }
-    });
+    relu_cpu::forward(out, out);  // the ReLU layer's rule on the stored value
     saved_y_ = out;
   }
   return from_physical(out, cl);
@@ -207,14 +201,9 @@ Tensor BatchNorm2d::backward_impl(Context& ctx, const Tensor& dy) {
   if (fused_relu_) {
     // The ReLU's backward on dy in its own dtype, as the ReLU layer does.
     KILN_CHECK(saved_y_.defined(), "BatchNorm2d " + name() + ": backward without forward");
-    dyp = dyp.to(saved_y_.dtype()).clone();
-    KILN_DISPATCH_FLOATING(dyp.dtype(), T, {
-      const T* py = static_cast<const T*>(saved_y_.data());
-      T* pd = static_cast<T*>(dyp.data());
-      for (std::int64_t i = 0, n = dyp.numel(); i < n; ++i) {
-        if (!(cpu::load(py[i]) > 0)) pd[i] = cpu::store<T>(0.0);
-      }
-    });
+    Tensor g = dyp.to(saved_y_.dtype());
+    dyp = Tensor::empty(g.shape(), g.dtype());
+    relu_cpu::backward(saved_y_, g, dyp);
   }
   dyp = dyp.to(cd);
   const Shape logical = from_physical(saved_x_, cl).shape();

@@ -11,6 +11,31 @@ Tensor dense_memory(const Tensor& x, bool* channels_last) {
   return *channels_last ? to_physical(x, true) : x.contiguous();
 }
 
+namespace relu_cpu {
+
+void forward(const Tensor& x, Tensor& y) {
+  KILN_DISPATCH_FLOATING(x.dtype(), T, {
+    const T* px = static_cast<const T*>(x.data());
+    T* py = static_cast<T*>(y.data());
+    for (std::int64_t i = 0, n = x.numel(); i < n; ++i) {
+      py[i] = cpu::load(px[i]) > 0 ? px[i] : cpu::store<T>(0.0);
+    }
+  });
+}
+
+void backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  KILN_DISPATCH_FLOATING(dy.dtype(), T, {
+    const T* py = static_cast<const T*>(y.data());
+    const T* pd = static_cast<const T*>(dy.data());
+    T* pdx = static_cast<T*>(dx.data());
+    for (std::int64_t i = 0, n = dy.numel(); i < n; ++i) {
+      pdx[i] = cpu::load(py[i]) > 0 ? pd[i] : cpu::store<T>(0.0);
+    }
+  });
+}
+
+}  // namespace relu_cpu
+
 Tensor ReLU::forward_impl(Context& ctx, const Tensor& x) {
   (void)ctx;
   bool cl = false;
@@ -38,14 +63,7 @@ Tensor ReLU::forward_impl(Context& ctx, const Tensor& x) {
       ops::add(xd, rd, sum);
       xd = sum;
     }
-    KILN_DISPATCH_FLOATING(xd.dtype(), T, {
-      const T* px = static_cast<const T*>(xd.data());
-      T* py = static_cast<T*>(yd.data());
-      for (std::int64_t i = 0, n = xd.numel(); i < n; ++i) {
-        auto v = cpu::load(px[i]);
-        py[i] = v > 0 ? px[i] : cpu::store<T>(0.0);
-      }
-    });
+    relu_cpu::forward(xd, yd);
   }
   saved_y_ = yd;
   saved_channels_last_ = cl;
@@ -63,14 +81,7 @@ Tensor ReLU::backward_impl(Context& ctx, const Tensor& dy) {
     relu_cuda::backward(saved_y_, dyd, dx);
 #endif
   } else {
-    KILN_DISPATCH_FLOATING(dyd.dtype(), T, {
-      const T* py = static_cast<const T*>(saved_y_.data());
-      const T* pd = static_cast<const T*>(dyd.data());
-      T* pdx = static_cast<T*>(dx.data());
-      for (std::int64_t i = 0, n = dyd.numel(); i < n; ++i) {
-        pdx[i] = cpu::load(py[i]) > 0 ? pd[i] : cpu::store<T>(0.0);
-      }
-    });
+    relu_cpu::backward(saved_y_, dyd, dx);
   }
   return saved_channels_last_ ? from_physical(dx, true) : dx;
 }

@@ -27,6 +27,12 @@ class ReLU : public Layer {
   Tensor saved_y_;  // dense (contiguous, or NHWC memory of an (N, C, H, W) view)
 };
 
+// The CPU loops on dense tensors of one dtype (also BatchNorm2d's fused ReLU on the CPU).
+namespace relu_cpu {
+void forward(const Tensor& x, Tensor& y);                      // y may be x
+void backward(const Tensor& y, const Tensor& dy, Tensor& dx);  // dx may be dy
+}  // namespace relu_cpu
+
 // CUDA launchers (layers/cuda/relu.cu) on dense tensors of one dtype; defined when KILN_WITH_CUDA.
 namespace relu_cuda {
 void forward(const Tensor& x, Tensor& y);                       // y may be x

@@ -413,9 +413,7 @@ namespace {
 
 // Runs a graph plan when there is one and the pointers suit it; false: use the legacy call.
 bool run_graph(int plan, const void* a, const void* b, void* out, Device device) {
-  if (plan < 0) return false;
-  Tensor ws = workspace_tensor(graph::workspace_bytes(plan), device);
-  return graph::execute(plan, a, b, out, data_or_null(ws));
+  return plan >= 0 && graph::execute(plan, a, b, out, device);
 }
 
 }  // namespace

@@ -102,7 +102,6 @@ struct Plan {
   std::vector<DescriptorPtr> keep;  // tensors, convolution, operation, graph, engine config
   DescriptorPtr plan;
   std::int64_t workspace = 0;
-  std::int64_t ids[3] = {kIdA, kIdB, kIdOut};
 };
 
 struct Registry {
@@ -187,13 +186,14 @@ bool engine_acceptable(cudnnBackendDescriptor_t config, const Conv2dGeometry& g,
 }
 
 // Runs a plan with these pointers on the current stream.
-void run(const Plan& p, void* const pointers[3], void* workspace) {
+void run(const Descriptor& plan, void* const pointers[3], void* workspace) {
+  static const std::int64_t ids[3] = {kIdA, kIdB, kIdOut};
   Descriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, p.ids, 3);
+  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, ids, 3);
   pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, pointers, 3);
   pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, &workspace);
   pack.finalize();
-  KILN_CUDNN_CHECK(cudnnBackendExecute(cuda::cudnn_handle(), p.plan->get(), pack.get()));
+  KILN_CUDNN_CHECK(cudnnBackendExecute(cuda::cudnn_handle(), plan.get(), pack.get()));
 }
 
 // Builds the plan of one direction, or returns null when no engine passes.
@@ -338,21 +338,18 @@ std::unique_ptr<Plan> build(const Conv2dGeometry& g, const ConvAlgorithmOptions&
     float best_ms = 0;
     std::string log;
     for (std::size_t c = 0; c < candidates.size(); ++c) {
-      Plan trial;
-      trial.plan = std::move(candidates[c].plan);
       Tensor ws =
           Tensor::empty({std::max<std::int64_t>(candidates[c].workspace, 1)}, DType::U8, dev);
       float ms = 1e30f;
       for (int rep = 0; rep < 4; ++rep) {
         KILN_CUDA_CHECK(cudaEventRecord(start, stream));
-        run(trial, pointers, ws.data());
+        run(*candidates[c].plan, pointers, ws.data());
         KILN_CUDA_CHECK(cudaEventRecord(stop, stream));
         KILN_CUDA_CHECK(cudaEventSynchronize(stop));
         float t = 0;
         KILN_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
         if (rep > 0) ms = std::min(ms, t);
       }
-      candidates[c].plan = std::move(trial.plan);
       if (c == 0 || ms < best_ms) best = c, best_ms = ms;
       char item[64];
       std::snprintf(item, sizeof item, " [%zu: %.3f ms, %.0f MiB]", candidates[c].config,
@@ -412,13 +409,7 @@ int plan_for(const Conv2dGeometry& g, const ConvAlgorithmOptions& o, Direction d
   return index;
 }
 
-std::size_t workspace_bytes(int plan) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  return static_cast<std::size_t>(r.plans.at(static_cast<std::size_t>(plan))->workspace);
-}
-
-bool execute(int plan, const void* a, const void* b, void* out, void* workspace) {
+bool execute(int plan, const void* a, const void* b, void* out, Device device) {
   for (const void* p : {a, b, static_cast<const void*>(out)}) {
     if (reinterpret_cast<std::uintptr_t>(p) % kAlignment != 0) return false;
   }
@@ -428,8 +419,10 @@ bool execute(int plan, const void* a, const void* b, void* out, void* workspace)
     std::lock_guard<std::mutex> lock(r.mutex);
     p = r.plans.at(static_cast<std::size_t>(plan)).get();
   }
+  Tensor workspace;
+  if (p->workspace > 0) workspace = Tensor::empty({p->workspace}, DType::U8, device);
   void* pointers[3] = {const_cast<void*>(a), const_cast<void*>(b), out};
-  run(*p, pointers, workspace);
+  run(*p->plan, pointers, workspace.defined() ? workspace.data() : nullptr);
   return true;
 }
 

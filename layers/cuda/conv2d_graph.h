@@ -21,10 +21,8 @@ int plan_for(const Conv2dGeometry& g, const ConvAlgorithmOptions& o, Direction d
              double beta);
 
 // Runs plan `plan` on (forward) x, w -> y; (backward data) dy, w -> dx; (backward filter)
-// x, dy -> dw, with workspace_bytes(plan) of device workspace. Returns false, having launched
-// nothing, when a pointer is not 16-byte aligned.
-bool execute(int plan, const void* a, const void* b, void* out, void* workspace);
-
-std::size_t workspace_bytes(int plan);
+// x, dy -> dw, its workspace from the caching allocator of `device`. Returns false, having
+// launched nothing, when a pointer is not 16-byte aligned.
+bool execute(int plan, const void* a, const void* b, void* out, Device device);
 
 }  // namespace kiln::cudnn_conv::graph

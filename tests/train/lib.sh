@@ -40,6 +40,17 @@ timed() {  # max-seconds expected-nonzero(1|0) log -- command...
   echo "$took"
 }
 
+# Runs in directories $1 (uninterrupted) and $2 (resumed) ended alike after $3 steps: every
+# loss, and bitwise the weights and the optimizer state of the step-$3 checkpoint.
+same_run() {  # reference-dir resumed-dir steps
+  local step; step=$(printf 'step-%06d' "$3")
+  diff <(losses "$1/metrics.jsonl") <(losses "$2/metrics.jsonl") || fail "losses differ after resume"
+  [ "$(losses "$1/metrics.jsonl" | wc -l)" = "$3" ] || fail "expected $3 loss records"
+  for f in model.safetensors optimizer.safetensors; do
+    cmp "$1/checkpoints/$step/$f" "$2/checkpoints/$step/$f" || fail "$f differs at step $3"
+  done
+}
+
 # Whether two model.safetensors hold the same parameters, byte for byte; buffers (batch-norm
 # running statistics) are left out: the forward pass of a skipped step still updates them.
 same_parameters() {
