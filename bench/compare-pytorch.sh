@@ -3,15 +3,20 @@
 # configurations (AdamW, fp16), PyTorch's best variant at the largest batch of each model, and
 # two-GPU data parallelism. Prints a markdown table (samples/s and the ratio per configuration).
 #
-#   bench/compare-pytorch.sh [BUILD_DIR] [--quick] [--no-compile] [--amp O2] [--models "resnet50 ..."]
+#   bench/compare-pytorch.sh [BUILD_DIR] [--quick] [--no-compile | --compile-only] [--amp O2]
+#                            [--models "resnet50 ..."]
+# --quick: 15 timed steps instead of 30 and no torch.compile rows; --compile-only: only the
+# torch.compile rows (at --quick's step counts when both are given), for a run that has no room
+# for the whole table.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build-gpu}; shift || true
-QUICK=0 COMPILE=1 AMP=O2 MODELS="resnet50 bert_base vit_b16" STEPS=30 WARMUP=10
+QUICK=0 COMPILE=1 COMPILE_ONLY=0 AMP=O2 MODELS="resnet50 bert_base vit_b16" STEPS=30 WARMUP=10
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1; STEPS=15; WARMUP=5 ;;
     --no-compile) COMPILE=0 ;;
+    --compile-only) COMPILE_ONLY=1 ;;
     --amp) AMP=$2; shift ;;
     --models) MODELS=$2; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
@@ -46,23 +51,31 @@ print(json.dumps({"label": label, "kiln": load(k), "torch": load(t)}))
 PY
 }
 
+compile_row() {  # model batch: torch.compile (with channels_last for ResNet-50) against Kiln
+  local extra=(); [ "$1" = resnet50 ] && extra=(--channels-last)
+  local t; t=$(torch_ref --model "$1" --batch "$2" --compile "${extra[@]}")
+  record "$1|$2|fp16 AMP, torch.compile|1" "$(kiln "$1" "$2" 1)" "$t"
+}
+
 for m in $MODELS; do
+  largest=$(batches "$m" | awk '{print $3}')
+  if [ "$COMPILE_ONLY" = 1 ]; then
+    compile_row "$m" "$largest"
+    continue
+  fi
   for b in $(batches "$m"); do
     k=$(kiln "$m" "$b" 1); t=$(torch_ref --model "$m" --batch "$b")
     record "$m|$b|fp16 AMP|1" "$k" "$t"
   done
-  largest=$(batches "$m" | awk '{print $3}')
   if [ "$m" = resnet50 ]; then
     t=$(torch_ref --model "$m" --batch "$largest" --channels-last)
     record "$m|$largest|fp16 AMP, channels_last|1" "$(kiln "$m" "$largest" 1)" "$t"
   fi
   if [ "$COMPILE" = 1 ] && [ "$QUICK" = 0 ]; then
-    extra=(); [ "$m" = resnet50 ] && extra=(--channels-last)
-    t=$(torch_ref --model "$m" --batch "$largest" --compile "${extra[@]}")
-    record "$m|$largest|fp16 AMP, torch.compile|1" "$(kiln "$m" "$largest" 1)" "$t"
+    compile_row "$m" "$largest"
   fi
 done
-if [ "$GPUS" -ge 2 ]; then
+if [ "$GPUS" -ge 2 ] && [ "$COMPILE_ONLY" = 0 ]; then
   for mb in "resnet50 128" "bert_base 32"; do
     set -- $mb
     record "$1|$2|fp16 AMP, DDP|2" "$(kiln "$1" "$2" 2)" "$(torch_ref --model "$1" --batch "$2" --gpus 2)"

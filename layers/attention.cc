@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <vector>
 
@@ -184,6 +185,18 @@ Tensor from_heads(const Tensor& src, std::int64_t parts, std::int64_t b, std::in
   return out;
 }
 
+// The fused kernel serves CUDA half activations with d = 64; KILN_ATTENTION_UNFUSED=1 forces
+// the unfused path, to compare the two.
+bool use_fused_attention(Device dev, DType mm, std::int64_t d, std::int64_t t) {
+#if KILN_WITH_CUDA
+  static const bool unfused = std::getenv("KILN_ATTENTION_UNFUSED") != nullptr;
+  return dev.is_cuda() && !unfused && cuda::flash_attention_supported(mm, d, t);
+#else
+  (void)dev, (void)mm, (void)d, (void)t;
+  return false;
+#endif
+}
+
 }  // namespace
 
 MultiHeadSelfAttention::MultiHeadSelfAttention(std::int64_t hidden, std::int64_t heads,
@@ -249,7 +262,6 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
   Device dev = x.device();
   activation_ = x.dtype();
   DType mm = transformer_ops::matmul_dtype(ctx, activation_);
-  DType sd = mm == DType::F64 ? DType::F64 : DType::F32;  // scores and their gradients
   batch_ = b;
   tokens_ = t;
 
@@ -277,10 +289,6 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
   k_ = heads_major.select(0, 1);
   v_ = heads_major.select(0, 2);
 
-  // S = q k^T / sqrt(d)  (BH, T, T)
-  Tensor scores = Tensor::empty({b * h, t, t}, sd, dev);
-  ops::gemm_batched(false, true, 1.0 / std::sqrt(static_cast<double>(d)), q_, k_, 0.0, scores);
-
   Tensor mask;
   if (ctx.attention_mask.defined()) {
     KILN_CHECK(ctx.attention_mask.dim() == 2 && ctx.attention_mask.size(0) == b &&
@@ -292,9 +300,42 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
   dropout_active_ = ctx.training && dropout_ > 0.0;
   dropout_key_ = dropout_key(ctx.seed, layer_id());
   dropout_stream_ = ctx.step;
+  double p = dropout_active_ ? dropout_ : 0.0;
+  lse_ = Tensor();
+  mask_ = Tensor();
+  if (use_fused_attention(dev, mm, d, t)) {
+#if KILN_WITH_CUDA
+    DeviceGuard guard(dev);
+    context_heads_ = Tensor::empty({b * h, t, d}, mm, dev);
+    lse_ = Tensor::empty({b * h, t}, DType::F32, dev);
+    mask_ = mask;
+    probs_ = dropped_probs_ = Tensor();
+    cuda::flash_attention_forward(q_, k_, v_, mask, h, p, dropout_key_, dropout_stream_,
+                                  context_heads_, lse_);
+#endif
+  } else {
+    unfused_forward(mask, p);
+  }
+  context_ = from_heads(context_heads_, 1, b, t, h, d);  // (N, E)
+
+  // y = ctx W_o^T + b_o
+  Tensor y = Tensor::empty({n, e}, activation_, dev);
+  ops::gemm(false, true, 1.0, context_, out_cache_.get(*out_weight_, mm, ctx.weights_version), 0.0,
+            y);
+  transformer_ops::add_bias(y, out_bias_->value);
+  return y.view({b, t, e});
+}
+
+void MultiHeadSelfAttention::unfused_forward(const Tensor& mask, double p) {
+  const std::int64_t b = batch_, t = tokens_, h = heads_, d = head_dim_;
+  Device dev = q_.device();
+  DType mm = q_.dtype();
+  DType sd = mm == DType::F64 ? DType::F64 : DType::F32;
+  // S = q k^T / sqrt(d)  (BH, T, T)
+  Tensor scores = Tensor::empty({b * h, t, t}, sd, dev);
+  ops::gemm_batched(false, true, 1.0 / std::sqrt(static_cast<double>(d)), q_, k_, 0.0, scores);
   probs_ = Tensor::empty({b * h, t, t}, mm, dev);
   dropped_probs_ = dropout_active_ ? Tensor::empty({b * h, t, t}, mm, dev) : Tensor();
-  double p = dropout_active_ ? dropout_ : 0.0;
   if (dev.is_cuda()) {
 #if KILN_WITH_CUDA
     DeviceGuard guard(dev);
@@ -312,17 +353,9 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
   }
   if (!dropout_active_) dropped_probs_ = probs_;
 
-  // ctx = P' v  (BH, T, d) -> (B, T, E)
-  Tensor context_heads = Tensor::empty({b * h, t, d}, mm, dev);
-  ops::gemm_batched(false, false, 1.0, dropped_probs_, v_, 0.0, context_heads);
-  context_ = from_heads(context_heads, 1, b, t, h, d);  // (N, E)
-
-  // y = ctx W_o^T + b_o
-  Tensor y = Tensor::empty({n, e}, activation_, dev);
-  ops::gemm(false, true, 1.0, context_, out_cache_.get(*out_weight_, mm, ctx.weights_version), 0.0,
-            y);
-  transformer_ops::add_bias(y, out_bias_->value);
-  return y.view({b, t, e});
+  // ctx = P' v  (BH, T, d)
+  context_heads_ = Tensor::empty({b * h, t, d}, mm, dev);
+  ops::gemm_batched(false, false, 1.0, dropped_probs_, v_, 0.0, context_heads_);
 }
 
 Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
@@ -345,34 +378,18 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
             dcontext);
   Tensor dcontext_heads = to_heads(dcontext, Tensor(), 1, b, t, h, d).view({b * h, t, d});
 
-  // Through P' v.
-  Tensor d_dropped = Tensor::empty({b * h, t, t}, sd, dev);
-  ops::gemm_batched(false, true, 1.0, dcontext_heads, v_, 0.0, d_dropped);
   Tensor dqkv_heads = Tensor::empty({3, b * h, t, d}, mm, dev);
   Tensor dq = dqkv_heads.select(0, 0), dk = dqkv_heads.select(0, 1), dv = dqkv_heads.select(0, 2);
-  ops::gemm_batched(true, false, 1.0, dropped_probs_, dcontext_heads, 0.0, dv);
-
-  // Through dropout and softmax.
-  Tensor dscores = Tensor::empty({b * h, t, t}, mm, dev);
   double p = dropout_active_ ? dropout_ : 0.0;
-  if (dev.is_cuda()) {
+  if (lse_.defined()) {
 #if KILN_WITH_CUDA
     DeviceGuard guard(dev);
-    cuda::attention_softmax_backward(d_dropped, probs_, p, dropout_key_, dropout_stream_, dscores);
+    cuda::flash_attention_backward(q_, k_, v_, context_heads_, dcontext_heads, lse_, mask_, h, p,
+                                   dropout_key_, dropout_stream_, dq, dk, dv);
 #endif
   } else {
-    KILN_DISPATCH_FLOATING(mm, T, {
-      using S = typename cpu::Compute<T>::type;
-      softmax_backward_rows<S, T>(d_dropped.data<S>(), probs_.data<T>(), b * h * t, t, p,
-                                  dropout_active_, dropout_key_, dropout_stream_,
-                                  dscores.data<T>());
-    });
+    unfused_backward(dcontext_heads, p, dq, dk, dv);
   }
-
-  // Through S = q k^T / sqrt(d).
-  double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  ops::gemm_batched(false, false, scale, dscores, k_, 0.0, dq);
-  ops::gemm_batched(true, false, scale, dscores, q_, 0.0, dk);
   Tensor dqkv = from_heads(dqkv_heads, 3, b, t, h, d);  // (N, 3E)
 
   // Input projections.
@@ -396,6 +413,39 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
     }
   }
   return dx.view({b, t, e});
+}
+
+void MultiHeadSelfAttention::unfused_backward(const Tensor& dcontext_heads, double p, Tensor& dq,
+                                              Tensor& dk, Tensor& dv) {
+  const std::int64_t b = batch_, t = tokens_, h = heads_, d = head_dim_;
+  Device dev = q_.device();
+  DType mm = q_.dtype();
+  DType sd = mm == DType::F64 ? DType::F64 : DType::F32;
+  // Through P' v.
+  Tensor d_dropped = Tensor::empty({b * h, t, t}, sd, dev);
+  ops::gemm_batched(false, true, 1.0, dcontext_heads, v_, 0.0, d_dropped);
+  ops::gemm_batched(true, false, 1.0, dropped_probs_, dcontext_heads, 0.0, dv);
+
+  // Through dropout and softmax.
+  Tensor dscores = Tensor::empty({b * h, t, t}, mm, dev);
+  if (dev.is_cuda()) {
+#if KILN_WITH_CUDA
+    DeviceGuard guard(dev);
+    cuda::attention_softmax_backward(d_dropped, probs_, p, dropout_key_, dropout_stream_, dscores);
+#endif
+  } else {
+    KILN_DISPATCH_FLOATING(mm, T, {
+      using S = typename cpu::Compute<T>::type;
+      softmax_backward_rows<S, T>(d_dropped.data<S>(), probs_.data<T>(), b * h * t, t, p,
+                                  dropout_active_, dropout_key_, dropout_stream_,
+                                  dscores.data<T>());
+    });
+  }
+
+  // Through S = q k^T / sqrt(d).
+  double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  ops::gemm_batched(false, false, scale, dscores, k_, 0.0, dq);
+  ops::gemm_batched(true, false, scale, dscores, q_, 0.0, dk);
 }
 
 }  // namespace kiln

@@ -6,6 +6,8 @@
 //   S = q k^T / sqrt(d)                          (B*H, T, T) fp32 (f64 for f64)
 //   P = softmax(S + mask) ; P' = dropout(P)      fused kernel, fp32 math, masked keys get 0
 //   ctx = P' v                                   (B*H, T, d) -> (B, T, E)
+// On CUDA with half activations and d = 64 the three middle lines are one fused kernel (flash
+// attention: no (T, T) tensor in memory; backward recomputes P from a saved log-sum-exp).
 //   y = ctx W_o^T + b_o
 // The key padding mask is ctx.attention_mask (B, T): 1 attend, 0 padding (any dtype). A query
 // whose keys are all masked gets zero probabilities (and so a zero context), not NaN.
@@ -89,6 +91,11 @@ class MultiHeadSelfAttention : public Layer {
   Tensor backward_impl(Context& ctx, const Tensor& dy) override;
 
  private:
+  // Scores, softmax (+ dropout) and P' v through memory: context_heads_ from q_, k_, v_.
+  void unfused_forward(const Tensor& mask, double p);
+  // dq, dk, dv from the context's gradient, through the saved probabilities.
+  void unfused_backward(const Tensor& dcontext_heads, double p, Tensor& dq, Tensor& dk, Tensor& dv);
+
   std::int64_t hidden_, heads_, head_dim_;
   double dropout_;
   QkvLayout layout_;
@@ -104,6 +111,11 @@ class MultiHeadSelfAttention : public Layer {
   Tensor probs_;          // (B*H, T, T) P, matmul dtype
   Tensor dropped_probs_;  // P' (== probs_ without dropout)
   Tensor context_;        // (B*T, E) matmul dtype
+  // The fused path (CUDA, half, d = 64) keeps the context in head layout and the row log-sum-exp
+  // instead of the probabilities.
+  Tensor context_heads_;  // (B*H, T, d)
+  Tensor lse_;            // (B*H, T) fp32; defined iff the forward took the fused path
+  Tensor mask_;           // (B, T) fp32 key mask of the fused forward, or undefined
   DType activation_ = DType::F32;
   std::int64_t batch_ = 0, tokens_ = 0;
   std::uint64_t dropout_key_ = 0, dropout_stream_ = 0;
@@ -129,6 +141,19 @@ void attention_softmax_forward(const Tensor& scores, const Tensor& mask, std::in
 // d_dropped (BH, T, T) fp32 (f64), probs -> dscores in the matmul dtype.
 void attention_softmax_backward(const Tensor& d_dropped, const Tensor& probs, double p,
                                 std::uint64_t key, std::uint64_t stream, Tensor& dscores);
+// Fused attention (layers/cuda/flash_attention.cu) for q, k, v (BH, T, d) contiguous, 16-byte
+// aligned: whether it serves this dtype, head dimension and length.
+bool flash_attention_supported(DType dtype, std::int64_t head_dim, std::int64_t tokens);
+// out (BH, T, d) = dropout(softmax(q k^T / sqrt(d) + mask)) v, without the (T, T) scores in
+// memory; lse (BH, T) fp32, what backward recomputes the probabilities from.
+void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                             std::int64_t heads, double p, std::uint64_t key, std::uint64_t stream,
+                             Tensor& out, Tensor& lse);
+// dq, dk, dv (BH, T, d) written (=) from dout and the forward's out and lse.
+void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                              const Tensor& dout, const Tensor& lse, const Tensor& mask,
+                              std::int64_t heads, double p, std::uint64_t key, std::uint64_t stream,
+                              Tensor& dq, Tensor& dk, Tensor& dv);
 }  // namespace cuda
 
 }  // namespace kiln

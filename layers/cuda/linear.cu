@@ -5,7 +5,10 @@
 // Row-major tensors are column-major transposes, so every GEMM below is written in cuBLASLt's
 // column-major terms: y^T (out, M) = W (out, in) [row-major] ^T-view x^T.
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -16,6 +19,7 @@
 #include "core/cuda/handles.h"
 #include "core/ops.h"
 #include "core/stream.h"
+#include "layers/conv2d.h"
 #include "layers/linear.h"
 
 namespace kiln::cuda {
@@ -87,8 +91,72 @@ void set_epilogue_pointers(const LtGemm& g, cublasLtMatmulDesc_t op) {
   }
 }
 
+constexpr int kAutotuneCandidates = 8;
+
+// The index of the fastest of the heuristic's algorithms for `g`, timed on scratch outputs (D,
+// and the epilogue's bias gradient or aux when the epilogue writes them), so that the call's own
+// outputs are not touched.
+int fastest(const LtGemm& g, const LtPlan& plan, const cublasLtMatmulHeuristicResult_t* results,
+            int found, Device device) {
+  cudaStream_t stream = static_cast<cudaStream_t>(current_stream(device));
+  const std::int64_t d_bytes = g.ldd * g.n * static_cast<std::int64_t>(dtype_size(g.d_type));
+  Tensor d = Tensor::empty({d_bytes}, DType::U8, device);
+  Tensor bias_out, aux_out;
+  if (g.epilogue == CUBLASLT_EPILOGUE_BGRADB) {
+    bias_out = Tensor::empty({g.n}, g.d_type, device);
+    LtGemm bias_only;
+    bias_only.bias = bias_out.data();
+    set_epilogue_pointers(bias_only, plan.op);
+  }
+  if (g.aux &&
+      (g.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || g.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS)) {
+    aux_out = Tensor::empty({g.aux_ld * g.n}, g.d_type, device);
+    LtGemm aux_only;
+    aux_only.aux = aux_out.data();
+    set_epilogue_pointers(aux_only, plan.op);
+  }
+  bool wide = g.ab_type == DType::F64;
+  float alpha32 = 1.0f, beta32 = static_cast<float>(g.beta);
+  double alpha64 = 1.0, beta64 = g.beta;
+  const void* alpha = wide ? static_cast<const void*>(&alpha64) : &alpha32;
+  const void* beta = wide ? static_cast<const void*>(&beta64) : &beta32;
+  cudaEvent_t start, stop;
+  KILN_CUDA_CHECK(cudaEventCreate(&start));
+  KILN_CUDA_CHECK(cudaEventCreate(&stop));
+  int best = 0;
+  float best_ms = 1e30f;
+  for (int i = 0; i < found; ++i) {
+    Tensor ws = Tensor::empty(
+        {std::max<std::int64_t>(static_cast<std::int64_t>(results[i].workspaceSize), 1)}, DType::U8,
+        device);
+    float ms = 1e30f;
+    for (int rep = 0; rep < 3; ++rep) {
+      KILN_CUDA_CHECK(cudaEventRecord(start, stream));
+      cublasStatus_t status = cublasLtMatmul(
+          cublaslt_handle(), plan.op, alpha, g.a, plan.a, g.b, plan.b, beta, d.data(), plan.d,
+          d.data(), plan.d, &results[i].algo, ws.data(), results[i].workspaceSize, stream);
+      KILN_CUDA_CHECK(cudaEventRecord(stop, stream));
+      KILN_CUDA_CHECK(cudaEventSynchronize(stop));
+      if (status != CUBLAS_STATUS_SUCCESS) break;
+      float t = 0;
+      KILN_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+      if (rep > 0) ms = std::min(ms, t);
+    }
+    if (ms < best_ms) best = i, best_ms = ms;
+  }
+  KILN_CUDA_CHECK(cudaEventDestroy(start));
+  KILN_CUDA_CHECK(cudaEventDestroy(stop));
+  if (std::getenv("KILN_GEMM_LOG")) {
+    std::fprintf(stderr, "kiln gemm: m %lld n %lld k %lld epilogue %d: chose %d of %d (%.3f ms)\n",
+                 static_cast<long long>(g.m), static_cast<long long>(g.n),
+                 static_cast<long long>(g.k), static_cast<int>(g.epilogue), best, found,
+                 static_cast<double>(best_ms));
+  }
+  return best;
+}
+
 void make_plan(const LtGemm& g, std::uint32_t align_a, std::uint32_t align_b, std::uint32_t align_d,
-               LtPlan& plan) {
+               Device device, LtPlan& plan) {
   bool wide = g.ab_type == DType::F64;
   cublasComputeType_t compute = wide ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F;
   cudaDataType_t scale_type = wide ? CUDA_R_64F : CUDA_R_32F;
@@ -134,16 +202,21 @@ void make_plan(const LtGemm& g, std::uint32_t align_a, std::uint32_t align_b, st
     KILN_CUBLAS_CHECK(
         cublasLtMatmulPreferenceSetAttribute(plan.preference, attribute, &value, sizeof(value)));
   }
+  // Benchmark mode (the analogue of cudnn.benchmark, set for convolutions) also times cuBLASLt's
+  // candidates once per shape: its first choice can be 10-30 % slower on some of them.
+  const bool autotune = default_conv_algorithm_options().search == ConvAlgorithmSearch::Benchmark;
+  cublasLtMatmulHeuristicResult_t results[kAutotuneCandidates];
   int found = 0;
-  cublasStatus_t status =
-      cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(), plan.op, plan.a, plan.b, plan.d, plan.d,
-                                     plan.preference, 1, &plan.heuristic, &found);
+  cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      cublaslt_handle(), plan.op, plan.a, plan.b, plan.d, plan.d, plan.preference,
+      autotune ? kAutotuneCandidates : 1, results, &found);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && found == 0)) {
     plan.supported = false;
     return;
   }
   KILN_CUBLAS_CHECK(status);
   plan.supported = true;
+  plan.heuristic = results[found > 1 ? fastest(g, plan, results, found, device) : 0];
 }
 
 // Runs `g`; false when cuBLASLt has no algorithm for its epilogue and types (the caller falls
@@ -178,7 +251,7 @@ bool lt_matmul(const LtGemm& g, Device device) {
   std::unique_ptr<LtPlan>& slot = plans[key];
   if (!slot) {
     auto plan = std::make_unique<LtPlan>();
-    make_plan(g, align_a, align_b, align_d, *plan);
+    make_plan(g, align_a, align_b, align_d, device, *plan);
     slot = std::move(plan);
   }
   LtPlan& plan = *slot;

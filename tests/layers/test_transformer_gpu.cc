@@ -274,6 +274,28 @@ TEST_P(TransformerGpu, AttentionWithoutMaskOrDropoutMatchesCpu) {
                 dt == DType::F32 ? 200 : 24, seed + 1, "attention");
 }
 
+TEST_P(TransformerGpu, FusedAttentionMatchesCpu) {
+  // Head dimension 64 in half takes the fused (flash) kernels (f32 the unfused path): one partial
+  // key tile, exactly one, and several with a partial last; with a padding mask and dropout in
+  // training, without either in eval; both parameter layouts.
+  DType dt = GetParam();
+  std::uint64_t seed = fresh_seed();
+  const std::int64_t b = 3, e = 128;
+  for (std::int64_t t : {37, 64, 197}) {
+    for (bool training : {true, false}) {
+      QkvLayout layout = t == 64 ? QkvLayout::SeparateQKV : QkvLayout::FusedQKV;
+      MultiHeadSelfAttention attn(e, 2, 0.1, layout);
+      Context ctx = training_context(seed);
+      ctx.training = training;
+      if (training) ctx.attention_mask = padding_mask(b, t);
+      seed += 3;
+      compare_layer(attn, random_cpu({b, t, e}, dt, seed), {b, t, e}, dt, ctx,
+                    dt == DType::F32 ? 200 : 24, seed + 1,
+                    "attention d=64 T=" + std::to_string(t) + (training ? " train" : " eval"));
+    }
+  }
+}
+
 TEST_P(TransformerGpu, TransformerBlocksMatchCpu) {
   DType dt = GetParam();
   std::uint64_t seed = fresh_seed();

@@ -1,0 +1,576 @@
+// Fused attention for half q, k, v with head dimension 64 (FlashAttention-2's scheme): scores
+// live only in registers, a tile of 64 keys at a time, with an online softmax; backward
+// recomputes them from the saved log-sum-exp. Tensor cores through mma.sync m16n8k16 (fp32
+// accumulation). Backward is two kernels (dK/dV per key tile, dQ per query tile) so that every
+// gradient element is written by one thread in a fixed order: bitwise reproducible, no atomics.
+// Dropout draws Dropout's mask at the same element index as the unfused path, (bh*T + q)*T + k.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "core/cuda/cuda_check.h"
+#include "core/cuda/element.cuh"
+#include "core/stream.h"
+#include "layers/attention.h"
+#include "layers/dropout.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kDim = 64;       // head dimension
+constexpr int kTile = 64;      // queries per block and keys per tile (and the reverse in dK/dV)
+constexpr int kPad = 72;       // shared row stride in halves: fragment loads hit 32 distinct banks
+constexpr int kThreads = 128;  // 4 warps of 16 rows
+constexpr int kWarp = 32;
+
+struct FlashArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* out;   // forward output (backward reads it for D)
+  const void* dout;  // backward
+  void* dq;
+  void* dk;
+  void* dv;
+  void* result;       // forward: out
+  float* lse;         // (BH, T), log2 domain of the scaled scores; +inf for a fully masked row
+  float* delta;       // (BH, T) rowsum(dout * out)
+  const float* mask;  // (B, T) key mask, 1 attend, 0 padding; null for none
+  int t;
+  int heads;
+  float scale;       // 1/sqrt(d)
+  float scale_log2;  // scale * log2(e)
+  double p;          // dropout probability, 0 for none
+  float keep_scale;  // 1 / (1 - p)
+  std::uint64_t key;
+  std::uint64_t stream;
+};
+
+template <typename T>
+__device__ __forceinline__ std::uint32_t pack(float lo, float hi) {
+  std::uint32_t u;
+  if constexpr (std::is_same_v<T, __half>) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    std::memcpy(&u, &h, 4);
+  } else {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    std::memcpy(&u, &h, 4);
+  }
+  return u;
+}
+
+template <typename T>
+__device__ __forceinline__ std::uint32_t pack(T lo, T hi) {
+  std::uint16_t a, b;
+  std::memcpy(&a, &lo, 2);
+  std::memcpy(&b, &hi, 2);
+  return static_cast<std::uint32_t>(a) | (static_cast<std::uint32_t>(b) << 16);
+}
+
+// c += a (16x16, row-major fragment) * b (16x8, column fragment).
+template <typename T>
+__device__ __forceinline__ void mma(float c[4], const std::uint32_t a[4], std::uint32_t b0,
+                                    std::uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// The A fragments (16 rows x 64 dims, 4 k-steps) of rows r0 and r0 + 8 of a (T, 64) matrix in
+// global memory; rows past T are zero.
+template <typename T>
+__device__ __forceinline__ void load_rows_a(const T* m, int r0, int t, int c,
+                                            std::uint32_t a[4][4]) {
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      int row = r0 + 8 * half;
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        int col = ks * 16 + hi * 8 + 2 * c;
+        a[ks][half + 2 * hi] = row < t ? *reinterpret_cast<const std::uint32_t*>(
+                                             m + static_cast<std::int64_t>(row) * kDim + col)
+                                       : 0u;
+      }
+    }
+  }
+}
+
+// Rows [first, first + 64) of a (T, 64) matrix into a padded shared tile, zero past T, by
+// cp.async: the copy overlaps the previous tile's arithmetic (commit, then wait for the group).
+template <typename T>
+__device__ __forceinline__ void load_tile_async(const T* m, int first, int t, T* tile) {
+  for (int i = threadIdx.x; i < kTile * (kDim / 8); i += kThreads) {
+    int row = i / (kDim / 8), chunk = i % (kDim / 8);
+    bool in = first + row < t;
+    const T* src = m + static_cast<std::int64_t>(in ? first + row : 0) * kDim + chunk * 8;
+    unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(tile + row * kPad + chunk * 8));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(in ? 16 : 0));
+  }
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// Waits until at most one committed group (the tile being prefetched) is still in flight.
+__device__ __forceinline__ void cp_async_wait_previous() {
+  asm volatile("cp.async.wait_group 1;\n" ::);
+}
+
+__device__ __forceinline__ bool key_attended(const float* mask, int key, int t) {
+  return key < t && (mask == nullptr || mask[key] != 0.0f);
+}
+
+// The start of the step over tile `first` of a loop over tiles: the next tile's copy is
+// issued (into the other buffer, which every warp is done with), this tile's awaited.
+template <typename Fetch>
+__device__ __forceinline__ void next_tile(int first, int t, Fetch fetch) {
+  __syncthreads();
+  if (first + kTile < t) fetch(first + kTile);
+  cp_async_commit();
+  cp_async_wait_previous();
+  __syncthreads();
+}
+
+// Double-buffered tiles of keys and values, and which of the tile's keys are attended.
+template <typename T>
+struct KeyValueTiles {
+  T k[2][kTile * kPad];
+  T v[2][kTile * kPad];
+  float key_ok[2][kTile];
+};
+
+template <typename T>
+__device__ __forceinline__ void fetch_keys(KeyValueTiles<T>& s, const T* k, const T* v,
+                                           const float* mask, int k0, int t) {
+  const int b = (k0 / kTile) & 1;
+  load_tile_async(k, k0, t, s.k[b]);
+  load_tile_async(v, k0, t, s.v[b]);
+  if (threadIdx.x < kTile) s.key_ok[b][threadIdx.x] = key_attended(mask, k0 + threadIdx.x, t);
+}
+
+// Four 8x8 b16 matrices from shared memory (lane l addresses row l % 8 of matrix l / 8); r[i] of
+// lane l holds matrix i's row l / 4, columns 2 (l % 4) and +1 (transposed: column l / 4, rows).
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t r[4], const void* p) {
+  unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t r[4], const void* p) {
+  unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+// acc (16 x 64) += A (16 x 64 over 4 k-steps) * tile^T, where the tile holds 64 rows of 64
+// (the B operand's column n is tile row n): scores against keys, or dP against values. Tile
+// rows from `valid` on are past T: their columns of acc are left alone.
+template <typename T>
+__device__ __forceinline__ void mma_rows_t(const std::uint32_t a[4][4], const T* tile, int valid,
+                                           int lane, float acc[8][4]) {
+  const int m = lane / 8, r = lane % 8;
+#pragma unroll
+  for (int nt = 0; nt < 8; nt += 2) {
+    if (nt * 8 >= valid) break;
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      std::uint32_t b[4];
+      ldmatrix_x4(b, tile + ((nt + (m >> 1)) * 8 + r) * kPad + ks * 16 + (m & 1) * 8);
+      mma<T>(acc[nt], a[ks], b[0], b[1]);
+      mma<T>(acc[nt + 1], a[ks], b[2], b[3]);
+    }
+  }
+}
+
+// acc (16 x 64) += P (16 x 64, as accumulator fragments) * tile, where the tile holds 64 rows
+// (P's columns) of 64: the context from values, or gradients from queries and keys. Tile rows
+// from `valid` on are past T (P is 0 there) and skipped.
+template <typename T>
+__device__ __forceinline__ void mma_p_rows(const float p[8][4], const T* tile, int valid, int lane,
+                                           float acc[8][4]) {
+  const int m = lane / 8, r = lane % 8;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    if (kk * 16 >= valid) break;
+    std::uint32_t a[4] = {pack<T>(p[2 * kk][0], p[2 * kk][1]), pack<T>(p[2 * kk][2], p[2 * kk][3]),
+                          pack<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                          pack<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+    for (int nt = 0; nt < 8; nt += 2) {
+      std::uint32_t b[4];
+      ldmatrix_x4_trans(b, tile + (kk * 16 + (m & 1) * 8 + r) * kPad + (nt + (m >> 1)) * 8);
+      mma<T>(acc[nt], a, b[0], b[1]);
+      mma<T>(acc[nt + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// Where a thread stands: its (batch * head), its warp's first of 16 rows (queries, or keys in
+// dK/dV) and its lane's row group g and column pair c in the mma fragments.
+struct Place {
+  int bh, t, lane, g, c, first;
+  std::int64_t base;  // where this (batch * head)'s (T, 64) matrices start
+  const float* mask;  // this batch's key mask, or null
+};
+
+__device__ __forceinline__ Place place_of(const FlashArgs& a) {
+  Place p;
+  p.bh = blockIdx.y;
+  p.t = a.t;
+  p.lane = threadIdx.x % kWarp;
+  p.g = p.lane / 4;
+  p.c = p.lane % 4;
+  p.first = static_cast<int>(blockIdx.x) * kTile + static_cast<int>(threadIdx.x / kWarp) * 16;
+  p.base = static_cast<std::int64_t>(p.bh) * p.t * kDim;
+  p.mask = a.mask ? a.mask + static_cast<std::int64_t>(p.bh / a.heads) * p.t : nullptr;
+  return p;
+}
+
+__device__ __forceinline__ float dropped(const FlashArgs& a, int bh, int query, int key, float v) {
+  std::uint64_t i = (static_cast<std::uint64_t>(bh) * a.t + query) * a.t + key;
+  return dropout_keep(a.key, a.stream, i, a.p) ? v * a.keep_scale : 0.0f;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashArgs a) {
+  __shared__ __align__(16) KeyValueTiles<T> tiles;
+  const Place at = place_of(a);
+  const int bh = at.bh, t = at.t, lane = at.lane, g = at.g, c = at.c;
+  const std::int64_t base = at.base;
+  const float* mask = at.mask;
+  const T* q = static_cast<const T*>(a.q) + base;
+  const T* k = static_cast<const T*>(a.k) + base;
+  const T* v = static_cast<const T*>(a.v) + base;
+  const int row[2] = {at.first + g, at.first + g + 8};
+  std::uint32_t qa[4][4];
+  load_rows_a(q, row[0], t, c, qa);
+  float o[8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+  auto fetch = [&](int k0) { fetch_keys(tiles, k, v, mask, k0, t); };
+  fetch(0);
+  cp_async_commit();
+  for (int k0 = 0; k0 < t; k0 += kTile) {
+    next_tile(k0, t, fetch);
+    if (at.first >= t) continue;  // this warp's rows are all past T
+    const T* ks = tiles.k[(k0 / kTile) & 1];
+    const T* vs = tiles.v[(k0 / kTile) & 1];
+    const float* key_ok = tiles.key_ok[(k0 / kTile) & 1];
+    float s[8][4] = {};
+    mma_rows_t<T>(qa, ks, t - k0, lane, s);
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        int col = nt * 8 + 2 * c + (e & 1);
+        s[nt][e] = key_ok[col] != 0.0f ? s[nt][e] * a.scale_log2 : -INFINITY;
+        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[nt][e]);
+      }
+    float base_of[2], alpha[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
+      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
+      float m_new = fmaxf(m[i], tile_max[i]);
+      base_of[i] = m_new == -INFINITY ? 0.0f : m_new;  // a fully masked row so far stays 0
+      alpha[i] = exp2f(m[i] - base_of[i]);
+      m[i] = m_new;
+      l[i] *= alpha[i];
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        o[nt][e] *= alpha[e >> 1];
+        float pe = exp2f(s[nt][e] - base_of[e >> 1]);
+        l[e >> 1] += pe;
+        if (a.p > 0.0 && row[e >> 1] < t && pe != 0.0f)
+          pe = dropped(a, bh, row[e >> 1], k0 + nt * 8 + 2 * c + (e & 1), pe);
+        s[nt][e] = pe;
+      }
+    mma_p_rows<T>(s, vs, t - k0, lane, o);
+  }
+
+  T* out = static_cast<T*>(a.result) + base;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    if (row[i] >= t) continue;
+    float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+      *reinterpret_cast<std::uint32_t*>(out + static_cast<std::int64_t>(row[i]) * kDim + nt * 8 +
+                                        2 * c) =
+          pack<T>(o[nt][2 * i] * inv, o[nt][2 * i + 1] * inv);
+    if (c == 0)
+      a.lse[static_cast<std::int64_t>(bh) * t + row[i]] =
+          l[i] > 0.0f ? m[i] + log2f(l[i]) : INFINITY;
+  }
+}
+
+// delta[r] = sum_d dout[r, d] * out[r, d]: 8 threads per row, 8 halves each.
+template <typename T>
+__global__ void flash_delta_kernel(const T* __restrict__ out, const T* __restrict__ dout,
+                                   std::int64_t rows, float* __restrict__ delta) {
+  std::int64_t r = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 8;
+  int part = threadIdx.x % 8;
+  float sum = 0.0f;
+  if (r < rows) {
+    Pack<T> o = reinterpret_cast<const Pack<T>*>(out + r * kDim)[part];
+    Pack<T> d = reinterpret_cast<const Pack<T>*>(dout + r * kDim)[part];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sum += load(o.v[i]) * load(d.v[i]);
+  }
+  for (int offset = 4; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (r < rows && part == 0) delta[r] = sum;
+}
+
+// dK and dV of 64 keys (16 per warp), looping over every query tile.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) flash_backward_kv_kernel(FlashArgs a) {
+  __shared__ __align__(16) T q_tiles[2][kTile * kPad];  // double-buffered
+  __shared__ __align__(16) T do_tiles[2][kTile * kPad];
+  __shared__ float lse_tiles[2][kTile], delta_tiles[2][kTile];
+  const Place at = place_of(a);
+  const int bh = at.bh, t = at.t, lane = at.lane, g = at.g, c = at.c;
+  const std::int64_t base = at.base;
+  const float* mask = at.mask;
+  const int key[2] = {at.first + g, at.first + g + 8};
+  const bool key_on[2] = {key_attended(mask, key[0], t), key_attended(mask, key[1], t)};
+  std::uint32_t ka[4][4], va[4][4];
+  load_rows_a(static_cast<const T*>(a.k) + base, key[0], t, c, ka);
+  load_rows_a(static_cast<const T*>(a.v) + base, key[0], t, c, va);
+  const T* q = static_cast<const T*>(a.q) + base;
+  const T* dout = static_cast<const T*>(a.dout) + base;
+  float dk[8][4] = {}, dv[8][4] = {};
+
+  auto fetch = [&](int q0) {
+    const int b = (q0 / kTile) & 1;
+    load_tile_async(q, q0, t, q_tiles[b]);
+    load_tile_async(dout, q0, t, do_tiles[b]);
+    if (threadIdx.x < kTile) {
+      int r = q0 + threadIdx.x;
+      std::int64_t i = static_cast<std::int64_t>(bh) * t + r;
+      lse_tiles[b][threadIdx.x] = r < t ? a.lse[i] : INFINITY;
+      delta_tiles[b][threadIdx.x] = r < t ? a.delta[i] : 0.0f;
+    }
+  };
+  fetch(0);
+  cp_async_commit();
+  for (int q0 = 0; q0 < t; q0 += kTile) {
+    next_tile(q0, t, fetch);
+    if (at.first >= t) continue;  // this warp's keys are all past T
+    const T* qs = q_tiles[(q0 / kTile) & 1];
+    const T* dos = do_tiles[(q0 / kTile) & 1];
+    const float* lse_s = lse_tiles[(q0 / kTile) & 1];
+    const float* delta_s = delta_tiles[(q0 / kTile) & 1];
+    float p[8][4] = {}, dp[8][4] = {};
+    mma_rows_t<T>(ka, qs, t - q0, lane, p);    // S^T: keys x queries
+    mma_rows_t<T>(va, dos, t - q0, lane, dp);  // dP'^T = V dO^T
+    float pd[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        int col = nt * 8 + 2 * c + (e & 1), query = q0 + col;
+        float pe = key_on[e >> 1] ? exp2f(p[nt][e] * a.scale_log2 - lse_s[col]) : 0.0f;
+        float de = dp[nt][e];
+        pd[nt][e] = pe;
+        if (a.p > 0.0 && pe != 0.0f) {
+          pd[nt][e] = dropped(a, bh, query, key[e >> 1], pe);
+          de = pd[nt][e] != 0.0f ? de * a.keep_scale : 0.0f;
+        }
+        p[nt][e] = pe * (de - delta_s[col]);  // dS^T
+      }
+    mma_p_rows<T>(pd, dos, t - q0, lane, dv);
+    mma_p_rows<T>(p, qs, t - q0, lane, dk);
+  }
+
+  T* dk_out = static_cast<T*>(a.dk) + base;
+  T* dv_out = static_cast<T*>(a.dv) + base;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (key[i] >= t) continue;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      std::int64_t at = static_cast<std::int64_t>(key[i]) * kDim + nt * 8 + 2 * c;
+      *reinterpret_cast<std::uint32_t*>(dk_out + at) =
+          pack<T>(dk[nt][2 * i] * a.scale, dk[nt][2 * i + 1] * a.scale);
+      *reinterpret_cast<std::uint32_t*>(dv_out + at) = pack<T>(dv[nt][2 * i], dv[nt][2 * i + 1]);
+    }
+  }
+}
+
+// dQ of 64 queries (16 per warp), looping over every key tile.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) flash_backward_q_kernel(FlashArgs a) {
+  __shared__ __align__(16) KeyValueTiles<T> tiles;
+  const Place at = place_of(a);
+  const int bh = at.bh, t = at.t, lane = at.lane, g = at.g, c = at.c;
+  const std::int64_t base = at.base;
+  const float* mask = at.mask;
+  const int row[2] = {at.first + g, at.first + g + 8};
+  std::uint32_t qa[4][4], da[4][4];
+  load_rows_a(static_cast<const T*>(a.q) + base, row[0], t, c, qa);
+  load_rows_a(static_cast<const T*>(a.dout) + base, row[0], t, c, da);
+  float lse[2], delta[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    std::int64_t at = static_cast<std::int64_t>(bh) * t + row[i];
+    lse[i] = row[i] < t ? a.lse[at] : INFINITY;
+    delta[i] = row[i] < t ? a.delta[at] : 0.0f;
+  }
+  const T* k = static_cast<const T*>(a.k) + base;
+  const T* v = static_cast<const T*>(a.v) + base;
+  float dq[8][4] = {};
+
+  auto fetch = [&](int k0) { fetch_keys(tiles, k, v, mask, k0, t); };
+  fetch(0);
+  cp_async_commit();
+  for (int k0 = 0; k0 < t; k0 += kTile) {
+    next_tile(k0, t, fetch);
+    if (at.first >= t) continue;
+    const T* ks = tiles.k[(k0 / kTile) & 1];
+    const T* vs = tiles.v[(k0 / kTile) & 1];
+    const float* key_ok = tiles.key_ok[(k0 / kTile) & 1];
+    float s[8][4] = {}, dp[8][4] = {};
+    mma_rows_t<T>(qa, ks, t - k0, lane, s);
+    mma_rows_t<T>(da, vs, t - k0, lane, dp);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        int col = nt * 8 + 2 * c + (e & 1);
+        float pe = key_ok[col] != 0.0f ? exp2f(s[nt][e] * a.scale_log2 - lse[e >> 1]) : 0.0f;
+        float de = dp[nt][e];
+        if (a.p > 0.0 && pe != 0.0f) de = dropped(a, bh, row[e >> 1], k0 + col, de);
+        s[nt][e] = pe * (de - delta[e >> 1]);
+      }
+    mma_p_rows<T>(s, ks, t - k0, lane, dq);
+  }
+
+  T* dq_out = static_cast<T*>(a.dq) + base;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (row[i] >= t) continue;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+      *reinterpret_cast<std::uint32_t*>(dq_out + static_cast<std::int64_t>(row[i]) * kDim + nt * 8 +
+                                        2 * c) =
+          pack<T>(dq[nt][2 * i] * a.scale, dq[nt][2 * i + 1] * a.scale);
+  }
+}
+
+FlashArgs args_of(const Tensor& q, const Tensor& mask, std::int64_t heads, double p,
+                  std::uint64_t key, std::uint64_t stream) {
+  FlashArgs a{};
+  a.t = static_cast<int>(q.size(1));
+  a.heads = static_cast<int>(heads);
+  a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(kDim)));
+  a.scale_log2 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(kDim)) / std::log(2.0));
+  a.p = p;
+  a.keep_scale = static_cast<float>(1.0 / (1.0 - p));
+  a.key = key;
+  a.stream = stream;
+  a.mask = mask.defined() ? static_cast<const float*>(mask.data()) : nullptr;
+  return a;
+}
+
+dim3 grid_of(const Tensor& q) {
+  return dim3(static_cast<unsigned>((q.size(1) + kTile - 1) / kTile),
+              static_cast<unsigned>(q.size(0)));
+}
+
+cudaStream_t stream_of(const Tensor& t) {
+  return static_cast<cudaStream_t>(current_stream(t.device()));
+}
+
+}  // namespace
+
+bool flash_attention_supported(DType dtype, std::int64_t head_dim, std::int64_t tokens) {
+  return (dtype == DType::F16 || dtype == DType::BF16) && head_dim == kDim && tokens > 0 &&
+         tokens < (1 << 20);
+}
+
+void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                             std::int64_t heads, double p, std::uint64_t key, std::uint64_t stream,
+                             Tensor& out, Tensor& lse) {
+  FlashArgs a = args_of(q, mask, heads, p, key, stream);
+  a.q = q.data();
+  a.k = k.data();
+  a.v = v.data();
+  a.result = out.data();
+  a.lse = static_cast<float*>(lse.data());
+  if (q.numel() == 0) return;
+  KILN_CHECK(aligned16({q.data(), k.data(), v.data(), out.data()}),
+             "flash attention: q, k, v and out must be 16-byte aligned");
+  if (q.dtype() == DType::F16) {
+    flash_forward_kernel<__half><<<grid_of(q), kThreads, 0, stream_of(q)>>>(a);
+  } else {
+    flash_forward_kernel<__nv_bfloat16><<<grid_of(q), kThreads, 0, stream_of(q)>>>(a);
+  }
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                              const Tensor& dout, const Tensor& lse, const Tensor& mask,
+                              std::int64_t heads, double p, std::uint64_t key, std::uint64_t stream,
+                              Tensor& dq, Tensor& dk, Tensor& dv) {
+  if (q.numel() == 0) return;
+  KILN_CHECK(aligned16({q.data(), k.data(), v.data(), out.data(), dout.data(), dq.data(), dk.data(),
+                        dv.data()}),
+             "flash attention: operands must be 16-byte aligned");
+  const std::int64_t rows = q.size(0) * q.size(1);
+  Tensor delta = Tensor::empty({rows}, DType::F32, q.device());
+  FlashArgs a = args_of(q, mask, heads, p, key, stream);
+  a.q = q.data();
+  a.k = k.data();
+  a.v = v.data();
+  a.out = out.data();
+  a.dout = dout.data();
+  a.dq = dq.data();
+  a.dk = dk.data();
+  a.dv = dv.data();
+  a.lse = static_cast<float*>(const_cast<void*>(lse.data()));
+  a.delta = static_cast<float*>(delta.data());
+  cudaStream_t s = stream_of(q);
+  auto launch = [&](auto tag) {
+    using T = decltype(tag);
+    flash_delta_kernel<T><<<static_cast<unsigned>((rows * 8 + 255) / 256), 256, 0, s>>>(
+        static_cast<const T*>(out.data()), static_cast<const T*>(dout.data()), rows, a.delta);
+    KILN_CUDA_LAUNCH_CHECK();
+    flash_backward_kv_kernel<T><<<grid_of(q), kThreads, 0, s>>>(a);
+    KILN_CUDA_LAUNCH_CHECK();
+    flash_backward_q_kernel<T><<<grid_of(q), kThreads, 0, s>>>(a);
+    KILN_CUDA_LAUNCH_CHECK();
+  };
+  if (q.dtype() == DType::F16) {
+    launch(__half());
+  } else {
+    launch(__nv_bfloat16());
+  }
+}
+
+}  // namespace kiln::cuda
