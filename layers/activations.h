@@ -102,6 +102,7 @@ class GELU : public Layer {
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& x) override;
   Tensor backward_impl(Context& ctx, const Tensor& dy) override;
+  void release_saved() override { saved_input_ = Tensor(); }
 
  private:
   GeluForm form_;

@@ -89,6 +89,18 @@ class MultiHeadSelfAttention : public Layer {
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& x) override;
   Tensor backward_impl(Context& ctx, const Tensor& dy) override;
+  void release_saved() override {
+    x_mm_ = Tensor();
+    q_ = Tensor();
+    k_ = Tensor();
+    v_ = Tensor();
+    probs_ = Tensor();
+    dropped_probs_ = Tensor();
+    context_ = Tensor();
+    context_heads_ = Tensor();
+    lse_ = Tensor();
+    mask_ = Tensor();
+  }
 
  private:
   // Scores, softmax (+ dropout) and P' v through memory: context_heads_ from q_, k_, v_.

@@ -42,6 +42,12 @@ class BatchNorm2d : public Layer {
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& x) override;
   Tensor backward_impl(Context& ctx, const Tensor& dy) override;
+  void release_saved() override {
+    saved_x_ = Tensor();
+    saved_mean_ = Tensor();
+    saved_invstd_ = Tensor();
+    saved_y_ = Tensor();
+  }
 
  private:
   std::int64_t channels_;

@@ -104,6 +104,10 @@ class Conv2d : public Layer {
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& x) override;
   Tensor backward_impl(Context& ctx, const Tensor& dy) override;
+  void release_saved() override {
+    saved_x_ = Tensor();
+    saved_col_ = Tensor();
+  }
 
  private:
   Tensor forward_cpu(const Tensor& x_nchw);

@@ -30,6 +30,7 @@ class Embedding : public Layer {
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& ids) override;
   Tensor backward_impl(Context& ctx, const Tensor& dy) override;
+  void release_saved() override { saved_ids_ = Tensor(); }
 
  private:
   std::int64_t num_, dim_, padding_idx_;

@@ -25,6 +25,7 @@ Tensor Layer::backward(Context& ctx, const Tensor& dy) {
   NvtxRange range(name_.empty() ? "backward" : name_.c_str());
   if (ctx.on_layer) ctx.on_layer(*this, false, true);
   Tensor dx = backward_impl(ctx, dy);
+  release_saved();
   if (ctx.on_layer) ctx.on_layer(*this, false, false);
   if (ctx.on_grad_ready) {
     for (auto& p : params_) ctx.on_grad_ready(*p);

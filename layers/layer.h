@@ -101,6 +101,10 @@ class Layer {
  protected:
   virtual Tensor forward_impl(Context& ctx, const Tensor& x) = 0;
   virtual Tensor backward_impl(Context& ctx, const Tensor& dy) = 0;
+  // Drops what forward saved for backward; called once backward is done, so that activations
+  // are freed as backward walks down the model (as autograd frees saved tensors) and the
+  // backward pass's temporaries reuse their memory instead of adding to the peak.
+  virtual void release_saved() {}
 
   // Registers a parameter named `local_name` (e.g. "weight"); value uninitialised, grad zero.
   Parameter& add_parameter(const std::string& local_name, const Shape& shape,

@@ -28,6 +28,11 @@ class LayerNorm : public Layer {
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& x) override;
   Tensor backward_impl(Context& ctx, const Tensor& dy) override;
+  void release_saved() override {
+    saved_x_ = Tensor();
+    saved_mean_ = Tensor();
+    saved_rstd_ = Tensor();
+  }
 
  private:
   std::int64_t size_;

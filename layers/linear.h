@@ -40,6 +40,10 @@ class Linear : public Layer {
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& x) override;
   Tensor backward_impl(Context& ctx, const Tensor& dy) override;
+  void release_saved() override {
+    saved_input_ = Tensor();
+    saved_activation_ = Tensor();
+  }
 
  private:
   // The weight (and bias) in `dtype`: the parameter itself, or a copy cached per weights_version.

@@ -28,6 +28,7 @@ class MaxPool2d : public Layer {
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& x) override;
   Tensor backward_impl(Context& ctx, const Tensor& dy) override;
+  void release_saved() override { argmax_ = Tensor(); }
 
  private:
   std::int64_t kernel_, stride_, padding_;

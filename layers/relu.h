@@ -19,6 +19,7 @@ class ReLU : public Layer {
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& x) override;
   Tensor backward_impl(Context& ctx, const Tensor& dy) override;
+  void release_saved() override { saved_y_ = Tensor(); }
 
  private:
   bool inplace_;

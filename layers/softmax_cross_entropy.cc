@@ -92,6 +92,7 @@ Tensor SoftmaxCrossEntropy::backward(Context& ctx, double scale) {
 #if KILN_WITH_CUDA
     cuda::softmax_cross_entropy_backward(logits_, targets_, label_smoothing_, ignore_index_,
                                          row_lse_, counted_, scale, dlogits);
+    release_saved();
     return dlogits.view(logits_shape_);
 #endif
   }
@@ -114,6 +115,7 @@ Tensor SoftmaxCrossEntropy::backward(Context& ctx, double scale) {
       }
     }
   });
+  release_saved();
   return dlogits.view(logits_shape_);
 }
 

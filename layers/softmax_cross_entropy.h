@@ -46,6 +46,13 @@ class SoftmaxCrossEntropy {
  private:
   double label_smoothing_;
   std::int64_t ignore_index_;
+  // Drops what forward saved for backward once backward is done (the logits are a language
+  // model's largest activation); the counts below stay for the metrics.
+  void release_saved() {
+    logits_ = Tensor();
+    targets_ = Tensor();
+    row_lse_ = Tensor();
+  }
   Tensor logits_;  // (N, C), contiguous
   Shape logits_shape_;
   Tensor targets_;  // (N) I64

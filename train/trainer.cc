@@ -442,6 +442,7 @@ StepOutcome Trainer::State::run_step(Context& ctx, Tensor& loss_sum, std::int64_
     Tensor loss = loss_fn.forward(ctx, logits, targets);
     ops::axpy(1.0, loss, loss_sum);
     Tensor dlogits = loss_fn.backward(ctx, scale / accumulation);
+    logits = Tensor();  // the loss is done with it: freed before the model's backward
     model.net->backward(ctx, dlogits);
     ++micro_step;
     ++*micro_count;

@@ -135,6 +135,9 @@ TEST(SoftmaxCrossEntropy, SequenceLogitsAndScale) {
   EXPECT_NEAR(loss, reference_loss(flat, 4, {0, 1, -100, 3, 2, 1}, 0.0, -100), 1e-6);
   Tensor g1 = loss_fn.backward(ctx, 1.0);
   EXPECT_EQ(g1.shape(), (Shape{2, 3, 4}));
+  // Backward drops what forward saved (as autograd frees its graph): a second one needs a forward.
+  EXPECT_THROW(loss_fn.backward(ctx, 4.0), Error);
+  loss_fn.forward(ctx, logits, targets);
   std::vector<float> a = g1.to_vector<float>(), b = loss_fn.backward(ctx, 4.0).to_vector<float>();
   for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], 4 * a[i], 1e-6) << i;
 }

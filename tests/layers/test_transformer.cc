@@ -98,8 +98,11 @@ TEST(LayerNorm, F32MatchesF64AndAccumulates) {
   close(y32, y64, 1e-5);
   close(dx32, dx64, 1e-5);
   close(a.weight().grad, b.weight().grad, 1e-5);
-  // A second backward accumulates into the parameter gradients.
+  // Backward drops what forward saved: a second backward needs a second forward, and the pair
+  // accumulates into the parameter gradients.
+  EXPECT_THROW(b.backward(c64, dy), Error);
   Tensor g1 = b.bias().grad.clone();
+  b.forward(c64, x);
   b.backward(c64, dy);
   auto once = g1.to_vector<double>(), twice = b.bias().grad.to_vector<double>();
   for (std::size_t i = 0; i < once.size(); ++i) EXPECT_NEAR(twice[i], 2 * once[i], 1e-12);
