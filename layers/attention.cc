@@ -187,12 +187,12 @@ Tensor from_heads(const Tensor& src, std::int64_t parts, std::int64_t b, std::in
 
 // The fused kernel serves CUDA half activations with d = 64; KILN_ATTENTION_UNFUSED=1 forces
 // the unfused path, to compare the two.
-bool use_fused_attention(Device dev, DType mm, std::int64_t d, std::int64_t t) {
+bool use_fused_attention(Device dev, DType mm, std::int64_t bh, std::int64_t d, std::int64_t t) {
 #if KILN_WITH_CUDA
   static const bool unfused = std::getenv("KILN_ATTENTION_UNFUSED") != nullptr;
-  return dev.is_cuda() && !unfused && cuda::flash_attention_supported(mm, d, t);
+  return dev.is_cuda() && !unfused && cuda::flash_attention_supported(mm, bh, d, t);
 #else
-  (void)dev, (void)mm, (void)d, (void)t;
+  (void)dev, (void)mm, (void)bh, (void)d, (void)t;
   return false;
 #endif
 }
@@ -303,7 +303,7 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
   double p = dropout_active_ ? dropout_ : 0.0;
   lse_ = Tensor();
   mask_ = Tensor();
-  if (use_fused_attention(dev, mm, d, t)) {
+  if (use_fused_attention(dev, mm, b * h, d, t)) {
 #if KILN_WITH_CUDA
     DeviceGuard guard(dev);
     context_heads_ = Tensor::empty({b * h, t, d}, mm, dev);

@@ -154,8 +154,9 @@ void attention_softmax_forward(const Tensor& scores, const Tensor& mask, std::in
 void attention_softmax_backward(const Tensor& d_dropped, const Tensor& probs, double p,
                                 std::uint64_t key, std::uint64_t stream, Tensor& dscores);
 // Fused attention (layers/cuda/flash_attention.cu) for q, k, v (BH, T, d) contiguous, 16-byte
-// aligned: whether it serves this dtype, head dimension and length.
-bool flash_attention_supported(DType dtype, std::int64_t head_dim, std::int64_t tokens);
+// aligned: whether it serves this dtype, number of (batch * head) rows, head dimension and length.
+bool flash_attention_supported(DType dtype, std::int64_t batch_heads, std::int64_t head_dim,
+                               std::int64_t tokens);
 // out (BH, T, d) = dropout(softmax(q k^T / sqrt(d) + mask)) v, without the (T, T) scores in
 // memory; lse (BH, T) fp32, what backward recomputes the probabilities from.
 void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,

@@ -2,7 +2,8 @@
 # GPU time per kernel of Kiln's training step, from Nsight Compute (ncu): it times each kernel
 # alone (serialised), so the sum per step is the step's GPU work without any host stall, and
 # the gap to the measured step time is host time. Kernels are grouped by name; the number of
-# steps in the window is the number of optimizer (adamw_kernel) launches in it.
+# steps in the window is the number of optimizer (adamw_kernel) launches in it. The bench runs 46
+# steps; SKIP must land inside them (kernels launched before the window run unprofiled, fast).
 #   tools/kernel-profile.sh BUILD_DIR MODEL BATCH [SKIP] [COUNT]   (on the GPU machine)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +16,7 @@ NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/
 csv="$OUT/ncu-$MODEL-$BATCH.csv"
 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip "$SKIP" \
   --launch-count "$COUNT" "$BUILD/bin/kiln" bench --model "$MODEL" --batch "$BATCH" --amp O2 \
-  --steps 6 --warmup 6 --optimizer adamw > "$csv" 2> "$OUT/ncu-$MODEL-$BATCH.err"
+  --steps 40 --warmup 6 --optimizer adamw > "$csv" 2> "$OUT/ncu-$MODEL-$BATCH.err"
 python3 - "$csv" "$MODEL" "$BATCH" <<'PY'
 import csv, sys, collections
 rows = []
@@ -29,7 +30,8 @@ for r in csv.DictReader(lines):
     v *= {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3}.get(unit, 1e-6)
     rows.append((r["Kernel Name"], v))
 if not rows:
-    sys.exit("no kernels profiled")
+    sys.exit("no kernels profiled: SKIP is past the run's last launch (ViT-B/16 makes about 400 "
+             "per step; the run has 46 steps)")
 steps = max(1, sum(1 for n, _ in rows if "adamw_kernel" in n))
 total = sum(v for _, v in rows)
 by = collections.defaultdict(lambda: [0.0, 0])

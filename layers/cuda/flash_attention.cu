@@ -509,9 +509,11 @@ cudaStream_t stream_of(const Tensor& t) {
 
 }  // namespace
 
-bool flash_attention_supported(DType dtype, std::int64_t head_dim, std::int64_t tokens) {
+bool flash_attention_supported(DType dtype, std::int64_t batch_heads, std::int64_t head_dim,
+                               std::int64_t tokens) {
+  // One block row per (batch * head) in the grid's y dimension, whose limit is 65535.
   return (dtype == DType::F16 || dtype == DType::BF16) && head_dim == kDim && tokens > 0 &&
-         tokens < (1 << 20);
+         tokens < (1 << 20) && batch_heads > 0 && batch_heads <= 65535;
 }
 
 void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
