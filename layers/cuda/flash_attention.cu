@@ -32,12 +32,11 @@ struct FlashArgs {
   const void* q;
   const void* k;
   const void* v;
-  const void* out;   // forward output (backward reads it for D)
-  const void* dout;  // backward
+  const void* dout;  // backward: the output's gradient
   void* dq;
   void* dk;
   void* dv;
-  void* result;       // forward: out
+  void* out;          // forward: the output
   float* lse;         // (BH, T), log2 domain of the scaled scores; +inf for a fully masked row
   float* delta;       // (BH, T) rowsum(dout * out)
   const float* mask;  // (B, T) key mask, 1 attend, 0 padding; null for none
@@ -312,7 +311,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashArgs a) {
     mma_p_rows<T>(s, vs, t - k0, lane, o);
   }
 
-  T* out = static_cast<T*>(a.result) + base;
+  T* out = static_cast<T*>(a.out) + base;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
@@ -523,7 +522,7 @@ void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   a.q = q.data();
   a.k = k.data();
   a.v = v.data();
-  a.result = out.data();
+  a.out = out.data();
   a.lse = static_cast<float*>(lse.data());
   if (q.numel() == 0) return;
   KILN_CHECK(aligned16({q.data(), k.data(), v.data(), out.data()}),
@@ -550,7 +549,6 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
   a.q = q.data();
   a.k = k.data();
   a.v = v.data();
-  a.out = out.data();
   a.dout = dout.data();
   a.dq = dq.data();
   a.dk = dk.data();
