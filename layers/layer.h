@@ -1,6 +1,7 @@
 #pragma once
 // The Layer interface. A layer has forward(ctx, x) -> y and backward(ctx, dy) -> dx, keeps what
-// backward needs from the last forward, and owns named Parameters and Buffers.
+// backward needs from the last forward until that backward is done (one backward per forward,
+// as autograd without retain_graph), and owns named Parameters and Buffers.
 //
 // Gradient contract: parameter gradients are ACCUMULATED (+=) into Parameter::grad, which may be
 // a view into a flat bucket owned by data parallelism; input gradients are written (=). The
