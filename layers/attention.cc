@@ -303,20 +303,23 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
   double p = dropout_active_ ? dropout_ : 0.0;
   lse_ = Tensor();
   mask_ = Tensor();
+  context_heads_ = Tensor();
+  Tensor context_heads;  // (BH, T, d)
   if (use_fused_attention(dev, mm, b * h, d, t)) {
 #if KILN_WITH_CUDA
     DeviceGuard guard(dev);
-    context_heads_ = Tensor::empty({b * h, t, d}, mm, dev);
+    context_heads = Tensor::empty({b * h, t, d}, mm, dev);
     lse_ = Tensor::empty({b * h, t}, DType::F32, dev);
     mask_ = mask;
     probs_ = dropped_probs_ = Tensor();
     cuda::flash_attention_forward(q_, k_, v_, mask, h, p, dropout_key_, dropout_stream_,
-                                  context_heads_, lse_);
+                                  context_heads, lse_);
+    context_heads_ = context_heads;
 #endif
   } else {
-    unfused_forward(mask, p);
+    context_heads = unfused_forward(mask, p);
   }
-  context_ = from_heads(context_heads_, 1, b, t, h, d);  // (N, E)
+  context_ = from_heads(context_heads, 1, b, t, h, d);  // (N, E)
 
   // y = ctx W_o^T + b_o
   Tensor y = Tensor::empty({n, e}, activation_, dev);
@@ -326,7 +329,7 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
   return y.view({b, t, e});
 }
 
-void MultiHeadSelfAttention::unfused_forward(const Tensor& mask, double p) {
+Tensor MultiHeadSelfAttention::unfused_forward(const Tensor& mask, double p) {
   const std::int64_t b = batch_, t = tokens_, h = heads_, d = head_dim_;
   Device dev = q_.device();
   DType mm = q_.dtype();
@@ -354,8 +357,9 @@ void MultiHeadSelfAttention::unfused_forward(const Tensor& mask, double p) {
   if (!dropout_active_) dropped_probs_ = probs_;
 
   // ctx = P' v  (BH, T, d)
-  context_heads_ = Tensor::empty({b * h, t, d}, mm, dev);
-  ops::gemm_batched(false, false, 1.0, dropped_probs_, v_, 0.0, context_heads_);
+  Tensor context_heads = Tensor::empty({b * h, t, d}, mm, dev);
+  ops::gemm_batched(false, false, 1.0, dropped_probs_, v_, 0.0, context_heads);
+  return context_heads;
 }
 
 Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {

@@ -103,8 +103,9 @@ class MultiHeadSelfAttention : public Layer {
   }
 
  private:
-  // Scores, softmax (+ dropout) and P' v through memory: context_heads_ from q_, k_, v_.
-  void unfused_forward(const Tensor& mask, double p);
+  // Scores, softmax (+ dropout) and P' v through memory: the context (B*H, T, d) from q_, k_,
+  // v_, saving the probabilities for backward.
+  Tensor unfused_forward(const Tensor& mask, double p);
   // dq, dk, dv from the context's gradient, through the saved probabilities.
   void unfused_backward(const Tensor& dcontext_heads, double p, Tensor& dq, Tensor& dk, Tensor& dv);
 
@@ -125,7 +126,7 @@ class MultiHeadSelfAttention : public Layer {
   Tensor context_;        // (B*T, E) matmul dtype
   // The fused path (CUDA, half, d = 64) keeps the context in head layout and the row log-sum-exp
   // instead of the probabilities.
-  Tensor context_heads_;  // (B*H, T, d)
+  Tensor context_heads_;  // (B*H, T, d), fused path only
   Tensor lse_;            // (B*H, T) fp32; defined iff the forward took the fused path
   Tensor mask_;           // (B, T) fp32 key mask of the fused forward, or undefined
   DType activation_ = DType::F32;

@@ -93,6 +93,19 @@ void set_epilogue_pointers(const LtGemm& g, cublasLtMatmulDesc_t op) {
 
 constexpr int kAutotuneCandidates = 8;
 
+// One cublasLtMatmul of `g` with `algo`, writing D to `d` (g.d, or scratch when timing).
+cublasStatus_t run_matmul(const LtGemm& g, const LtPlan& plan, const cublasLtMatmulAlgo_t& algo,
+                          void* d, void* workspace, std::size_t workspace_bytes,
+                          cudaStream_t stream) {
+  const bool wide = g.ab_type == DType::F64;
+  float alpha32 = 1.0f, beta32 = static_cast<float>(g.beta);
+  double alpha64 = 1.0, beta64 = g.beta;
+  const void* alpha = wide ? static_cast<const void*>(&alpha64) : &alpha32;
+  const void* beta = wide ? static_cast<const void*>(&beta64) : &beta32;
+  return cublasLtMatmul(cublaslt_handle(), plan.op, alpha, g.a, plan.a, g.b, plan.b, beta, d,
+                        plan.d, d, plan.d, &algo, workspace, workspace_bytes, stream);
+}
+
 // The index of the fastest of the heuristic's algorithms for `g`, timed on scratch outputs (D,
 // and the epilogue's bias gradient or aux when the epilogue writes them), so that the call's own
 // outputs are not touched.
@@ -115,11 +128,6 @@ int fastest(const LtGemm& g, const LtPlan& plan, const cublasLtMatmulHeuristicRe
     aux_only.aux = aux_out.data();
     set_epilogue_pointers(aux_only, plan.op);
   }
-  bool wide = g.ab_type == DType::F64;
-  float alpha32 = 1.0f, beta32 = static_cast<float>(g.beta);
-  double alpha64 = 1.0, beta64 = g.beta;
-  const void* alpha = wide ? static_cast<const void*>(&alpha64) : &alpha32;
-  const void* beta = wide ? static_cast<const void*>(&beta64) : &beta32;
   cudaEvent_t start, stop;
   KILN_CUDA_CHECK(cudaEventCreate(&start));
   KILN_CUDA_CHECK(cudaEventCreate(&stop));
@@ -132,9 +140,8 @@ int fastest(const LtGemm& g, const LtPlan& plan, const cublasLtMatmulHeuristicRe
     float ms = 1e30f;
     for (int rep = 0; rep < 3; ++rep) {
       KILN_CUDA_CHECK(cudaEventRecord(start, stream));
-      cublasStatus_t status = cublasLtMatmul(
-          cublaslt_handle(), plan.op, alpha, g.a, plan.a, g.b, plan.b, beta, d.data(), plan.d,
-          d.data(), plan.d, &results[i].algo, ws.data(), results[i].workspaceSize, stream);
+      cublasStatus_t status = run_matmul(g, plan, results[i].algo, d.data(), ws.data(),
+                                         results[i].workspaceSize, stream);
       KILN_CUDA_CHECK(cudaEventRecord(stop, stream));
       KILN_CUDA_CHECK(cudaEventSynchronize(stop));
       if (status != CUBLAS_STATUS_SUCCESS) break;
@@ -224,7 +231,6 @@ void make_plan(const LtGemm& g, std::uint32_t align_a, std::uint32_t align_b, st
 bool lt_matmul(const LtGemm& g, Device device) {
   if (g.m == 0 || g.n == 0) return true;
   cudaStream_t stream = static_cast<cudaStream_t>(current_stream(device));
-  cublasLtHandle_t handle = cublaslt_handle();
   std::uint32_t align_a = alignment_of(g.a), align_b = alignment_of(g.b),
                 align_d = alignment_of(g.d), align_bias = g.bias ? alignment_of(g.bias) : 0;
   LtPlanKey key{device.index,
@@ -257,16 +263,10 @@ bool lt_matmul(const LtGemm& g, Device device) {
   LtPlan& plan = *slot;
   if (!plan.supported) return false;
   set_epilogue_pointers(g, plan.op);
-  bool wide = g.ab_type == DType::F64;
   Tensor workspace =
       Tensor::empty({static_cast<std::int64_t>(plan.heuristic.workspaceSize)}, DType::U8, device);
-  float alpha32 = 1.0f, beta32 = static_cast<float>(g.beta);
-  double alpha64 = 1.0, beta64 = g.beta;
-  const void* alpha = wide ? static_cast<const void*>(&alpha64) : &alpha32;
-  const void* beta = wide ? static_cast<const void*>(&beta64) : &beta32;
-  cublasStatus_t status = cublasLtMatmul(handle, plan.op, alpha, g.a, plan.a, g.b, plan.b, beta,
-                                         g.d, plan.d, g.d, plan.d, &plan.heuristic.algo,
-                                         workspace.data(), plan.heuristic.workspaceSize, stream);
+  cublasStatus_t status = run_matmul(g, plan, plan.heuristic.algo, g.d, workspace.data(),
+                                     plan.heuristic.workspaceSize, stream);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;
   KILN_CUBLAS_CHECK(status);
   return true;
