@@ -9,6 +9,7 @@
 #include "core/cpu/element.h"
 #include "core/ops.h"
 #include "layers/dropout.h"
+#include "layers/linear.h"
 
 namespace kiln {
 
@@ -197,6 +198,25 @@ bool use_fused_attention(Device dev, DType mm, std::int64_t bh, std::int64_t d, 
 #endif
 }
 
+// y (rows, out) = x w^T + bias: on CUDA one cuBLASLt GEMM with the bias in its epilogue (the bias
+// cast to y's dtype once per weights version), elsewhere a GEMM and a bias pass.
+void project(const Context& ctx, const Tensor& x, const Tensor& w, const Parameter& bias,
+             transformer_ops::CastCache& bias_cache, Tensor& y) {
+  (void)ctx, (void)bias_cache;  // used by the CUDA path only
+  if (y.device().is_cuda()) {
+#if KILN_WITH_CUDA
+    DeviceGuard guard(y.device());
+    Tensor saved;
+    std::int64_t saved_ld = 0;
+    cuda::linear_forward(x, w, bias_cache.get(bias, y.dtype(), ctx.weights_version),
+                         Activation::None, y, saved, saved_ld);
+#endif
+    return;
+  }
+  ops::gemm(false, true, 1.0, x, w, 0.0, y);
+  transformer_ops::add_bias(y, bias.value);
+}
+
 }  // namespace
 
 MultiHeadSelfAttention::MultiHeadSelfAttention(std::int64_t hidden, std::int64_t heads,
@@ -268,13 +288,11 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
   // qkv = x W^T + b  (N, 3E)
   x_mm_ = x.contiguous().view({n, e}).to(mm);
   Tensor qkv = Tensor::empty({n, 3 * e}, mm, dev);
-  Tensor qkv_bias;
   if (layout_ == QkvLayout::FusedQKV) {
     const Tensor& w = qkv_cache_[0].get(*qkv_weights_[0], mm, ctx.weights_version);
-    ops::gemm(false, true, 1.0, x_mm_, w, 0.0, qkv);
-    qkv_bias = qkv_biases_[0]->value;
+    project(ctx, x_mm_, w, *qkv_biases_[0], qkv_bias_cache_, qkv);
   } else {
-    qkv_bias = Tensor::empty({3 * e}, qkv_biases_[0]->value.dtype(), dev);
+    Tensor qkv_bias = Tensor::empty({3 * e}, qkv_biases_[0]->value.dtype(), dev);
     for (std::size_t i = 0; i < 3; ++i) {
       const Tensor& w = qkv_cache_[i].get(*qkv_weights_[i], mm, ctx.weights_version);
       std::int64_t lo = static_cast<std::int64_t>(i) * e;
@@ -282,12 +300,8 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
       ops::gemm(false, true, 1.0, x_mm_, w, 0.0, part);
       qkv_bias.slice(0, lo, lo + e).copy_from(qkv_biases_[i]->value);
     }
+    transformer_ops::add_bias(qkv, qkv_bias);
   }
-  // (B, T, 3, H, d) -> (3, B*H, T, d), adding the bias on the way.
-  Tensor heads_major = to_heads(qkv, qkv_bias, 3, b, t, h, d);
-  q_ = heads_major.select(0, 0);
-  k_ = heads_major.select(0, 1);
-  v_ = heads_major.select(0, 2);
 
   Tensor mask;
   if (ctx.attention_mask.defined()) {
@@ -303,29 +317,31 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
   double p = dropout_active_ ? dropout_ : 0.0;
   lse_ = Tensor();
   mask_ = Tensor();
-  context_heads_ = Tensor();
-  Tensor context_heads;  // (BH, T, d)
+  qkv_ = Tensor();
   if (use_fused_attention(dev, mm, b * h, d, t)) {
 #if KILN_WITH_CUDA
     DeviceGuard guard(dev);
-    context_heads = Tensor::empty({b * h, t, d}, mm, dev);
+    qkv_ = qkv;
+    q_ = k_ = v_ = probs_ = dropped_probs_ = Tensor();
+    context_ = Tensor::empty({n, e}, mm, dev);
     lse_ = Tensor::empty({b * h, t}, DType::F32, dev);
     mask_ = mask;
-    probs_ = dropped_probs_ = Tensor();
-    cuda::flash_attention_forward(q_, k_, v_, mask, h, p, dropout_key_, dropout_stream_,
-                                  context_heads, lse_);
-    context_heads_ = context_heads;
+    cuda::flash_attention_forward(qkv_, b, h, mask, p, dropout_key_, dropout_stream_, context_,
+                                  lse_);
 #endif
   } else {
-    context_heads = unfused_forward(mask, p);
+    // (B, T, 3, H, d) -> (3, B*H, T, d)
+    Tensor heads_major = to_heads(qkv, Tensor(), 3, b, t, h, d);
+    q_ = heads_major.select(0, 0);
+    k_ = heads_major.select(0, 1);
+    v_ = heads_major.select(0, 2);
+    context_ = from_heads(unfused_forward(mask, p), 1, b, t, h, d);  // (N, E)
   }
-  context_ = from_heads(context_heads, 1, b, t, h, d);  // (N, E)
 
   // y = ctx W_o^T + b_o
   Tensor y = Tensor::empty({n, e}, activation_, dev);
-  ops::gemm(false, true, 1.0, context_, out_cache_.get(*out_weight_, mm, ctx.weights_version), 0.0,
-            y);
-  transformer_ops::add_bias(y, out_bias_->value);
+  project(ctx, context_, out_cache_.get(*out_weight_, mm, ctx.weights_version), *out_bias_,
+          out_bias_cache_, y);
   return y.view({b, t, e});
 }
 
@@ -369,7 +385,7 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
   KILN_CHECK(dy.numel() == n * e, "MultiHeadSelfAttention " + name() + ": dy " + dy.str() +
                                       " does not match the forward input");
   Device dev = dy.device();
-  DType mm = q_.dtype();
+  DType mm = context_.dtype();
   DType sd = mm == DType::F64 ? DType::F64 : DType::F32;
   Tensor dy2 = dy.contiguous().view({n, e});
   Tensor dy_mm = dy2.to(mm);
@@ -380,21 +396,22 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
   Tensor dcontext = Tensor::empty({n, e}, mm, dev);
   ops::gemm(false, false, 1.0, dy_mm, out_cache_.get(*out_weight_, mm, ctx.weights_version), 0.0,
             dcontext);
-  Tensor dcontext_heads = to_heads(dcontext, Tensor(), 1, b, t, h, d).view({b * h, t, d});
-
-  Tensor dqkv_heads = Tensor::empty({3, b * h, t, d}, mm, dev);
-  Tensor dq = dqkv_heads.select(0, 0), dk = dqkv_heads.select(0, 1), dv = dqkv_heads.select(0, 2);
   double p = dropout_active_ ? dropout_ : 0.0;
+  Tensor dqkv;  // (N, 3E)
   if (lse_.defined()) {
 #if KILN_WITH_CUDA
     DeviceGuard guard(dev);
-    cuda::flash_attention_backward(q_, k_, v_, context_heads_, dcontext_heads, lse_, mask_, h, p,
-                                   dropout_key_, dropout_stream_, dq, dk, dv);
+    dqkv = Tensor::empty({n, 3 * e}, mm, dev);
+    cuda::flash_attention_backward(qkv_, context_, dcontext, lse_, mask_, b, h, p, dropout_key_,
+                                   dropout_stream_, dqkv);
 #endif
   } else {
+    Tensor dcontext_heads = to_heads(dcontext, Tensor(), 1, b, t, h, d).view({b * h, t, d});
+    Tensor dqkv_heads = Tensor::empty({3, b * h, t, d}, mm, dev);
+    Tensor dq = dqkv_heads.select(0, 0), dk = dqkv_heads.select(0, 1), dv = dqkv_heads.select(0, 2);
     unfused_backward(dcontext_heads, p, dq, dk, dv);
+    dqkv = from_heads(dqkv_heads, 3, b, t, h, d);
   }
-  Tensor dqkv = from_heads(dqkv_heads, 3, b, t, h, d);  // (N, 3E)
 
   // Input projections.
   Tensor dx = Tensor::empty({n, e}, activation_, dev);

@@ -97,7 +97,7 @@ class MultiHeadSelfAttention : public Layer {
     probs_ = Tensor();
     dropped_probs_ = Tensor();
     context_ = Tensor();
-    context_heads_ = Tensor();
+    qkv_ = Tensor();
     lse_ = Tensor();
     mask_ = Tensor();
   }
@@ -116,6 +116,7 @@ class MultiHeadSelfAttention : public Layer {
   std::vector<Parameter*> qkv_weights_, qkv_biases_;
   std::vector<transformer_ops::CastCache> qkv_cache_;
   transformer_ops::CastCache out_cache_;
+  transformer_ops::CastCache qkv_bias_cache_, out_bias_cache_;  // CUDA bias epilogues
   Parameter* out_weight_;
   Parameter* out_bias_;
   // Saved by forward for backward.
@@ -124,11 +125,11 @@ class MultiHeadSelfAttention : public Layer {
   Tensor probs_;          // (B*H, T, T) P, matmul dtype
   Tensor dropped_probs_;  // P' (== probs_ without dropout)
   Tensor context_;        // (B*T, E) matmul dtype
-  // The fused path (CUDA, half, d = 64) keeps the context in head layout and the row log-sum-exp
-  // instead of the probabilities.
-  Tensor context_heads_;  // (B*H, T, d), fused path only
-  Tensor lse_;            // (B*H, T) fp32; defined iff the forward took the fused path
-  Tensor mask_;           // (B, T) fp32 key mask of the fused forward, or undefined
+  // The fused path (CUDA, half, d = 64) keeps the packed projection and the row log-sum-exp
+  // instead of q_, k_, v_ and the probabilities.
+  Tensor qkv_;   // (B*T, 3E) with bias, fused path only
+  Tensor lse_;   // (B*H, T) fp32; defined iff the forward took the fused path
+  Tensor mask_;  // (B, T) fp32 key mask of the fused forward, or undefined
   DType activation_ = DType::F32;
   std::int64_t batch_ = 0, tokens_ = 0;
   std::uint64_t dropout_key_ = 0, dropout_stream_ = 0;
@@ -154,20 +155,22 @@ void attention_softmax_forward(const Tensor& scores, const Tensor& mask, std::in
 // d_dropped (BH, T, T) fp32 (f64), probs -> dscores in the matmul dtype.
 void attention_softmax_backward(const Tensor& d_dropped, const Tensor& probs, double p,
                                 std::uint64_t key, std::uint64_t stream, Tensor& dscores);
-// Fused attention (layers/cuda/flash_attention.cu) for q, k, v (BH, T, d) contiguous, 16-byte
-// aligned: whether it serves this dtype, number of (batch * head) rows, head dimension and length.
+// Fused attention (layers/cuda/flash_attention.cu): whether it serves this dtype, number of
+// (batch * head) rows, head dimension and length.
 bool flash_attention_supported(DType dtype, std::int64_t batch_heads, std::int64_t head_dim,
                                std::int64_t tokens);
-// out (BH, T, d) = dropout(softmax(q k^T / sqrt(d) + mask)) v, without the (T, T) scores in
-// memory; lse (BH, T) fp32, what backward recomputes the probabilities from.
-void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                             std::int64_t heads, double p, std::uint64_t key, std::uint64_t stream,
+// It reads the input projection's packed rows qkv (B*T, 3E) = [q | k | v], head h at columns
+// h*d.. of each part, contiguous and 16-byte aligned; no head-layout copies.
+// out (B*T, E) = dropout(softmax(q k^T / sqrt(d) + mask)) v per head, without the (T, T) scores
+// in memory; lse (B*H, T) fp32, what backward recomputes the probabilities from.
+void flash_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t heads,
+                             const Tensor& mask, double p, std::uint64_t key, std::uint64_t stream,
                              Tensor& out, Tensor& lse);
-// dq, dk, dv (BH, T, d) written (=) from dout and the forward's out and lse.
-void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                              const Tensor& dout, const Tensor& lse, const Tensor& mask,
+// dqkv (B*T, 3E) written (=) from dout (B*T, E) and the forward's out and lse.
+void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
+                              const Tensor& lse, const Tensor& mask, std::int64_t batch,
                               std::int64_t heads, double p, std::uint64_t key, std::uint64_t stream,
-                              Tensor& dq, Tensor& dk, Tensor& dv);
+                              Tensor& dqkv);
 }  // namespace cuda
 
 }  // namespace kiln

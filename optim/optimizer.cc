@@ -61,6 +61,31 @@ std::vector<detail::TensorEntry> grad_entries(const std::vector<Tensor>& grads) 
   return entries;
 }
 
+// The global norm of tensors * unscale: the unscale pass without writing, so that it sees the
+// values the update rules compute from a scaled gradient.
+double unscaled_global_norm(const std::vector<Tensor>& tensors, float unscale) {
+  if (tensors.empty()) return 0.0;
+  Device device = tensors.front().device();
+  auto list = grad_entries(tensors);
+  if (device.is_cpu()) {
+    bool found_inf = false;
+    return std::sqrt(detail::cpu_unscale_check_sumsq(list, unscale, false, &found_inf));
+  }
+#if KILN_WITH_CUDA
+  detail::MultiTensorTable table;
+  table.set(std::move(list), device);
+  Tensor stats = Tensor::zeros({2}, DType::F32, device);  // found_inf, norm
+  void* stream = current_stream(device);
+  detail::cuda_unscale_check_sumsq(table, unscale, false, static_cast<float*>(stats.data()),
+                                   stream);
+  detail::cuda_partials_norm(table, static_cast<float*>(stats.data()) + 1, stream);
+  return stats.to_vector<float>()[1];
+#else
+  KILN_CHECK(false, "global_norm: tensors on " + device.str() + " in a build without CUDA");
+  return 0.0;
+#endif
+}
+
 }  // namespace
 
 const char* optimizer_kind_name(OptimizerKind kind) {
@@ -179,13 +204,19 @@ std::vector<detail::TensorEntry> Optimizer::entries(const std::vector<std::strin
   return out;
 }
 
-double Optimizer::step(double grad_norm) {
+double Optimizer::step(double grad_norm, double grad_unscale) {
+  // Rounded once: exact in float and double compute types alike (the unscale pass's factor).
+  const float unscale = static_cast<float>(grad_unscale);
+  if (!(unscale > 0.0f) || !std::isfinite(unscale)) {
+    throw InputError("optimizer step: grad_unscale must be finite and > 0 in float, got " +
+                     std::to_string(grad_unscale));
+  }
   if (options_.max_grad_norm > 0 && grad_norm < 0) {
     std::vector<Tensor> grads;
     for (const OptimizedTensor& t : tensors_) grads.push_back(t.grad);
-    grad_norm = global_norm(grads);
+    grad_norm = unscaled_global_norm(grads, unscale);
   }
-  apply(grad_norm);
+  apply(grad_norm, unscale);
   step_count_.data<std::int64_t>()[0] += 1;
   return options_.max_grad_norm > 0 ? grad_norm : -1.0;
 }
@@ -208,7 +239,7 @@ Sgd::Sgd(std::vector<OptimizedTensor> tensors, const OptimizerOptions& options)
   }
 }
 
-void Sgd::apply(double grad_norm) {
+void Sgd::apply(double grad_norm, float grad_unscale) {
   detail::SgdStep s;
   s.lr = lr_;
   s.momentum = options_.momentum;
@@ -216,6 +247,7 @@ void Sgd::apply(double grad_norm) {
   s.nesterov = options_.nesterov;
   s.first_step = step_count() == 0;
   s.grad_multiplier = clip_coefficient(grad_norm, options_.max_grad_norm);
+  s.grad_unscale = grad_unscale;
   auto list = entries({"momentum_buffer"});
   if (device_.is_cpu()) {
     detail::cpu_sgd(list, s);
@@ -245,7 +277,7 @@ AdamW::AdamW(std::vector<OptimizedTensor> tensors, const OptimizerOptions& optio
   }
 }
 
-void AdamW::apply(double grad_norm) {
+void AdamW::apply(double grad_norm, float grad_unscale) {
   detail::AdamWStep s;
   s.lr = lr_;
   s.beta1 = options_.beta1;
@@ -254,6 +286,7 @@ void AdamW::apply(double grad_norm) {
   s.step = step_count() + 1;
   s.amsgrad = options_.amsgrad;
   s.grad_multiplier = clip_coefficient(grad_norm, options_.max_grad_norm);
+  s.grad_unscale = grad_unscale;
   auto list = entries({"exp_avg", "exp_avg_sq", "max_exp_avg_sq"});
   if (device_.is_cpu()) {
     detail::cpu_adamw(list, s);
@@ -274,7 +307,7 @@ Lamb::Lamb(std::vector<OptimizedTensor> tensors, const OptimizerOptions& options
   }
 }
 
-void Lamb::apply(double grad_norm) {
+void Lamb::apply(double grad_norm, float grad_unscale) {
   detail::LambStep s;
   s.lr = lr_;
   s.beta1 = options_.beta1;
@@ -286,6 +319,7 @@ void Lamb::apply(double grad_norm) {
       grad_norm > options_.max_grad_norm) {
     s.clip_divisor = grad_norm / options_.max_grad_norm;
   }
+  s.grad_unscale = grad_unscale;
   auto list = entries({"exp_avg", "exp_avg_sq"});
   if (device_.is_cpu()) {
     detail::cpu_lamb(list, s);
@@ -316,25 +350,7 @@ std::unique_ptr<Optimizer> make_optimizer(const std::vector<Parameter*>& params,
 }
 
 double global_norm(const std::vector<Tensor>& tensors) {
-  if (tensors.empty()) return 0.0;
-  Device device = tensors.front().device();
-  auto list = grad_entries(tensors);
-  if (device.is_cpu()) {
-    bool found_inf = false;
-    return std::sqrt(detail::cpu_unscale_check_sumsq(list, 1.0, false, &found_inf));
-  }
-#if KILN_WITH_CUDA
-  detail::MultiTensorTable table;
-  table.set(std::move(list), device);
-  Tensor stats = Tensor::zeros({2}, DType::F32, device);  // found_inf, norm
-  void* stream = current_stream(device);
-  detail::cuda_unscale_check_sumsq(table, 1.0f, false, static_cast<float*>(stats.data()), stream);
-  detail::cuda_partials_norm(table, static_cast<float*>(stats.data()) + 1, stream);
-  return stats.to_vector<float>()[1];
-#else
-  KILN_CHECK(false, "global_norm: tensors on " + device.str() + " in a build without CUDA");
-  return 0.0;
-#endif
+  return unscaled_global_norm(tensors, 1.0f);
 }
 
 double clip_grad_norm(const std::vector<Tensor>& grads, double max_norm) {

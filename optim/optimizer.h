@@ -7,8 +7,9 @@
 // The optimizer reads OptimizedTensor::grad and updates OptimizedTensor::value in place; state
 // (moments, the step count) lives in named tensors so that checkpoints can save and restore it.
 // Weights, gradients and state must be contiguous and on one device; state is f32 (f64 for f64
-// weights on CPU). Half weights with fp32 state are allowed (O3); O2 passes fp32 masters and
-// asks the optimizer to write the half copy (`model_copy`) in the same pass.
+// weights on CPU). Half weights with fp32 state are allowed (O3); O2 passes fp32 masters with the
+// model's (loss-scaled) half gradients, which step() unscales on the fly, and asks the optimizer
+// to write the half copy (`model_copy`) in the same pass.
 
 #include <cstdint>
 #include <memory>
@@ -62,7 +63,7 @@ struct OptimizerOptions {
 struct OptimizedTensor {
   std::string name;   // the parameter's name: state is "<name>.exp_avg" etc.
   Tensor value;       // updated in place
-  Tensor grad;        // same shape; read only (f32, or the value's dtype)
+  Tensor grad;        // same shape; read only (any floating dtype; half with f32 masters in O2)
   Tensor model_copy;  // optional: half weights written from the new value in the same pass (O2)
   bool no_weight_decay = false;
   double lr_multiplier = 1.0;  // resolved from the groups by make_optimized_tensors()
@@ -90,10 +91,14 @@ class Optimizer {
   // Completed steps (skipped ones not counted); lives in the "optimizer.step" state tensor.
   std::int64_t step_count() const;
 
-  // One update from the current gradients. `grad_norm` is the global L2 norm of the gradients
-  // when the caller already knows it (the mixed-precision pass computes it); < 0: computed here
-  // if clipping needs it (one device-to-host read). Returns the norm used, or -1 if none.
-  double step(double grad_norm = -1.0);
+  // One update from the current gradients. `grad_unscale`, rounded once to float (> 0, finite),
+  // multiplies every gradient element as it is read, before clipping, in the compute type (float;
+  // double for f64) as the unscale pass does: O2 passes 1/loss_scale, so the loss-scaled half
+  // gradients need no unscaled fp32 copy. The gradient tensors are left as they are.
+  // `grad_norm` is the global L2 norm of the unscaled gradients when the caller already knows it
+  // (the mixed-precision pass computes it); < 0: computed here if clipping needs it (one
+  // device-to-host read). Returns the norm used, or -1 if none.
+  double step(double grad_norm = -1.0, double grad_unscale = 1.0);
 
   // Named state tensors for checkpoints: "optimizer.step" (i64, CPU) and per tensor
   // "<name>.momentum_buffer" | "<name>.exp_avg", "<name>.exp_avg_sq", "<name>.max_exp_avg_sq".
@@ -105,8 +110,9 @@ class Optimizer {
   Device device() const { return device_; }
 
  protected:
-  // Applies one update; `grad_norm` is known (>= 0) when max_grad_norm > 0.
-  virtual void apply(double grad_norm) = 0;
+  // Applies one update; `grad_norm` is known (>= 0) when max_grad_norm > 0; `grad_unscale` goes
+  // into the step's scalars (update_rules.h).
+  virtual void apply(double grad_norm, float grad_unscale) = 0;
   // Allocates a zeroed state tensor shaped like tensor i and registers it under "<name>.<key>".
   Tensor& add_state(std::size_t i, const std::string& key);
   // The descriptor list; `state_keys` names which state tensors go to state0..2.
@@ -130,7 +136,7 @@ class Sgd : public Optimizer {
   const char* name() const override { return "sgd"; }
 
  protected:
-  void apply(double grad_norm) override;
+  void apply(double grad_norm, float grad_unscale) override;
 };
 
 class AdamW : public Optimizer {
@@ -139,7 +145,7 @@ class AdamW : public Optimizer {
   const char* name() const override { return "adamw"; }
 
  protected:
-  void apply(double grad_norm) override;
+  void apply(double grad_norm, float grad_unscale) override;
 };
 
 class Lamb : public Optimizer {
@@ -148,7 +154,7 @@ class Lamb : public Optimizer {
   const char* name() const override { return "lamb"; }
 
  protected:
-  void apply(double grad_norm) override;
+  void apply(double grad_norm, float grad_unscale) override;
 };
 
 std::unique_ptr<Optimizer> make_optimizer(std::vector<OptimizedTensor> tensors,

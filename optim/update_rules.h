@@ -19,7 +19,7 @@ namespace kiln::optim::detail {
 // One tensor the multi-tensor passes visit. Plain data: the same bytes are read on the device.
 struct TensorEntry {
   void* value = nullptr;   // the weights updated (fp32 masters in O2); in unscale: the output grads
-  void* grad = nullptr;    // read only by the optimizers; in unscale: the input (scaled) grads
+  void* grad = nullptr;    // read only by the optimizers (half in O2); in unscale: the scaled input
   void* copy = nullptr;    // half model weights refreshed from `value` after the update (O2)
   void* state0 = nullptr;  // exp_avg or momentum_buffer (f32; f64 for f64 weights on CPU)
   void* state1 = nullptr;  // exp_avg_sq
@@ -45,6 +45,11 @@ struct ChunkEntry {
 
 constexpr std::int64_t kChunkElements = 32768;
 
+// Every step carries `grad_unscale`: each gradient element is loaded, widened to the compute type
+// and multiplied by it, the arithmetic of the unscale pass (multi_tensor.h), so that O2 reads the
+// loss-scaled half gradients directly instead of keeping unscaled fp32 copies. It is a float
+// (1/loss_scale, as the pass uses it), exact in either compute type; at 1 nothing is multiplied.
+
 struct SgdStep {
   double lr = 0;
   double momentum = 0;
@@ -52,6 +57,7 @@ struct SgdStep {
   bool nesterov = false;
   bool first_step = true;        // the momentum buffer starts as the gradient
   double grad_multiplier = 1.0;  // gradient clipping coefficient
+  float grad_unscale = 1.0f;
 };
 
 struct AdamWStep {
@@ -60,6 +66,7 @@ struct AdamWStep {
   std::int64_t step = 1;  // after incrementing, as torch
   bool amsgrad = false;
   double grad_multiplier = 1.0;
+  float grad_unscale = 1.0f;
 };
 
 struct LambStep {
@@ -68,6 +75,7 @@ struct LambStep {
   std::int64_t step = 1;
   bool bias_correction = true;
   double clip_divisor = 1.0;  // max(1, global_norm / max_grad_norm), Apex FusedLAMB
+  float grad_unscale = 1.0f;
 };
 
 template <typename C>
@@ -96,6 +104,13 @@ KILN_HOST_DEVICE inline double power(double x, double y) {
 #endif
 }
 
+// The gradient as the optimizers see it: unscaled exactly as the unscale pass would have stored
+// it in a float (or double) gradient.
+template <typename C>
+KILN_HOST_DEVICE inline C unscale_grad(C g, C grad_unscale) {
+  return grad_unscale != C(1) ? g * grad_unscale : g;
+}
+
 // torch.lerp's formula (at::native lerp): exact at both ends.
 template <typename C>
 KILN_HOST_DEVICE inline C lerp_torch(C self, C end, C weight) {
@@ -107,7 +122,7 @@ KILN_HOST_DEVICE inline C lerp_torch(C self, C end, C weight) {
 
 template <typename C>
 struct SgdScalars {
-  C neg_lr, weight_decay, momentum, one_minus_dampening, grad_multiplier;
+  C neg_lr, weight_decay, momentum, one_minus_dampening, grad_multiplier, grad_unscale;
   bool nesterov, first_step, use_momentum;
 };
 
@@ -119,6 +134,7 @@ KILN_HOST_DEVICE inline SgdScalars<C> sgd_scalars(const SgdStep& s, const Tensor
   r.momentum = static_cast<C>(s.momentum);
   r.one_minus_dampening = static_cast<C>(1.0 - s.dampening);
   r.grad_multiplier = static_cast<C>(s.grad_multiplier);
+  r.grad_unscale = static_cast<C>(s.grad_unscale);
   r.nesterov = s.nesterov;
   r.first_step = s.first_step;
   r.use_momentum = s.momentum != 0.0;
@@ -127,6 +143,7 @@ KILN_HOST_DEVICE inline SgdScalars<C> sgd_scalars(const SgdStep& s, const Tensor
 
 template <typename C>
 KILN_HOST_DEVICE inline void sgd_element(C& p, C g, C* buf, const SgdScalars<C>& s) {
+  g = unscale_grad(g, s.grad_unscale);
   if (s.grad_multiplier != C(1)) g = g * s.grad_multiplier;
   if (s.weight_decay != C(0)) g = g + s.weight_decay * p;  // grad.add(param, alpha=wd)
   if (s.use_momentum) {
@@ -141,7 +158,7 @@ KILN_HOST_DEVICE inline void sgd_element(C& p, C g, C* buf, const SgdScalars<C>&
 template <typename C>
 struct AdamWScalars {
   C decay_factor, one_minus_beta1, beta2, one_minus_beta2, bias_correction2_sqrt, eps,
-      neg_step_size, grad_multiplier;
+      neg_step_size, grad_multiplier, grad_unscale;
   bool amsgrad;
 };
 
@@ -159,6 +176,7 @@ KILN_HOST_DEVICE inline AdamWScalars<C> adamw_scalars(const AdamWStep& s, const 
   r.eps = static_cast<C>(s.eps);
   r.neg_step_size = static_cast<C>(-(lr / bias_correction1));
   r.grad_multiplier = static_cast<C>(s.grad_multiplier);
+  r.grad_unscale = static_cast<C>(s.grad_unscale);
   r.amsgrad = s.amsgrad;
   return r;
 }
@@ -166,6 +184,7 @@ KILN_HOST_DEVICE inline AdamWScalars<C> adamw_scalars(const AdamWStep& s, const 
 template <typename C>
 KILN_HOST_DEVICE inline void adamw_element(C& p, C g, C& m, C& v, C* v_max,
                                            const AdamWScalars<C>& s) {
+  g = unscale_grad(g, s.grad_unscale);
   if (s.grad_multiplier != C(1)) g = g * s.grad_multiplier;
   p = p * s.decay_factor;                   // param.mul_(1 - lr * wd)
   m = lerp_torch(m, g, s.one_minus_beta1);  // exp_avg.lerp_(grad, 1 - beta1)
@@ -185,7 +204,7 @@ KILN_HOST_DEVICE inline void adamw_element(C& p, C g, C& m, C& v, C* v_max,
 template <typename C>
 struct LambScalars {
   C beta1, one_minus_beta1, beta2, one_minus_beta2, bias_correction1, bias_correction2, eps,
-      weight_decay, lr, inv_clip_divisor;
+      weight_decay, lr, inv_clip_divisor, grad_unscale;
 };
 
 template <typename C>
@@ -203,13 +222,14 @@ KILN_HOST_DEVICE inline LambScalars<C> lamb_scalars(const LambStep& s, const Ten
   r.weight_decay = static_cast<C>(e.weight_decay);
   r.lr = static_cast<C>(s.lr * e.lr_multiplier);
   r.inv_clip_divisor = static_cast<C>(1.0 / s.clip_divisor);
+  r.grad_unscale = static_cast<C>(s.grad_unscale);
   return r;
 }
 
-// Stage 1: moments from the (clipped) gradient.
+// Stage 1: moments from the (unscaled, clipped) gradient; the trust ratio follows from them.
 template <typename C>
 KILN_HOST_DEVICE inline void lamb_moments(C g, C& m, C& v, const LambScalars<C>& s) {
-  g = g * s.inv_clip_divisor;
+  g = unscale_grad(g, s.grad_unscale) * s.inv_clip_divisor;
   m = s.beta1 * m + s.one_minus_beta1 * g;
   v = s.beta2 * v + s.one_minus_beta2 * g * g;
 }

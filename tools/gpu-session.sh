@@ -14,7 +14,8 @@
 #             same-result check and the dead/hung-rank tests at that many ranks
 #   parity    Kiln vs PyTorch from the same weights (tools/parity/models.py, 20 steps)
 #   sanitize  compute-sanitizer memcheck and racecheck over the GPU kernels' tests
-#   kernels   GPU time per kernel of one training step (tools/kernel-profile.sh, Nsight Compute)
+#   kernels   GPU time per kernel of one training step (tools/kernel-profile.sh, Nsight Compute;
+#             KERNELS="model batch launch-skip launch-count,..." picks others)
 # Logs go to $OUT/logs, packed into $OUT/logs.tar.gz at the end (few files travel back).
 #   tools/gpu-session.sh BUILD_DIR SECONDS [STAGE ...]   (default: smoke tests table parity)
 set -uo pipefail
@@ -85,8 +86,9 @@ PY
       timeout "$(upto 200)" python3 tools/parity/models.py --build "$BUILD" --steps 20 > "$OUT/parity.log" 2>&1
       echo "exit $?"; grep -E '^(PASS|FAIL| )' "$OUT/parity.log" | tail -40 ;;
     kernels)
-      for mb in "resnet50 128" "vit_b16 64" "bert_base 32"; do
-        timeout $(( $(left) - 10 )) bash tools/kernel-profile.sh "$BUILD" $mb 8000 5000
+      IFS=, read -ra configs <<< "${KERNELS:-resnet50 128 8000 5000,vit_b16 64 3000 800,bert_base 32 3000 800}"
+      for mbsc in "${configs[@]}"; do
+        timeout $(( $(left) - 10 )) bash tools/kernel-profile.sh "$BUILD" $mbsc
       done ;;
     sanitize)
       timeout $(( $(left) - 10 )) bash tools/gpu-sanitize.sh "$BUILD" ;;

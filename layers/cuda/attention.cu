@@ -39,11 +39,13 @@ __device__ __forceinline__ C warp_max(C v) {
 template <typename T, typename B>
 __global__ void add_bias_kernel(T* __restrict__ y, const B* __restrict__ bias, std::int64_t rows,
                                 std::int64_t cols) {
+  // Rows over blocks, columns over threads: no per-element division.
   using C = typename Compute<T>::type;
-  std::int64_t total = rows * cols;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    y[i] = store<T>(static_cast<C>(load(y[i])) + static_cast<C>(load(bias[i % cols])));
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    T* row = y + r * cols;
+    for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+      row[c] = store<T>(static_cast<C>(load(row[c])) + static_cast<C>(load(bias[c])));
+  }
 }
 
 // Head layout changes: block x = token row n = b*T + t, block y = part; threads over the E
@@ -157,7 +159,7 @@ void add_bias(Tensor& y, const Tensor& bias) {
   if (rows * cols == 0) return;
   KILN_CUDA_DISPATCH_FLOATING(y.dtype(), T, {
     KILN_CUDA_DISPATCH_FLOATING(bias.dtype(), B, {
-      add_bias_kernel<T, B><<<grid_for(rows * cols), 256, 0, stream_of(y)>>>(
+      add_bias_kernel<T, B><<<grid_for(rows, 1), 256, 0, stream_of(y)>>>(
           static_cast<T*>(y.data()), static_cast<const B*>(bias.data()), rows, cols);
       KILN_CUDA_LAUNCH_CHECK();
     });

@@ -4,6 +4,9 @@
 // accumulation). Backward is two kernels (dK/dV per key tile, dQ per query tile) so that every
 // gradient element is written by one thread in a fixed order: bitwise reproducible, no atomics.
 // Dropout draws Dropout's mask at the same element index as the unfused path, (bh*T + q)*T + k.
+// The kernels read q, k and v where the input projection wrote them, the packed (B*T, 3E) rows
+// [q | k | v] with head h at columns h*64.., and write the context as (B*T, E) rows and the
+// gradients into the packed (B*T, 3E) layout: no head-layout copies on either side.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -11,6 +14,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
+#include <string>
 #include <type_traits>
 
 #include "core/cuda/cuda_check.h"
@@ -29,10 +34,10 @@ constexpr int kThreads = 128;  // 4 warps of 16 rows
 constexpr int kWarp = 32;
 
 struct FlashArgs {
-  const void* q;
+  const void* q;  // packed rows: q, k, v, dq, dk, dv step ld_qkv elements per token
   const void* k;
   const void* v;
-  const void* dout;  // backward: the output's gradient
+  const void* dout;  // backward: the output's gradient; out and dout step ld_out per token
   void* dq;
   void* dk;
   void* dv;
@@ -42,6 +47,8 @@ struct FlashArgs {
   const float* mask;  // (B, T) key mask, 1 attend, 0 padding; null for none
   int t;
   int heads;
+  int ld_qkv;        // 3E
+  int ld_out;        // E
   float scale;       // 1/sqrt(d)
   float scale_log2;  // scale * log2(e)
   double p;          // dropout probability, 0 for none
@@ -91,9 +98,9 @@ __device__ __forceinline__ void mma(float c[4], const std::uint32_t a[4], std::u
 }
 
 // The A fragments (16 rows x 64 dims, 4 k-steps) of rows r0 and r0 + 8 of a (T, 64) matrix in
-// global memory; rows past T are zero.
+// global memory whose rows are ld elements apart; rows past T are zero.
 template <typename T>
-__device__ __forceinline__ void load_rows_a(const T* m, int r0, int t, int c,
+__device__ __forceinline__ void load_rows_a(const T* m, int ld, int r0, int t, int c,
                                             std::uint32_t a[4][4]) {
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
@@ -104,21 +111,22 @@ __device__ __forceinline__ void load_rows_a(const T* m, int r0, int t, int c,
       for (int hi = 0; hi < 2; ++hi) {
         int col = ks * 16 + hi * 8 + 2 * c;
         a[ks][half + 2 * hi] = row < t ? *reinterpret_cast<const std::uint32_t*>(
-                                             m + static_cast<std::int64_t>(row) * kDim + col)
+                                             m + static_cast<std::int64_t>(row) * ld + col)
                                        : 0u;
       }
     }
   }
 }
 
-// Rows [first, first + 64) of a (T, 64) matrix into a padded shared tile, zero past T, by
-// cp.async: the copy overlaps the previous tile's arithmetic (commit, then wait for the group).
+// Rows [first, first + 64) of a (T, 64) matrix (rows ld elements apart) into a padded shared
+// tile, zero past T, by cp.async: the copy overlaps the previous tile's arithmetic (commit, then
+// wait for the group).
 template <typename T>
-__device__ __forceinline__ void load_tile_async(const T* m, int first, int t, T* tile) {
+__device__ __forceinline__ void load_tile_async(const T* m, int ld, int first, int t, T* tile) {
   for (int i = threadIdx.x; i < kTile * (kDim / 8); i += kThreads) {
     int row = i / (kDim / 8), chunk = i % (kDim / 8);
     bool in = first + row < t;
-    const T* src = m + static_cast<std::int64_t>(in ? first + row : 0) * kDim + chunk * 8;
+    const T* src = m + static_cast<std::int64_t>(in ? first + row : 0) * ld + chunk * 8;
     unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(tile + row * kPad + chunk * 8));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                  "r"(in ? 16 : 0));
@@ -158,11 +166,11 @@ struct KeyValueTiles {
 };
 
 template <typename T>
-__device__ __forceinline__ void fetch_keys(KeyValueTiles<T>& s, const T* k, const T* v,
+__device__ __forceinline__ void fetch_keys(KeyValueTiles<T>& s, const T* k, const T* v, int ld,
                                            const float* mask, int k0, int t) {
   const int b = (k0 / kTile) & 1;
-  load_tile_async(k, k0, t, s.k[b]);
-  load_tile_async(v, k0, t, s.v[b]);
+  load_tile_async(k, ld, k0, t, s.k[b]);
+  load_tile_async(v, ld, k0, t, s.v[b]);
   if (threadIdx.x < kTile) s.key_ok[b][threadIdx.x] = key_attended(mask, k0 + threadIdx.x, t);
 }
 
@@ -229,8 +237,9 @@ __device__ __forceinline__ void mma_p_rows(const float p[8][4], const T* tile, i
 // dK/dV) and its lane's row group g and column pair c in the mma fragments.
 struct Place {
   int bh, t, lane, g, c, first;
-  std::int64_t base;  // where this (batch * head)'s (T, 64) matrices start
-  const float* mask;  // this batch's key mask, or null
+  std::int64_t base_qkv;  // where this (batch * head)'s token 0 starts in q, k, v, dq, dk, dv
+  std::int64_t base_out;  // and in out, dout
+  const float* mask;      // this batch's key mask, or null
 };
 
 __device__ __forceinline__ Place place_of(const FlashArgs& a) {
@@ -241,8 +250,10 @@ __device__ __forceinline__ Place place_of(const FlashArgs& a) {
   p.g = p.lane / 4;
   p.c = p.lane % 4;
   p.first = static_cast<int>(blockIdx.x) * kTile + static_cast<int>(threadIdx.x / kWarp) * 16;
-  p.base = static_cast<std::int64_t>(p.bh) * p.t * kDim;
-  p.mask = a.mask ? a.mask + static_cast<std::int64_t>(p.bh / a.heads) * p.t : nullptr;
+  const std::int64_t batch = p.bh / a.heads, head = p.bh % a.heads;
+  p.base_qkv = batch * p.t * a.ld_qkv + head * kDim;
+  p.base_out = batch * p.t * a.ld_out + head * kDim;
+  p.mask = a.mask ? a.mask + batch * p.t : nullptr;
   return p;
 }
 
@@ -255,18 +266,17 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashArgs a) {
   __shared__ __align__(16) KeyValueTiles<T> tiles;
   const Place at = place_of(a);
-  const int bh = at.bh, t = at.t, lane = at.lane, g = at.g, c = at.c;
-  const std::int64_t base = at.base;
+  const int bh = at.bh, t = at.t, lane = at.lane, g = at.g, c = at.c, ld = a.ld_qkv;
   const float* mask = at.mask;
-  const T* q = static_cast<const T*>(a.q) + base;
-  const T* k = static_cast<const T*>(a.k) + base;
-  const T* v = static_cast<const T*>(a.v) + base;
+  const T* q = static_cast<const T*>(a.q) + at.base_qkv;
+  const T* k = static_cast<const T*>(a.k) + at.base_qkv;
+  const T* v = static_cast<const T*>(a.v) + at.base_qkv;
   const int row[2] = {at.first + g, at.first + g + 8};
   std::uint32_t qa[4][4];
-  load_rows_a(q, row[0], t, c, qa);
+  load_rows_a(q, ld, row[0], t, c, qa);
   float o[8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
-  auto fetch = [&](int k0) { fetch_keys(tiles, k, v, mask, k0, t); };
+  auto fetch = [&](int k0) { fetch_keys(tiles, k, v, ld, mask, k0, t); };
   fetch(0);
   cp_async_commit();
   for (int k0 = 0; k0 < t; k0 += kTile) {
@@ -278,12 +288,14 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashArgs a) {
     float s[8][4] = {};
     mma_rows_t<T>(qa, ks, t - k0, lane, s);
     float tile_max[2] = {-INFINITY, -INFINITY};
+    // Only a tile with a mask or past T reads which keys are attended.
+    const bool every_key = mask == nullptr && k0 + kTile <= t;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         int col = nt * 8 + 2 * c + (e & 1);
-        s[nt][e] = key_ok[col] != 0.0f ? s[nt][e] * a.scale_log2 : -INFINITY;
+        s[nt][e] = every_key || key_ok[col] != 0.0f ? s[nt][e] * a.scale_log2 : -INFINITY;
         tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[nt][e]);
       }
     float base_of[2], alpha[2];
@@ -311,7 +323,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashArgs a) {
     mma_p_rows<T>(s, vs, t - k0, lane, o);
   }
 
-  T* out = static_cast<T*>(a.out) + base;
+  T* out = static_cast<T*>(a.out) + at.base_out;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
@@ -320,8 +332,8 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashArgs a) {
     float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
-      *reinterpret_cast<std::uint32_t*>(out + static_cast<std::int64_t>(row[i]) * kDim + nt * 8 +
-                                        2 * c) =
+      *reinterpret_cast<std::uint32_t*>(out + static_cast<std::int64_t>(row[i]) * a.ld_out +
+                                        nt * 8 + 2 * c) =
           pack<T>(o[nt][2 * i] * inv, o[nt][2 * i + 1] * inv);
     if (c == 0)
       a.lse[static_cast<std::int64_t>(bh) * t + row[i]] =
@@ -329,21 +341,25 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashArgs a) {
   }
 }
 
-// delta[r] = sum_d dout[r, d] * out[r, d]: 8 threads per row, 8 halves each.
+// delta[bh*T + token] = sum_d dout * out over one head's 64 values of one token row: 8 threads
+// per (token row, head), 8 halves each, rows in the (B*T, E) layout's order.
 template <typename T>
 __global__ void flash_delta_kernel(const T* __restrict__ out, const T* __restrict__ dout,
-                                   std::int64_t rows, float* __restrict__ delta) {
+                                   std::int64_t rows, int t, int heads, int ld,
+                                   float* __restrict__ delta) {
   std::int64_t r = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 8;
   int part = threadIdx.x % 8;
   float sum = 0.0f;
+  std::int64_t token_row = r / heads, head = r % heads;
   if (r < rows) {
-    Pack<T> o = reinterpret_cast<const Pack<T>*>(out + r * kDim)[part];
-    Pack<T> d = reinterpret_cast<const Pack<T>*>(dout + r * kDim)[part];
+    std::int64_t at = token_row * ld + head * kDim;
+    Pack<T> o = reinterpret_cast<const Pack<T>*>(out + at)[part];
+    Pack<T> d = reinterpret_cast<const Pack<T>*>(dout + at)[part];
 #pragma unroll
     for (int i = 0; i < 8; ++i) sum += load(o.v[i]) * load(d.v[i]);
   }
   for (int offset = 4; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if (r < rows && part == 0) delta[r] = sum;
+  if (r < rows && part == 0) delta[((token_row / t) * heads + head) * t + token_row % t] = sum;
 }
 
 // dK and dV of 64 keys (16 per warp), looping over every query tile.
@@ -353,22 +369,21 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kv_kernel(FlashArgs a
   __shared__ __align__(16) T do_tiles[2][kTile * kPad];
   __shared__ float lse_tiles[2][kTile], delta_tiles[2][kTile];
   const Place at = place_of(a);
-  const int bh = at.bh, t = at.t, lane = at.lane, g = at.g, c = at.c;
-  const std::int64_t base = at.base;
+  const int bh = at.bh, t = at.t, lane = at.lane, g = at.g, c = at.c, ld = a.ld_qkv;
   const float* mask = at.mask;
   const int key[2] = {at.first + g, at.first + g + 8};
   const bool key_on[2] = {key_attended(mask, key[0], t), key_attended(mask, key[1], t)};
   std::uint32_t ka[4][4], va[4][4];
-  load_rows_a(static_cast<const T*>(a.k) + base, key[0], t, c, ka);
-  load_rows_a(static_cast<const T*>(a.v) + base, key[0], t, c, va);
-  const T* q = static_cast<const T*>(a.q) + base;
-  const T* dout = static_cast<const T*>(a.dout) + base;
+  load_rows_a(static_cast<const T*>(a.k) + at.base_qkv, ld, key[0], t, c, ka);
+  load_rows_a(static_cast<const T*>(a.v) + at.base_qkv, ld, key[0], t, c, va);
+  const T* q = static_cast<const T*>(a.q) + at.base_qkv;
+  const T* dout = static_cast<const T*>(a.dout) + at.base_out;
   float dk[8][4] = {}, dv[8][4] = {};
 
   auto fetch = [&](int q0) {
     const int b = (q0 / kTile) & 1;
-    load_tile_async(q, q0, t, q_tiles[b]);
-    load_tile_async(dout, q0, t, do_tiles[b]);
+    load_tile_async(q, ld, q0, t, q_tiles[b]);
+    load_tile_async(dout, a.ld_out, q0, t, do_tiles[b]);
     if (threadIdx.x < kTile) {
       int r = q0 + threadIdx.x;
       std::int64_t i = static_cast<std::int64_t>(bh) * t + r;
@@ -407,17 +422,17 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kv_kernel(FlashArgs a
     mma_p_rows<T>(p, qs, t - q0, lane, dk);
   }
 
-  T* dk_out = static_cast<T*>(a.dk) + base;
-  T* dv_out = static_cast<T*>(a.dv) + base;
+  T* dk_out = static_cast<T*>(a.dk) + at.base_qkv;
+  T* dv_out = static_cast<T*>(a.dv) + at.base_qkv;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     if (key[i] >= t) continue;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
-      std::int64_t at = static_cast<std::int64_t>(key[i]) * kDim + nt * 8 + 2 * c;
-      *reinterpret_cast<std::uint32_t*>(dk_out + at) =
+      std::int64_t to = static_cast<std::int64_t>(key[i]) * ld + nt * 8 + 2 * c;
+      *reinterpret_cast<std::uint32_t*>(dk_out + to) =
           pack<T>(dk[nt][2 * i] * a.scale, dk[nt][2 * i + 1] * a.scale);
-      *reinterpret_cast<std::uint32_t*>(dv_out + at) = pack<T>(dv[nt][2 * i], dv[nt][2 * i + 1]);
+      *reinterpret_cast<std::uint32_t*>(dv_out + to) = pack<T>(dv[nt][2 * i], dv[nt][2 * i + 1]);
     }
   }
 }
@@ -427,13 +442,12 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) flash_backward_q_kernel(FlashArgs a) {
   __shared__ __align__(16) KeyValueTiles<T> tiles;
   const Place at = place_of(a);
-  const int bh = at.bh, t = at.t, lane = at.lane, g = at.g, c = at.c;
-  const std::int64_t base = at.base;
+  const int bh = at.bh, t = at.t, lane = at.lane, g = at.g, c = at.c, ld = a.ld_qkv;
   const float* mask = at.mask;
   const int row[2] = {at.first + g, at.first + g + 8};
   std::uint32_t qa[4][4], da[4][4];
-  load_rows_a(static_cast<const T*>(a.q) + base, row[0], t, c, qa);
-  load_rows_a(static_cast<const T*>(a.dout) + base, row[0], t, c, da);
+  load_rows_a(static_cast<const T*>(a.q) + at.base_qkv, ld, row[0], t, c, qa);
+  load_rows_a(static_cast<const T*>(a.dout) + at.base_out, a.ld_out, row[0], t, c, da);
   float lse[2], delta[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -441,11 +455,11 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q_kernel(FlashArgs a)
     lse[i] = row[i] < t ? a.lse[at] : INFINITY;
     delta[i] = row[i] < t ? a.delta[at] : 0.0f;
   }
-  const T* k = static_cast<const T*>(a.k) + base;
-  const T* v = static_cast<const T*>(a.v) + base;
+  const T* k = static_cast<const T*>(a.k) + at.base_qkv;
+  const T* v = static_cast<const T*>(a.v) + at.base_qkv;
   float dq[8][4] = {};
 
-  auto fetch = [&](int k0) { fetch_keys(tiles, k, v, mask, k0, t); };
+  auto fetch = [&](int k0) { fetch_keys(tiles, k, v, ld, mask, k0, t); };
   fetch(0);
   cp_async_commit();
   for (int k0 = 0; k0 < t; k0 += kTile) {
@@ -457,12 +471,14 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q_kernel(FlashArgs a)
     float s[8][4] = {}, dp[8][4] = {};
     mma_rows_t<T>(qa, ks, t - k0, lane, s);
     mma_rows_t<T>(da, vs, t - k0, lane, dp);
+    const bool every_key = mask == nullptr && k0 + kTile <= t;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         int col = nt * 8 + 2 * c + (e & 1);
-        float pe = key_ok[col] != 0.0f ? exp2f(s[nt][e] * a.scale_log2 - lse[e >> 1]) : 0.0f;
+        float pe =
+            every_key || key_ok[col] != 0.0f ? exp2f(s[nt][e] * a.scale_log2 - lse[e >> 1]) : 0.0f;
         float de = dp[nt][e];
         if (a.p > 0.0 && pe != 0.0f) de = dropped(a, bh, row[e >> 1], k0 + col, de);
         s[nt][e] = pe * (de - delta[e >> 1]);
@@ -470,23 +486,27 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q_kernel(FlashArgs a)
     mma_p_rows<T>(s, ks, t - k0, lane, dq);
   }
 
-  T* dq_out = static_cast<T*>(a.dq) + base;
+  T* dq_out = static_cast<T*>(a.dq) + at.base_qkv;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     if (row[i] >= t) continue;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
-      *reinterpret_cast<std::uint32_t*>(dq_out + static_cast<std::int64_t>(row[i]) * kDim + nt * 8 +
+      *reinterpret_cast<std::uint32_t*>(dq_out + static_cast<std::int64_t>(row[i]) * ld + nt * 8 +
                                         2 * c) =
           pack<T>(dq[nt][2 * i] * a.scale, dq[nt][2 * i + 1] * a.scale);
   }
 }
 
-FlashArgs args_of(const Tensor& q, const Tensor& mask, std::int64_t heads, double p,
-                  std::uint64_t key, std::uint64_t stream) {
+// q, k, v of the packed (B*T, 3E) projection; the output and its gradient (B*T, E).
+FlashArgs args_of(const Tensor& qkv, std::int64_t batch, std::int64_t heads, const Tensor& mask,
+                  double p, std::uint64_t key, std::uint64_t stream) {
+  const std::int64_t e = qkv.size(1) / 3;
   FlashArgs a{};
-  a.t = static_cast<int>(q.size(1));
+  a.t = static_cast<int>(qkv.size(0) / batch);
   a.heads = static_cast<int>(heads);
+  a.ld_qkv = static_cast<int>(3 * e);
+  a.ld_out = static_cast<int>(e);
   a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(kDim)));
   a.scale_log2 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(kDim)) / std::log(2.0));
   a.p = p;
@@ -494,16 +514,33 @@ FlashArgs args_of(const Tensor& q, const Tensor& mask, std::int64_t heads, doubl
   a.key = key;
   a.stream = stream;
   a.mask = mask.defined() ? static_cast<const float*>(mask.data()) : nullptr;
+  const char* base = static_cast<const char*>(qkv.data());
+  const std::size_t part = static_cast<std::size_t>(e) * dtype_size(qkv.dtype());
+  a.q = base;
+  a.k = base + part;
+  a.v = base + 2 * part;
   return a;
 }
 
-dim3 grid_of(const Tensor& q) {
-  return dim3(static_cast<unsigned>((q.size(1) + kTile - 1) / kTile),
-              static_cast<unsigned>(q.size(0)));
+dim3 grid_of(const FlashArgs& a, std::int64_t batch) {
+  return dim3(static_cast<unsigned>((a.t + kTile - 1) / kTile),
+              static_cast<unsigned>(batch * a.heads));
 }
 
 cudaStream_t stream_of(const Tensor& t) {
   return static_cast<cudaStream_t>(current_stream(t.device()));
+}
+
+void check_packed(const Tensor& qkv, std::int64_t batch, std::int64_t heads,
+                  std::initializer_list<const Tensor*> rows_of_e) {
+  KILN_CHECK(qkv.dim() == 2 && qkv.is_contiguous() && qkv.size(1) == 3 * heads * kDim &&
+                 batch > 0 && qkv.size(0) % batch == 0,
+             "flash attention: expected packed qkv (B*T, 3*heads*64), got " + qkv.str());
+  for (const Tensor* t : rows_of_e) {
+    KILN_CHECK(t->is_contiguous() && t->numel() == qkv.numel() / 3 && t->dtype() == qkv.dtype(),
+               "flash attention: expected (B*T, E) " + std::string(dtype_name(qkv.dtype())) +
+                   ", got " + t->str());
+  }
 }
 
 }  // namespace
@@ -515,58 +552,57 @@ bool flash_attention_supported(DType dtype, std::int64_t batch_heads, std::int64
          tokens < (1 << 20) && batch_heads > 0 && batch_heads <= 65535;
 }
 
-void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                             std::int64_t heads, double p, std::uint64_t key, std::uint64_t stream,
+void flash_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t heads,
+                             const Tensor& mask, double p, std::uint64_t key, std::uint64_t stream,
                              Tensor& out, Tensor& lse) {
-  FlashArgs a = args_of(q, mask, heads, p, key, stream);
-  a.q = q.data();
-  a.k = k.data();
-  a.v = v.data();
+  if (qkv.numel() == 0) return;
+  check_packed(qkv, batch, heads, {&out});
+  KILN_CHECK(aligned16({qkv.data(), out.data()}),
+             "flash attention: qkv and out must be 16-byte aligned");
+  FlashArgs a = args_of(qkv, batch, heads, mask, p, key, stream);
   a.out = out.data();
   a.lse = static_cast<float*>(lse.data());
-  if (q.numel() == 0) return;
-  KILN_CHECK(aligned16({q.data(), k.data(), v.data(), out.data()}),
-             "flash attention: q, k, v and out must be 16-byte aligned");
-  if (q.dtype() == DType::F16) {
-    flash_forward_kernel<__half><<<grid_of(q), kThreads, 0, stream_of(q)>>>(a);
+  if (qkv.dtype() == DType::F16) {
+    flash_forward_kernel<__half><<<grid_of(a, batch), kThreads, 0, stream_of(qkv)>>>(a);
   } else {
-    flash_forward_kernel<__nv_bfloat16><<<grid_of(q), kThreads, 0, stream_of(q)>>>(a);
+    flash_forward_kernel<__nv_bfloat16><<<grid_of(a, batch), kThreads, 0, stream_of(qkv)>>>(a);
   }
   KILN_CUDA_LAUNCH_CHECK();
 }
 
-void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                              const Tensor& dout, const Tensor& lse, const Tensor& mask,
+void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
+                              const Tensor& lse, const Tensor& mask, std::int64_t batch,
                               std::int64_t heads, double p, std::uint64_t key, std::uint64_t stream,
-                              Tensor& dq, Tensor& dk, Tensor& dv) {
-  if (q.numel() == 0) return;
-  KILN_CHECK(aligned16({q.data(), k.data(), v.data(), out.data(), dout.data(), dq.data(), dk.data(),
-                        dv.data()}),
+                              Tensor& dqkv) {
+  if (qkv.numel() == 0) return;
+  check_packed(qkv, batch, heads, {&out, &dout});
+  KILN_CHECK(dqkv.is_contiguous() && dqkv.shape() == qkv.shape() && dqkv.dtype() == qkv.dtype(),
+             "flash attention: dqkv " + dqkv.str() + " must be shaped like qkv " + qkv.str());
+  KILN_CHECK(aligned16({qkv.data(), out.data(), dout.data(), dqkv.data()}),
              "flash attention: operands must be 16-byte aligned");
-  const std::int64_t rows = q.size(0) * q.size(1);
-  Tensor delta = Tensor::empty({rows}, DType::F32, q.device());
-  FlashArgs a = args_of(q, mask, heads, p, key, stream);
-  a.q = q.data();
-  a.k = k.data();
-  a.v = v.data();
+  FlashArgs a = args_of(qkv, batch, heads, mask, p, key, stream);
+  const std::int64_t rows = qkv.size(0) * heads;  // (token row, head) pairs
+  Tensor delta = Tensor::empty({rows}, DType::F32, qkv.device());
+  const std::size_t part = static_cast<std::size_t>(qkv.size(1) / 3) * dtype_size(qkv.dtype());
   a.dout = dout.data();
-  a.dq = dq.data();
-  a.dk = dk.data();
-  a.dv = dv.data();
+  a.dq = dqkv.data();
+  a.dk = static_cast<char*>(dqkv.data()) + part;
+  a.dv = static_cast<char*>(dqkv.data()) + 2 * part;
   a.lse = static_cast<float*>(const_cast<void*>(lse.data()));
   a.delta = static_cast<float*>(delta.data());
-  cudaStream_t s = stream_of(q);
+  cudaStream_t s = stream_of(qkv);
   auto launch = [&](auto tag) {
     using T = decltype(tag);
     flash_delta_kernel<T><<<static_cast<unsigned>((rows * 8 + 255) / 256), 256, 0, s>>>(
-        static_cast<const T*>(out.data()), static_cast<const T*>(dout.data()), rows, a.delta);
+        static_cast<const T*>(out.data()), static_cast<const T*>(dout.data()), rows, a.t, a.heads,
+        a.ld_out, a.delta);
     KILN_CUDA_LAUNCH_CHECK();
-    flash_backward_kv_kernel<T><<<grid_of(q), kThreads, 0, s>>>(a);
+    flash_backward_kv_kernel<T><<<grid_of(a, batch), kThreads, 0, s>>>(a);
     KILN_CUDA_LAUNCH_CHECK();
-    flash_backward_q_kernel<T><<<grid_of(q), kThreads, 0, s>>>(a);
+    flash_backward_q_kernel<T><<<grid_of(a, batch), kThreads, 0, s>>>(a);
     KILN_CUDA_LAUNCH_CHECK();
   };
-  if (q.dtype() == DType::F16) {
+  if (qkv.dtype() == DType::F16) {
     launch(__half());
   } else {
     launch(__nv_bfloat16());

@@ -459,7 +459,9 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Activat
     Tensor g = dy.dtype() == saved.dtype() ? dy : dy.to(saved.dtype());
     dz = Tensor::empty({rows, out}, mm, device);
     std::int64_t n = rows * out;
-    if (n > 0) {
+    if (n > 0 && saved_ld == out && saved.dtype() == mm) {
+      cuda::activation_backward(act, saved, g, dz);  // contiguous: the packed kernels
+    } else if (n > 0) {
       KILN_CUDA_DISPATCH_FLOATING(saved.dtype(), T, {
         KILN_CUDA_DISPATCH_FLOATING(mm, TO, {
           activation_grad_kernel<T, TO><<<grid_for(n), 256, 0, stream>>>(

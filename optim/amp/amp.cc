@@ -156,7 +156,6 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<Parameter*>& 
     : amp_((validate(amp), amp)), scaler_(amp.scaler, resolved_mode(amp)), params_(params) {
   if (!params_.empty()) device_ = params_.front()->value.device();
   masters_.resize(params_.size());
-  master_grads_.resize(params_.size());
   std::vector<OptimizedTensor> tensors;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = *params_[i];
@@ -167,9 +166,9 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<Parameter*>& 
     if (uses_master_weights(amp) && is_half(p.value.dtype())) {
       masters_[i] = Tensor::empty(p.value.shape(), DType::F32, p.value.device());
       masters_[i].copy_from(p.value);
-      master_grads_[i] = Tensor::zeros(p.value.shape(), DType::F32, p.value.device());
+      // No fp32 master gradient: the optimizer reads the scaled half gradient and unscales it.
       t.value = masters_[i];
-      t.grad = master_grads_[i];
+      t.grad = p.grad;
       t.model_copy = p.value;
       master_state_.emplace_back(p.name + ".master", &masters_[i]);
     } else {
@@ -196,11 +195,11 @@ std::vector<detail::TensorEntry> MixedPrecisionOptimizer::unscale_entries() {
     const Parameter& p = *params_[i];
     KILN_CHECK(p.grad.is_contiguous(), "amp: gradient of '" + p.name + "' must be contiguous");
     detail::TensorEntry e;
+    // In place: written only when the pass unscales (never in O2, see unscale_and_check()).
     e.grad = p.grad.data();
     e.grad_dtype = static_cast<std::int32_t>(p.grad.dtype());
-    const Tensor& out = master_grads_[i].defined() ? master_grads_[i] : p.grad;
-    e.value = out.data();
-    e.value_dtype = static_cast<std::int32_t>(out.dtype());
+    e.value = e.grad;
+    e.value_dtype = e.grad_dtype;
     e.numel = p.grad.numel();
     entries.push_back(e);
   }
@@ -208,9 +207,11 @@ std::vector<detail::TensorEntry> MixedPrecisionOptimizer::unscale_entries() {
 }
 
 void MixedPrecisionOptimizer::unscale_and_check() {
-  // GradScaler's inverse scale: computed in double, used as a float.
+  // GradScaler's inverse scale: computed in double, used as a float. With masters (O2) nothing is
+  // written: step() hands this float to the optimizer, which unscales every gradient as it reads.
   const float inv_scale = static_cast<float>(1.0 / scaler_.scale());
-  const bool write = inv_scale != 1.0f || !master_state_.empty();
+  inv_scale_ = inv_scale;
+  const bool write = inv_scale != 1.0f && !optimizer_unscales();
   auto entries = unscale_entries();
   if (device_.is_cpu()) {
     bool found_inf = false;
@@ -244,7 +245,8 @@ StepResult MixedPrecisionOptimizer::step() {
   result.skipped = scaler_.update(result.found_inf);
   result.next_scale = scaler_.scale();
   if (result.skipped) return result;
-  optimizer_->step(result.grad_norm);
+  // The pass's factor: the scaler may have just changed its scale for the next step.
+  optimizer_->step(result.grad_norm, optimizer_unscales() ? inv_scale_ : 1.0f);
   ++weights_version_;
   return result;
 }

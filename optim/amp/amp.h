@@ -4,18 +4,24 @@
 //   O1  fp32 weights; GEMM/conv inputs and activations in half (layers compute norms, softmax
 //       and losses in fp32 internally; O1 casts weights once per weights_version).
 //   O2  half weights and activations except fp32_in_half parameters (norms), which stay fp32;
-//       the optimizer owns fp32 MASTER weights and fp32 master gradients, updates the masters
-//       and writes the half weights from them in the same pass.
+//       the optimizer owns fp32 MASTER weights (no fp32 master gradients: it reads the scaled
+//       half gradients and unscales them on the fly), updates the masters and writes the half
+//       weights from them in the same pass. Between steps that is, with AdamW, 16 bytes per
+//       half parameter: half weights 2, half grads 2, master 4, Adam moments 8.
 //   O3  everything half, no masters: the speed baseline, not for real training.
 // FP16 gets a dynamic loss scaler by default (torch.amp.GradScaler semantics); BF16 none.
 //
 // One step of MixedPrecisionOptimizer (the loss was multiplied by scale() before backward):
-//   1. one fused multi-tensor pass over every gradient: unscale (into the fp32 master grads in
-//      O2, in place otherwise), set the found-inf flag on inf/NaN, per-chunk sums of squares;
-//      a second tiny kernel turns the sums into the global gradient norm;
+//   1. one fused multi-tensor pass over every gradient: unscale (in place in O1/O3; in O2 nothing
+//      is written), set the found-inf flag on inf/NaN, per-chunk sums of squares of the unscaled
+//      values; a second tiny kernel turns the sums into the global gradient norm;
 //   2. the found-inf hook (data parallelism all-reduces the flag: every rank then skips alike);
 //   3. ONE device-to-host read of {found_inf, grad_norm}: the only host sync of the step;
-//   4. skip (scaler backs off) or clip + optimizer (+ half weights refreshed) + scaler update.
+//   4. skip (scaler backs off) or clip + optimizer (+ half weights refreshed) + scaler update. In
+//      O2 the optimizer gets the pass's float 1/scale (Optimizer::step's grad_unscale) and
+//      multiplies each gradient element by it as it reads it: the same float arithmetic the pass
+//      would have stored, so the update is bit for bit the one from unscaled fp32 gradients.
+//      The model's gradients therefore stay scaled in O2 (fp32_in_half ones included).
 
 #include <cstdint>
 #include <functional>
@@ -109,7 +115,8 @@ struct StepResult {
 class MixedPrecisionOptimizer {
  public:
   // `params` are the model's parameters, already converted with Layer::to(device,
-  // parameter_dtype(amp)); in O2 the fp32 masters are copied from them here.
+  // parameter_dtype(amp)); in O2 the fp32 masters are copied from them here. The optimizer keeps
+  // each parameter's `grad` tensor as it is now: rebind gradients (DataParallel buckets) first.
   MixedPrecisionOptimizer(const std::vector<Parameter*>& params, const OptimizerOptions& optim,
                           const AmpOptions& amp);
   ~MixedPrecisionOptimizer();
@@ -150,8 +157,7 @@ class MixedPrecisionOptimizer {
   AmpOptions amp_;
   LossScaler scaler_;
   std::vector<Parameter*> params_;
-  std::vector<Tensor> masters_;       // O2: fp32 copies of half parameters (undefined otherwise)
-  std::vector<Tensor> master_grads_;  // O2: fp32 gradients of the masters
+  std::vector<Tensor> masters_;  // O2: fp32 copies of half parameters (undefined otherwise)
   std::unique_ptr<Optimizer> optimizer_;
   std::vector<std::pair<std::string, Tensor*>> master_state_;
   Device device_;
@@ -160,9 +166,12 @@ class MixedPrecisionOptimizer {
   detail::MultiTensorTable unscale_table_;
   std::function<void(Tensor&)> hook_;
   bool unscaled_ = false;
+  float inv_scale_ = 1.0f;  // the factor of the last unscale pass
   std::uint64_t weights_version_ = 0;
 
   std::vector<detail::TensorEntry> unscale_entries();
+  // O2 with masters: the gradients stay scaled and the optimizer unscales them as it reads them.
+  bool optimizer_unscales() const { return !master_state_.empty(); }
 };
 
 // Gradient accumulation contract (documented in docs/optim.md): zero_grad() before the first

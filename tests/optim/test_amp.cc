@@ -5,9 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <memory>
+#include <string>
+#include <tuple>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/ops.h"
 #include "optim/amp/amp.h"
 #include "optim/schedule.h"
@@ -238,6 +242,217 @@ TEST(MixedPrecision, O2MastersF16) {
 }
 TEST(MixedPrecision, O2MastersBF16) {
   check_o2_masters(DType::BF16);
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.numel() == b.numel() &&
+         std::memcmp(a.data(), b.data(), a.numel() * dtype_size(a.dtype())) == 0;
+}
+
+// The gradients a backward pass under loss scale `scale` would leave: N(0, stddev) * scale, in the
+// parameter's dtype (rounded once).
+void fill_scaled_grad(Tensor& grad, double stddev, double scale, std::uint64_t seed) {
+  Tensor g = Tensor::empty(grad.shape(), DType::F32);
+  ops::fill_normal(g, 0.0, stddev, seed);
+  ops::scale(g, scale);
+  grad.copy_from(g);
+}
+
+// The old O2 way: float(grad) * float(1 / scale) into an fp32 tensor (the master gradient).
+void unscale_into(const Tensor& scaled, double scale, Tensor& out) {
+  const float inv_scale = static_cast<float>(1.0 / scale);
+  std::vector<float> v = scaled.to_vector<float>();  // exact for f16, bf16 and f32
+  for (float& x : v) x = x * inv_scale;
+  out.copy_from(Tensor::from_vector(v, scaled.shape()));
+}
+
+// O2 keeps no fp32 master gradients: the optimizer reads the scaled half gradients and unscales
+// them as it reads them. Against the old way (gradients unscaled into fp32 tensors, then the
+// optimizer on fp32 masters with a half model copy), masters, half weights, the fp32_in_half
+// parameter and the optimizer state agree bit for bit. The scale (not a power of two, so
+// unscaling rounds) grows during the run: the optimizer must use the factor of the step's pass.
+void check_o2_unscale_in_optimizer(OptimizerOptions o, DType half) {
+  SCOPED_TRACE(std::string(optimizer_kind_name(o.kind)) + " " + dtype_name(half) +
+               " max_grad_norm " + std::to_string(o.max_grad_norm));
+  const std::int64_t n = 1000, nb = 7;
+  Parameter w, b;
+  w.name = "fc.weight";
+  w.value = Tensor::empty({n}, DType::F32);
+  ops::fill_normal(w.value, 0.0, 1.0, 21);
+  w.value = w.value.to(half);
+  w.grad = Tensor::zeros({n}, half);
+  b.name = "fc.bias";
+  b.no_weight_decay = true;
+  b.fp32_in_half = true;
+  b.value = Tensor::empty({nb}, DType::F32);
+  ops::fill_normal(b.value, 0.0, 1.0, 22);
+  b.grad = Tensor::zeros({nb}, DType::F32);
+  AmpOptions a;
+  a.level = OptLevel::O2;
+  a.half = half == DType::BF16 ? HalfType::BF16 : HalfType::FP16;
+  a.loss_scale = LossScaleMode::Dynamic;
+  a.scaler.init_scale = 1000.0;
+  a.scaler.growth_interval = 2;
+
+  // The reference, built before the amp optimizer sees the parameters (same initial values).
+  std::vector<OptimizedTensor> ref_tensors(2);
+  ref_tensors[0].name = w.name;
+  ref_tensors[0].value = w.value.to(DType::F32);
+  ref_tensors[0].grad = Tensor::zeros({n}, DType::F32);
+  ref_tensors[0].model_copy = w.value.clone();
+  ref_tensors[1].name = b.name;
+  ref_tensors[1].no_weight_decay = true;
+  ref_tensors[1].value = b.value.clone();
+  ref_tensors[1].grad = Tensor::zeros({nb}, DType::F32);
+  for (OptimizedTensor& t : ref_tensors) {
+    std::tie(t.lr_multiplier, t.weight_decay) = resolve_group(t.name, t.no_weight_decay, o);
+  }
+  auto ref = make_optimizer(ref_tensors, o);
+
+  MixedPrecisionOptimizer opt({&w, &b}, o, a);
+  const Tensor& master = opt.optimizer().tensors()[0].value;
+  // The optimizer reads the model's half gradient itself: no fp32 gradient-sized tensor.
+  EXPECT_EQ(opt.optimizer().tensors()[0].grad.dtype(), half);
+  EXPECT_EQ(opt.optimizer().tensors()[0].grad.data(), w.grad.data());
+  EXPECT_EQ(opt.optimizer().tensors()[1].grad.data(), b.grad.data());
+  int clipped = 0;
+  std::vector<double> scales;
+  for (int s = 0; s < 6; ++s) {
+    const double scale = opt.scale();
+    scales.push_back(scale);
+    opt.zero_grad();
+    const double stddev = s % 2 ? 0.01 : 1.0;  // below and above max_grad_norm
+    fill_scaled_grad(w.grad, stddev, scale, 100 + s);
+    fill_scaled_grad(b.grad, stddev, scale, 200 + s);
+    Tensor w_grad = w.grad.clone(), b_grad = b.grad.clone();
+    unscale_into(w.grad, scale, ref_tensors[0].grad);
+    unscale_into(b.grad, scale, ref_tensors[1].grad);
+
+    StepResult r = opt.step();
+    ASSERT_FALSE(r.skipped);
+    EXPECT_EQ(r.scale, scale);
+    ref->step(r.grad_norm);  // the old step: the pass's norm, the fp32 unscaled gradients
+    if (o.max_grad_norm > 0 && r.grad_norm > o.max_grad_norm) ++clipped;
+
+    EXPECT_TRUE(same_bytes(master, ref_tensors[0].value)) << "master, step " << s;
+    EXPECT_TRUE(same_bytes(w.value, ref_tensors[0].model_copy)) << "half weights, step " << s;
+    EXPECT_TRUE(same_bytes(b.value, ref_tensors[1].value)) << "fp32 bias, step " << s;
+    // The pass wrote nothing: the model's gradients are still the scaled ones.
+    EXPECT_TRUE(same_bytes(w.grad, w_grad)) << "step " << s;
+    EXPECT_TRUE(same_bytes(b.grad, b_grad)) << "step " << s;
+  }
+  EXPECT_EQ(scales, (std::vector<double>{1000, 1000, 2000, 2000, 4000, 4000}));
+  if (o.max_grad_norm > 0) {
+    EXPECT_EQ(clipped, 3);  // the N(0, 1) steps
+  }
+  auto sa = opt.optimizer().state(), sr = ref->state();
+  ASSERT_EQ(sa.size(), sr.size());
+  for (std::size_t i = 0; i < sa.size(); ++i) {
+    EXPECT_EQ(sa[i].first, sr[i].first);
+    EXPECT_TRUE(same_bytes(*sa[i].second, *sr[i].second)) << sa[i].first;
+  }
+  // state(): the optimizer's tensors and one master per half parameter, nothing gradient-like.
+  auto all = opt.state();
+  EXPECT_EQ(all.size(), sa.size() + 1);
+  EXPECT_EQ(all.back().first, "fc.weight.master");
+}
+
+void check_o2_unscale_in_optimizer_all(OptimizerOptions o) {
+  for (DType half : {DType::F16, DType::BF16}) {
+    for (double max_grad_norm : {0.0, 1.0}) {
+      o.max_grad_norm = max_grad_norm;
+      check_o2_unscale_in_optimizer(o, half);
+    }
+  }
+}
+
+TEST(MixedPrecision, O2UnscaleInOptimizerIsBitExactSgd) {
+  OptimizerOptions o;
+  o.kind = OptimizerKind::SGD;
+  o.lr = 0.05;
+  o.momentum = 0.9;
+  o.weight_decay = 0.01;
+  check_o2_unscale_in_optimizer_all(o);
+}
+
+TEST(MixedPrecision, O2UnscaleInOptimizerIsBitExactAdamW) {
+  OptimizerOptions o;
+  o.lr = 1e-3;
+  o.weight_decay = 0.01;
+  check_o2_unscale_in_optimizer_all(o);
+  o.amsgrad = true;
+  check_o2_unscale_in_optimizer_all(o);
+}
+
+TEST(MixedPrecision, O2UnscaleInOptimizerIsBitExactLamb) {
+  OptimizerOptions o;
+  o.kind = OptimizerKind::LAMB;
+  o.lr = 2e-3;
+  o.eps = 1e-6;
+  o.weight_decay = 0.01;
+  check_o2_unscale_in_optimizer_all(o);
+}
+
+// Optimizer::step's grad_unscale on its own: half gradients read with a factor equal the fp32
+// gradients unscaled beforehand, including the clipping norm computed inside step().
+TEST(MixedPrecision, GradUnscaleEqualsUnscaledFp32Gradients) {
+  for (OptimizerKind kind : {OptimizerKind::SGD, OptimizerKind::AdamW, OptimizerKind::LAMB}) {
+    OptimizerOptions o;
+    o.kind = kind;
+    o.lr = 1e-2;
+    o.weight_decay = 0.01;
+    o.max_grad_norm = 0.5;
+    const double scale = 384.0;
+    Tensor value = Tensor::empty({333}, DType::F32);
+    ops::fill_normal(value, 0.0, 1.0, 31);
+    OptimizedTensor t, r;
+    t.name = r.name = "w";
+    t.value = value.clone();
+    t.grad = Tensor::zeros({333}, DType::F16);
+    r.value = value.clone();
+    r.grad = Tensor::zeros({333}, DType::F32);
+    auto opt = make_optimizer(std::vector<OptimizedTensor>{t}, o);
+    auto ref = make_optimizer(std::vector<OptimizedTensor>{r}, o);
+    for (int s = 0; s < 3; ++s) {
+      fill_scaled_grad(t.grad, 1.0, scale, 40 + s);
+      unscale_into(t.grad, scale, r.grad);
+      double norm = opt->step(-1.0, 1.0 / scale);
+      EXPECT_EQ(norm, ref->step());
+      EXPECT_GT(norm, o.max_grad_norm);  // clipped
+      EXPECT_TRUE(same_bytes(t.value, r.value)) << optimizer_kind_name(kind) << " step " << s;
+    }
+    EXPECT_THROW(opt->step(-1.0, 0.0), InputError);
+    EXPECT_THROW(opt->step(-1.0, INFINITY), InputError);
+    EXPECT_EQ(opt->step_count(), 3);
+  }
+}
+
+// Memory: O2 with AdamW holds, per half parameter, the fp32 master and two fp32 moments and
+// nothing else (the old fp32 master gradient is gone), and a step allocates no gradient-sized
+// temporary.
+TEST(MixedPrecision, O2KeepsNoFp32GradientCopy) {
+  const std::int64_t n = 1 << 14, nb = 64;
+  TwoParams m(DType::F16, std::vector<float>(n, 0.5f), std::vector<float>(nb, 0.25f));
+  OptimizerOptions o;
+  o.weight_decay = 0.01;
+  AmpOptions a;
+  a.level = OptLevel::O2;
+  CachingAllocator& host = host_allocator();
+  const std::size_t before = host.stats().allocated_bytes;
+  MixedPrecisionOptimizer opt(m.list(), o, a);
+  const std::size_t after = host.stats().allocated_bytes;
+  auto r = [](std::int64_t bytes) {
+    return round_allocation_size(static_cast<std::size_t>(bytes));
+  };
+  // masters + exp_avg + exp_avg_sq (w), the moments of the fp32 bias, the step count, the stats.
+  const std::size_t expected = 3 * r(4 * n) + 2 * r(4 * nb) + r(8) + r(8);
+  EXPECT_EQ(after - before, expected);
+  fill_scaled_grad(m.w.grad, 1e-3, opt.scale(), 51);  // finite in fp16 at 65536
+  fill_scaled_grad(m.b.grad, 1e-3, opt.scale(), 52);
+  host.reset_peak_stats();
+  ASSERT_FALSE(opt.step().skipped);
+  EXPECT_EQ(host.stats().allocated_bytes, after);
+  EXPECT_LT(host.stats().peak_allocated_bytes - after, r(2 * n));  // not even a half copy
 }
 
 // y = X w + b + noise, trained by hand-written forward/backward with core ops::gemm.

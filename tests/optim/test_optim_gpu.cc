@@ -6,9 +6,12 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <memory>
+#include <tuple>
 
+#include "core/allocator.h"
 #include "core/ops.h"
 #include "optim/amp/amp.h"
 
@@ -231,6 +234,168 @@ TEST_F(OptimGpu, O2MastersMatchCpuBF16) {
 
 TEST_F(OptimGpu, O3HalfWeightsMatchCpu) {
   compare_amp(OptLevel::O3, DType::F16, false);
+}
+
+// Bit for bit, whatever the devices.
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  Tensor x = a.to(Device::cpu()), y = b.to(Device::cpu());
+  return x.dtype() == y.dtype() && x.numel() == y.numel() &&
+         std::memcmp(x.data(), y.data(), x.nbytes()) == 0;
+}
+
+// The old O2 way: float(grad) * float(1 / scale) into an fp32 tensor (the master gradient).
+void unscale_into(const Tensor& scaled, double scale, Tensor& out) {
+  const float inv_scale = static_cast<float>(1.0 / scale);
+  std::vector<float> v = scaled.to_vector<float>();  // exact for f16, bf16 and f32
+  for (float& x : v) x = x * inv_scale;
+  out.copy_from(Tensor::from_vector(v, scaled.shape()));
+}
+
+// O2 keeps no fp32 master gradients: the kernels read the scaled half gradients and unscale them
+// as they read them. (1) On the GPU, bit for bit the old way: the gradients unscaled into fp32
+// tensors, then the optimizer on fp32 masters with a half model copy (same kernels, same
+// arithmetic); the scale is not a power of two and grows during the run. (2) CUDA against the
+// CPU, as the other amp cases.
+void compare_o2_unscale_in_optimizer(OptimizerOptions o, DType half) {
+  SCOPED_TRACE(std::string(optimizer_kind_name(o.kind)) + " " + dtype_name(half) +
+               " max_grad_norm " + std::to_string(o.max_grad_norm));
+  std::uint64_t seed = fresh_seed();
+  AmpOptions a;
+  a.level = OptLevel::O2;
+  a.half = half == DType::BF16 ? HalfType::BF16 : HalfType::FP16;
+  a.loss_scale = LossScaleMode::Dynamic;
+  a.scaler.init_scale = 1000.0;
+  a.scaler.growth_interval = 3;
+  Model cpu(Device::cpu(), half, seed), gpu(kGpu, half, seed);
+  std::vector<OptimizedTensor> ref_tensors;
+  for (Parameter* p : gpu.params) {
+    OptimizedTensor t;
+    t.name = p->name;
+    t.no_weight_decay = p->no_weight_decay;
+    std::tie(t.lr_multiplier, t.weight_decay) = resolve_group(p->name, p->no_weight_decay, o);
+    t.value = Tensor::empty(p->value.shape(), DType::F32, kGpu);
+    t.value.copy_from(p->value);
+    t.grad = Tensor::zeros(p->value.shape(), DType::F32, kGpu);
+    if (is_half(p->value.dtype())) t.model_copy = p->value.clone();
+    ref_tensors.push_back(t);
+  }
+  auto ref = make_optimizer(ref_tensors, o);
+  MixedPrecisionOptimizer mc(cpu.params, o, a), mg(gpu.params, o, a);
+  for (std::size_t i = 0; i < gpu.params.size(); ++i) {
+    EXPECT_EQ(mg.optimizer().tensors()[i].grad.data(), gpu.params[i]->grad.data());
+  }
+  for (int s = 0; s < 12; ++s) {
+    mc.zero_grad();
+    mg.zero_grad();
+    fill_grads(cpu, seed, s, mc.scale());
+    fill_grads(gpu, seed, s, mg.scale());
+    for (std::size_t i = 0; i < gpu.params.size(); ++i) {
+      unscale_into(gpu.params[i]->grad, mg.scale(), ref_tensors[i].grad);
+    }
+    StepResult rc = mc.step(), rg = mg.step();
+    ASSERT_FALSE(rc.skipped);
+    ASSERT_FALSE(rg.skipped);
+    EXPECT_NEAR(rg.grad_norm, rc.grad_norm, 1e-5 * rc.grad_norm);
+    ref->step(rg.grad_norm);  // the old step: the pass's norm, the fp32 unscaled gradients
+  }
+  EXPECT_EQ(mg.scale(), 16000.0);  // grown after every third step: 1000 .. 8000 were used
+  for (std::size_t i = 0; i < gpu.params.size(); ++i) {
+    const OptimizedTensor& t = ref_tensors[i];
+    const Tensor& model_weights = t.model_copy.defined() ? t.model_copy : t.value;
+    EXPECT_TRUE(same_bytes(gpu.params[i]->value, model_weights)) << t.name;
+    EXPECT_TRUE(same_bytes(mg.optimizer().tensors()[i].value, t.value)) << t.name;
+  }
+  auto sg = mg.optimizer().state(), sr = ref->state();
+  ASSERT_EQ(sg.size(), sr.size());
+  for (std::size_t i = 0; i < sg.size(); ++i) {
+    EXPECT_EQ(sg[i].first, sr[i].first);
+    EXPECT_TRUE(same_bytes(*sg[i].second, *sr[i].second)) << sg[i].first;
+  }
+  // CUDA against the CPU: each kind of state (moments, masters) on its own scale, as above.
+  auto sc = mc.state(), sgpu = mg.state();
+  ASSERT_EQ(sc.size(), sgpu.size());
+  auto kind_of = [](const std::string& name) { return name.substr(name.rfind('.') + 1); };
+  std::map<std::string, double> scale;
+  for (std::size_t i = 1; i < sc.size(); ++i) {
+    double& m = scale[kind_of(sc[i].first)];
+    m = std::max(m, max_abs(*sc[i].second));
+  }
+  for (std::size_t i = 1; i < sc.size(); ++i) {
+    EXPECT_EQ(sc[i].first, sgpu[i].first);
+    EXPECT_LT(relative_difference(*sgpu[i].second, *sc[i].second, scale[kind_of(sc[i].first)]),
+              1e-6)
+        << sc[i].first;
+  }
+}
+
+void compare_o2_unscale_in_optimizer_all(OptimizerOptions o) {
+  for (DType half : {DType::F16, DType::BF16}) {
+    for (double max_grad_norm : {0.0, 50.0}) {
+      o.max_grad_norm = max_grad_norm;
+      compare_o2_unscale_in_optimizer(o, half);
+    }
+  }
+}
+
+TEST_F(OptimGpu, O2UnscaleInOptimizerSgd) {
+  OptimizerOptions o;
+  o.kind = OptimizerKind::SGD;
+  o.lr = 0.05;
+  o.momentum = 0.9;
+  o.weight_decay = 0.01;
+  compare_o2_unscale_in_optimizer_all(o);
+}
+
+TEST_F(OptimGpu, O2UnscaleInOptimizerAdamW) {
+  OptimizerOptions o;
+  o.lr = 1e-3;
+  o.weight_decay = 0.01;
+  compare_o2_unscale_in_optimizer_all(o);
+}
+
+TEST_F(OptimGpu, O2UnscaleInOptimizerLamb) {
+  OptimizerOptions o;
+  o.kind = OptimizerKind::LAMB;
+  o.lr = 2e-3;
+  o.eps = 1e-6;
+  o.weight_decay = 0.01;
+  compare_o2_unscale_in_optimizer_all(o);
+}
+
+// Device memory: O2 with AdamW holds per half parameter the fp32 master and two moments (no fp32
+// master gradient), and a step allocates no gradient-sized temporary.
+TEST_F(OptimGpu, O2KeepsNoFp32GradientCopy) {
+  std::uint64_t seed = fresh_seed();
+  Model gpu(kGpu, DType::F16, seed);
+  OptimizerOptions o;
+  o.weight_decay = 0.01;
+  AmpOptions a;
+  a.level = OptLevel::O2;
+  CachingAllocator& device = cuda_allocator(0);
+  auto r = [](std::int64_t bytes) {
+    return round_allocation_size(static_cast<std::size_t>(bytes));
+  };
+  std::size_t expected = r(8);  // the found-inf flag and the norm
+  for (Parameter* p : gpu.params) {
+    expected += (is_half(p->value.dtype()) ? 3 : 2) * r(4 * p->value.numel());
+  }
+  const std::size_t before = device.stats().allocated_bytes;
+  MixedPrecisionOptimizer m(gpu.params, o, a);
+  const std::size_t after = device.stats().allocated_bytes;
+  // The old fp32 master gradients alone were over 500 KiB here.
+  EXPECT_GE(after - before, expected);
+  EXPECT_LT(after - before, expected + r(4 * 4096));
+  for (int s = 1; s <= 2; ++s) {  // the first step also uploads the descriptor tables
+    m.zero_grad();
+    fill_grads(gpu, seed, s, m.scale());
+    device.reset_peak_stats();
+    const std::size_t start = device.stats().allocated_bytes;
+    ASSERT_FALSE(m.step().skipped);
+    if (s == 2) {
+      EXPECT_EQ(device.stats().allocated_bytes, start);
+      EXPECT_LT(device.stats().peak_allocated_bytes - start, r(4 * 4096));
+    }
+  }
 }
 
 TEST_F(OptimGpu, O2HalfWeightsAreRoundedMasters) {
