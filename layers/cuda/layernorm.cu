@@ -3,6 +3,7 @@
 // the partials in chunk order, so the parameter gradients are reproducible bit for bit.
 
 #include <algorithm>
+#include <type_traits>
 
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/element.cuh"
@@ -93,6 +94,76 @@ __global__ void layernorm_backward_kernel(const T* __restrict__ dy, const T* __r
   }
 }
 
+// The same for half rows of P * 256 columns (BERT's and ViT's 768): lane l owns the packs l,
+// l + 32, .. of every row, so x and dy are read once, as 16-byte packs, and the weight and bias
+// gradients accumulate in registers over the warp's rows; the block then adds its warps in order.
+constexpr std::int64_t kPackedRowsPerChunk = 32;
+
+template <typename T, int P>
+__global__ void __launch_bounds__(kRowsPerBlock* kWarp, 2)
+    layernorm_backward_packed_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                     const float* __restrict__ w, const float* __restrict__ mean,
+                                     const float* __restrict__ rstd, std::int64_t rows,
+                                     T* __restrict__ dx, float* __restrict__ dw_partial,
+                                     float* __restrict__ db_partial) {
+  constexpr int kPack = 8, kCols = P * kWarp * kPack;
+  __shared__ float by_warp[kRowsPerBlock][kCols];
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * kPackedRowsPerChunk;
+  const std::int64_t last = min(first + kPackedRowsPerChunk, rows);
+  float acc_w[P][kPack] = {}, acc_b[P][kPack] = {};
+  const float4* w4 = reinterpret_cast<const float4*>(w);  // the weight stays in L1
+  for (std::int64_t row = first + warp; row < last; row += kRowsPerBlock) {
+    const Pack<T>* xr = reinterpret_cast<const Pack<T>*>(x + row * kCols);
+    const Pack<T>* dyr = reinterpret_cast<const Pack<T>*>(dy + row * kCols);
+    const float mu = mean[row], r = rstd[row];
+    float xhat[P][kPack], g[P][kPack], sum_g = 0, sum_g_xhat = 0;
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      Pack<T> xp = xr[j * kWarp + lane], dp = dyr[j * kWarp + lane];
+      float4 wa = w4[(j * kWarp + lane) * 2], wb = w4[(j * kWarp + lane) * 2 + 1];
+      const float wk[kPack] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+#pragma unroll
+      for (int k = 0; k < kPack; ++k) {
+        xhat[j][k] = (load(xp.v[k]) - mu) * r;
+        float d = load(dp.v[k]);
+        g[j][k] = d * wk[k];
+        sum_g += g[j][k];
+        sum_g_xhat += g[j][k] * xhat[j][k];
+        acc_w[j][k] += d * xhat[j][k];
+        acc_b[j][k] += d;
+      }
+    }
+    const float mean_g = warp_sum(sum_g) / static_cast<float>(kCols);
+    const float mean_g_xhat = warp_sum(sum_g_xhat) / static_cast<float>(kCols);
+    Pack<T>* dxr = reinterpret_cast<Pack<T>*>(dx + row * kCols);
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      Pack<T> out;
+#pragma unroll
+      for (int k = 0; k < kPack; ++k)
+        out.v[k] = store<T>(r * (g[j][k] - mean_g - xhat[j][k] * mean_g_xhat));
+      dxr[j * kWarp + lane] = out;
+    }
+  }
+  // The chunk's partials: warps added in order, the weight's then the bias's.
+  auto write_partials = [&](const float(&acc)[P][kPack], float* partial) {
+#pragma unroll
+    for (int j = 0; j < P; ++j)
+#pragma unroll
+      for (int k = 0; k < kPack; ++k) by_warp[warp][(j * kWarp + lane) * kPack + k] = acc[j][k];
+    __syncthreads();
+    for (int c = threadIdx.x; c < kCols; c += blockDim.x) {
+      float sum = 0;
+      for (int v = 0; v < kRowsPerBlock; ++v) sum += by_warp[v][c];
+      partial[blockIdx.x * kCols + c] = sum;
+    }
+    __syncthreads();
+  };
+  write_partials(acc_w, dw_partial);
+  write_partials(acc_b, db_partial);
+}
+
 }  // namespace
 
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
@@ -120,16 +191,48 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
     dbias.zero();
     return;
   }
-  std::int64_t chunks = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
+  // Half rows of 256, 512 or 768 columns (1024 would spill registers), 16-byte aligned: the packed
+  // kernel.
+  const std::int64_t packs_per_lane = cols / (kWarp * 8);
+  const bool packed = is_half(x.dtype()) && dy.dtype() == x.dtype() && dx.dtype() == x.dtype() &&
+                      cols % (kWarp * 8) == 0 && packs_per_lane >= 1 && packs_per_lane <= 3 &&
+                      aligned16({x.data(), dy.data(), dx.data()});
+  const std::int64_t rows_per_chunk = packed ? kPackedRowsPerChunk : kRowsPerChunk;
+  std::int64_t chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
   Tensor dw_partial = Tensor::empty({chunks, cols}, dweight.dtype(), x.device());
   Tensor db_partial = Tensor::empty({chunks, cols}, dbias.dtype(), x.device());
   KILN_CUDA_DISPATCH_FLOATING(x.dtype(), T, {
     using C = typename Compute<T>::type;
-    layernorm_backward_kernel<T, C><<<static_cast<unsigned>(chunks), 256, 0, stream>>>(
-        static_cast<const T*>(dy.data()), static_cast<const T*>(x.data()),
-        static_cast<const C*>(weight.data()), static_cast<const C*>(mean.data()),
-        static_cast<const C*>(rstd.data()), rows, cols, static_cast<T*>(dx.data()),
-        static_cast<C*>(dw_partial.data()), static_cast<C*>(db_partial.data()));
+    if constexpr (sizeof(T) == 2) {
+      if (packed) {
+        auto launch = [&](auto p) {
+          layernorm_backward_packed_kernel<T, decltype(p)::value>
+              <<<static_cast<unsigned>(chunks), kRowsPerBlock * kWarp, 0, stream>>>(
+                  static_cast<const T*>(dy.data()), static_cast<const T*>(x.data()),
+                  static_cast<const float*>(weight.data()), static_cast<const float*>(mean.data()),
+                  static_cast<const float*>(rstd.data()), rows, static_cast<T*>(dx.data()),
+                  static_cast<float*>(dw_partial.data()), static_cast<float*>(db_partial.data()));
+        };
+        switch (packs_per_lane) {
+          case 1:
+            launch(std::integral_constant<int, 1>());
+            break;
+          case 2:
+            launch(std::integral_constant<int, 2>());
+            break;
+          default:
+            launch(std::integral_constant<int, 3>());
+            break;
+        }
+      }
+    }
+    if (!packed) {
+      layernorm_backward_kernel<T, C><<<static_cast<unsigned>(chunks), 256, 0, stream>>>(
+          static_cast<const T*>(dy.data()), static_cast<const T*>(x.data()),
+          static_cast<const C*>(weight.data()), static_cast<const C*>(mean.data()),
+          static_cast<const C*>(rstd.data()), rows, cols, static_cast<T*>(dx.data()),
+          static_cast<C*>(dw_partial.data()), static_cast<C*>(db_partial.data()));
+    }
     KILN_CUDA_LAUNCH_CHECK();
     column_sums_kernel<C, C><<<column_sums_grid(cols), column_sums_block(), 0, stream>>>(
         static_cast<const C*>(dw_partial.data()), chunks, cols, false,

@@ -166,8 +166,8 @@ Tensor padding_mask(std::int64_t b, std::int64_t t) {
 TEST_P(TransformerGpu, LayerNormLaunchersMatchCpu) {
   DType dt = GetParam();
   std::uint64_t seed = fresh_seed();
-  for (std::int64_t cols : {50, 768}) {
-    const std::int64_t rows = 203;  // several 64-row chunks and a partial one
+  for (std::int64_t cols : {50, 256, 768}) {  // 256 and 768 in half: the packed backward
+    const std::int64_t rows = 203;            // several 32- and 64-row chunks and a partial one
     LayerNorm ln(cols, 1e-5);
     ops::fill_uniform(ln.weight().value, 0.5, 1.5, seed + 1);
     ops::fill_uniform(ln.bias().value, -0.5, 0.5, seed + 2);
