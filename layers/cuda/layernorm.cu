@@ -212,6 +212,7 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                   static_cast<const float*>(weight.data()), static_cast<const float*>(mean.data()),
                   static_cast<const float*>(rstd.data()), rows, static_cast<T*>(dx.data()),
                   static_cast<float*>(dw_partial.data()), static_cast<float*>(db_partial.data()));
+          KILN_CUDA_LAUNCH_CHECK();
         };
         switch (packs_per_lane) {
           case 1:
@@ -232,8 +233,8 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
           static_cast<const C*>(weight.data()), static_cast<const C*>(mean.data()),
           static_cast<const C*>(rstd.data()), rows, cols, static_cast<T*>(dx.data()),
           static_cast<C*>(dw_partial.data()), static_cast<C*>(db_partial.data()));
+      KILN_CUDA_LAUNCH_CHECK();
     }
-    KILN_CUDA_LAUNCH_CHECK();
     column_sums_kernel<C, C><<<column_sums_grid(cols), column_sums_block(), 0, stream>>>(
         static_cast<const C*>(dw_partial.data()), chunks, cols, false,
         static_cast<C*>(dweight.data()));
