@@ -151,24 +151,19 @@ void softmax_backward_rows(const S* d_dropped, const T* probs, std::int64_t rows
   }
 }
 
-// (N, parts*E) token-major rows [+ bias] -> (parts, B*H, T, d) head-major, and back. CUDA uses
-// one fused kernel each way; the CPU uses strided copies.
-Tensor to_heads(const Tensor& src, const Tensor& bias, std::int64_t parts, std::int64_t b,
-                std::int64_t t, std::int64_t h, std::int64_t d) {
+// (N, parts*E) token-major rows -> (parts, B*H, T, d) head-major, and back: the unfused path's
+// layout. CUDA uses one kernel each way; the CPU uses strided copies.
+Tensor to_heads(const Tensor& src, std::int64_t parts, std::int64_t b, std::int64_t t,
+                std::int64_t h, std::int64_t d) {
   Tensor out = Tensor::empty({parts, b * h, t, d}, src.dtype(), src.device());
   if (src.device().is_cuda()) {
 #if KILN_WITH_CUDA
     DeviceGuard guard(src.device());
-    cuda::to_heads(src, bias, parts, b, t, h, d, out);
+    cuda::to_heads(src, parts, b, t, h, d, out);
 #endif
     return out;
   }
-  Tensor rows = src;
-  if (bias.defined()) {
-    rows = src.clone();
-    transformer_ops::add_bias(rows, bias);
-  }
-  out.view({parts, b, h, t, d}).copy_from(rows.view({b, t, parts, h, d}).permute({2, 0, 3, 1, 4}));
+  out.view({parts, b, h, t, d}).copy_from(src.view({b, t, parts, h, d}).permute({2, 0, 3, 1, 4}));
   return out;
 }
 
@@ -331,7 +326,7 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
 #endif
   } else {
     // (B, T, 3, H, d) -> (3, B*H, T, d)
-    Tensor heads_major = to_heads(qkv, Tensor(), 3, b, t, h, d);
+    Tensor heads_major = to_heads(qkv, 3, b, t, h, d);
     q_ = heads_major.select(0, 0);
     k_ = heads_major.select(0, 1);
     v_ = heads_major.select(0, 2);
@@ -406,7 +401,7 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
                                    dropout_stream_, dqkv);
 #endif
   } else {
-    Tensor dcontext_heads = to_heads(dcontext, Tensor(), 1, b, t, h, d).view({b * h, t, d});
+    Tensor dcontext_heads = to_heads(dcontext, 1, b, t, h, d).view({b * h, t, d});
     Tensor dqkv_heads = Tensor::empty({3, b * h, t, d}, mm, dev);
     Tensor dq = dqkv_heads.select(0, 0), dk = dqkv_heads.select(0, 1), dv = dqkv_heads.select(0, 2);
     unfused_backward(dcontext_heads, p, dq, dk, dv);

@@ -139,9 +139,9 @@ class MultiHeadSelfAttention : public Layer {
 namespace cuda {
 // Launchers (layers/cuda/attention.cu).
 void add_bias(Tensor& y, const Tensor& bias);
-// src (N, parts*E) [+ bias (parts*E), undefined for none] -> out (parts, B*H, T, d), N = B*T.
-void to_heads(const Tensor& src, const Tensor& bias, std::int64_t parts, std::int64_t b,
-              std::int64_t t, std::int64_t h, std::int64_t d, Tensor& out);
+// src (N, parts*E) -> out (parts, B*H, T, d), N = B*T (the unfused path's layout).
+void to_heads(const Tensor& src, std::int64_t parts, std::int64_t b, std::int64_t t, std::int64_t h,
+              std::int64_t d, Tensor& out);
 // src (parts, B*H, T, d) -> out (N, parts*E).
 void from_heads(const Tensor& src, std::int64_t parts, std::int64_t b, std::int64_t t,
                 std::int64_t h, std::int64_t d, Tensor& out);

@@ -5,7 +5,9 @@
 #   profile   kiln bench --profile for ResNet-50 128, BERT-base 32 and ViT-B/16 64
 #             (PROFILE="model batch,..." picks others)
 #   datawait  data-wait fractions of GPU training (tools/data-wait.sh; FASHION_MNIST_DIR)
-#   table     the Kiln vs PyTorch table (bench/compare-pytorch.sh --quick)
+#   table     the Kiln vs PyTorch table (bench/compare-pytorch.sh --quick; TABLE_MODELS orders
+#             the models, ViT-B/16 first by default, so a cut run keeps the rows that matter most)
+#   compile   the torch.compile rows alone (--quick --compile-only; about 330 s)
 #   kbench    Kiln alone on the nine seed configurations (kiln bench --json, 15 timed steps;
 #             KBENCH="model batch,..." picks others)
 #   hang      the two-GPU hung-rank test alone (tests/train/test_gpu_training.sh, part hang;
@@ -80,8 +82,13 @@ PY
       timeout "$(upto 580)" bash bench/scaling.sh "$BUILD" > "$OUT/scaling.log" 2>&1
       echo "exit $?"; grep -vE '^\s*$' "$OUT/scaling.log" | tail -25 ;;
     table)
-      timeout $(( $(left) - 10 )) bash bench/compare-pytorch.sh "$BUILD" --quick > "$OUT/bench.log" 2>&1
+      timeout $(( $(left) - 10 )) bash bench/compare-pytorch.sh "$BUILD" --quick \
+        --models "${TABLE_MODELS:-vit_b16 bert_base resnet50}" > "$OUT/bench.log" 2>&1
       echo "exit $?"; tail -25 "$OUT/bench.log" ;;
+    compile)
+      OUT=$OUT/compile timeout $(( $(left) - 10 )) bash bench/compare-pytorch.sh "$BUILD" --quick \
+        --compile-only --models "${TABLE_MODELS:-vit_b16 bert_base resnet50}" > "$OUT/compile.log" 2>&1
+      echo "exit $?"; tail -12 "$OUT/compile.log" ;;
     parity)
       timeout "$(upto 200)" python3 tools/parity/models.py --build "$BUILD" --steps 20 > "$OUT/parity.log" 2>&1
       echo "exit $?"; grep -E '^(PASS|FAIL| )' "$OUT/parity.log" | tail -40 ;;

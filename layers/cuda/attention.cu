@@ -50,19 +50,16 @@ __global__ void add_bias_kernel(T* __restrict__ y, const B* __restrict__ bias, s
 
 // Head layout changes: block x = token row n = b*T + t, block y = part; threads over the E
 // columns of that part (col = head*d + dd), so reads and writes are contiguous runs of d.
-template <typename T, typename B>
-__global__ void to_heads_kernel(const T* __restrict__ src, const B* __restrict__ bias, int parts,
-                                int t, int h, int d, T* __restrict__ out) {
-  using C = typename Compute<T>::type;
+template <typename T>
+__global__ void to_heads_kernel(const T* __restrict__ src, int parts, int t, int h, int d,
+                                T* __restrict__ out) {
   std::int64_t n = blockIdx.x;
   int part = blockIdx.y, e = h * d;
   std::int64_t b = n / t, tt = n % t, bh_total = (gridDim.x / t) * h;
   const T* row = src + (n * parts + part) * e;
   for (int col = threadIdx.x; col < e; col += blockDim.x) {
     int head = col / d, dd = col % d;
-    C v = static_cast<C>(load(row[col]));
-    if (bias) v += static_cast<C>(load(bias[part * e + col]));
-    out[((part * bh_total + b * h + head) * t + tt) * d + dd] = store<T>(v);
+    out[((part * bh_total + b * h + head) * t + tt) * d + dd] = row[col];
   }
 }
 
@@ -166,26 +163,16 @@ void add_bias(Tensor& y, const Tensor& bias) {
   });
 }
 
-void to_heads(const Tensor& src, const Tensor& bias, std::int64_t parts, std::int64_t b,
-              std::int64_t t, std::int64_t h, std::int64_t d, Tensor& out) {
+void to_heads(const Tensor& src, std::int64_t parts, std::int64_t b, std::int64_t t, std::int64_t h,
+              std::int64_t d, Tensor& out) {
   if (b * t * h * d == 0) return;
   dim3 grid(static_cast<unsigned>(b * t), static_cast<unsigned>(parts));
   int threads = static_cast<int>(std::min<std::int64_t>(256, ((h * d + 31) / 32) * 32));
   KILN_CUDA_DISPATCH_FLOATING(src.dtype(), T, {
-    if (bias.defined()) {
-      KILN_CUDA_DISPATCH_FLOATING(bias.dtype(), B, {
-        to_heads_kernel<T, B><<<grid, threads, 0, stream_of(src)>>>(
-            static_cast<const T*>(src.data()), static_cast<const B*>(bias.data()),
-            static_cast<int>(parts), static_cast<int>(t), static_cast<int>(h), static_cast<int>(d),
-            static_cast<T*>(out.data()));
-        KILN_CUDA_LAUNCH_CHECK();
-      });
-    } else {
-      to_heads_kernel<T, T><<<grid, threads, 0, stream_of(src)>>>(
-          static_cast<const T*>(src.data()), nullptr, static_cast<int>(parts), static_cast<int>(t),
-          static_cast<int>(h), static_cast<int>(d), static_cast<T*>(out.data()));
-      KILN_CUDA_LAUNCH_CHECK();
-    }
+    to_heads_kernel<T><<<grid, threads, 0, stream_of(src)>>>(
+        static_cast<const T*>(src.data()), static_cast<int>(parts), static_cast<int>(t),
+        static_cast<int>(h), static_cast<int>(d), static_cast<T*>(out.data()));
+    KILN_CUDA_LAUNCH_CHECK();
   });
 }
 
