@@ -4,19 +4,22 @@
 # two-GPU data parallelism. Prints a markdown table (samples/s and the ratio per configuration).
 #
 #   bench/compare-pytorch.sh [BUILD_DIR] [--quick] [--no-compile | --compile-only] [--amp O2]
-#                            [--models "resnet50 ..."]
+#                            [--models "resnet50 ..."] [--p2p-off]
+# --p2p-off adds the two-GPU rows again with NCCL_P2P_DISABLE=1 (NCCL through host memory, as
+# between RTX 4090s: ANCHORS.md's 95 % / 90 % targets).
 # --quick: 15 timed steps instead of 30 and no torch.compile rows; --compile-only: only the
 # torch.compile rows (at --quick's step counts when both are given), for a run that has no room
 # for the whole table.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build-gpu}; shift || true
-QUICK=0 COMPILE=1 COMPILE_ONLY=0 AMP=O2 MODELS="resnet50 bert_base vit_b16" STEPS=30 WARMUP=10
+QUICK=0 COMPILE=1 COMPILE_ONLY=0 P2P_OFF=0 AMP=O2 MODELS="resnet50 bert_base vit_b16" STEPS=30 WARMUP=10
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1; STEPS=15; WARMUP=5 ;;
     --no-compile) COMPILE=0 ;;
     --compile-only) COMPILE_ONLY=1 ;;
+    --p2p-off) P2P_OFF=1 ;;
     --amp) AMP=$2; shift ;;
     --models) MODELS=$2; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
@@ -36,7 +39,8 @@ kiln() {  # model batch gpus
   if [ "$3" = 1 ]; then
     timeout 120 "$BUILD/bin/kiln" "${args[@]}" 2>>"$OUT/bench-kiln.err" | tail -1
   else
-    timeout 150 mpirun --allow-run-as-root --bind-to none -np "$3" -x NCCL_NVLS_ENABLE "$BUILD/bin/kiln" "${args[@]}" 2>>"$OUT/bench-kiln.err" | tail -1
+    timeout 150 mpirun --allow-run-as-root --bind-to none -np "$3" -x NCCL_NVLS_ENABLE \
+      ${NCCL_P2P_DISABLE:+-x NCCL_P2P_DISABLE} "$BUILD/bin/kiln" "${args[@]}" 2>>"$OUT/bench-kiln.err" | tail -1
   fi
 }
 torch_ref() { timeout 150 python3 bench/pytorch_reference.py --steps $STEPS --warmup $WARMUP "$@" 2>>"$OUT/bench-torch.err" | tail -1; }
@@ -80,6 +84,13 @@ if [ "$GPUS" -ge 2 ] && [ "$COMPILE_ONLY" = 0 ]; then
     set -- $mb
     record "$1|$2|fp16 AMP, DDP|2" "$(kiln "$1" "$2" 2)" "$(torch_ref --model "$1" --batch "$2" --gpus 2)"
   done
+  if [ "$P2P_OFF" = 1 ]; then  # NCCL through host memory, as between RTX 4090s
+    for mb in "resnet50 128" "bert_base 32"; do
+      set -- $mb
+      record "$1|$2|fp16 AMP, DDP, P2P off|2" "$(NCCL_P2P_DISABLE=1 kiln "$1" "$2" 2)" \
+        "$(NCCL_P2P_DISABLE=1 torch_ref --model "$1" --batch "$2" --gpus 2)"
+    done
+  fi
 fi
 
 python3 - "$RESULTS" "$AMP" <<'PY'
@@ -103,7 +114,7 @@ for r in rows:
     if g == "2" and (m, b) in single:
         k1, t1 = single[(m, b)]
         k2, t2 = r["kiln"].get("samples_per_s"), r["torch"].get("samples_per_s")
-        if k1 and k2: print(f"\nscaling {m} {b}/GPU on 2 GPUs: Kiln {100 * k2 / (2 * k1):.1f}%", end="")
+        if k1 and k2: print(f"\nscaling {m} {b}/GPU on 2 GPUs ({mode}): Kiln {100 * k2 / (2 * k1):.1f}%", end="")
         if t1 and t2: print(f", PyTorch {100 * t2 / (2 * t1):.1f}%", end="")
 print()
 PY

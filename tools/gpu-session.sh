@@ -6,7 +6,8 @@
 #             (PROFILE="model batch,..." picks others)
 #   datawait  data-wait fractions of GPU training (tools/data-wait.sh; FASHION_MNIST_DIR)
 #   table     the Kiln vs PyTorch table (bench/compare-pytorch.sh --quick; TABLE_MODELS orders
-#             the models, ViT-B/16 first by default, so a cut run keeps the rows that matter most)
+#             the models, ViT-B/16 first by default, so a cut run keeps the rows that matter most;
+#             TABLE_ARGS=--p2p-off adds the two-GPU rows without NVLink peer-to-peer)
 #   compile   the torch.compile rows alone (--quick --compile-only; about 330 s)
 #   kbench    Kiln alone on the nine seed configurations (kiln bench --json, 15 timed steps;
 #             KBENCH="model batch,..." picks others)
@@ -82,7 +83,7 @@ PY
       timeout "$(upto 580)" bash bench/scaling.sh "$BUILD" > "$OUT/scaling.log" 2>&1
       echo "exit $?"; grep -vE '^\s*$' "$OUT/scaling.log" | tail -25 ;;
     table)
-      timeout $(( $(left) - 10 )) bash bench/compare-pytorch.sh "$BUILD" --quick \
+      timeout $(( $(left) - 10 )) bash bench/compare-pytorch.sh "$BUILD" --quick ${TABLE_ARGS:-} \
         --models "${TABLE_MODELS:-vit_b16 bert_base resnet50}" > "$OUT/bench.log" 2>&1
       echo "exit $?"; tail -25 "$OUT/bench.log" ;;
     compile)
