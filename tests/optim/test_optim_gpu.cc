@@ -82,6 +82,26 @@ double relative_difference(const Tensor& a, const Tensor& b, double floor = 0) {
   return ref > 0 ? diff / ref : diff;
 }
 
+// CUDA state against CPU state (state()[0], the step count, skipped), each kind of state
+// (moments, masters) on the scale of that kind over all tensors: a one-element tensor's first
+// moment can sit near 0, where its own relative error means nothing.
+void expect_states_close(const std::vector<std::pair<std::string, Tensor*>>& cpu,
+                         const std::vector<std::pair<std::string, Tensor*>>& gpu) {
+  ASSERT_EQ(cpu.size(), gpu.size());
+  auto kind_of = [](const std::string& name) { return name.substr(name.rfind('.') + 1); };
+  std::map<std::string, double> scale;
+  for (std::size_t i = 1; i < cpu.size(); ++i) {
+    double& m = scale[kind_of(cpu[i].first)];
+    m = std::max(m, max_abs(*cpu[i].second));
+  }
+  for (std::size_t i = 1; i < cpu.size(); ++i) {
+    EXPECT_EQ(cpu[i].first, gpu[i].first);
+    EXPECT_LT(relative_difference(*gpu[i].second, *cpu[i].second, scale[kind_of(cpu[i].first)]),
+              1e-6)
+        << cpu[i].first;
+  }
+}
+
 void compare_optimizer(OptimizerOptions o, int steps) {
   std::uint64_t seed = fresh_seed();
   Model cpu(Device::cpu(), DType::F32, seed), gpu(kGpu, DType::F32, seed);
@@ -98,20 +118,7 @@ void compare_optimizer(OptimizerOptions o, int steps) {
     worst = std::max(worst, d);
     EXPECT_LT(d, 1e-6) << optimizer_kind_name(o.kind) << " " << cpu.params[i]->name;
   }
-  auto sc = oc->state(), sg = og->state();
-  ASSERT_EQ(sc.size(), sg.size());
-  // A moment is compared on the scale of that kind of moment over all tensors: a one-element
-  // tensor's first moment can sit near 0, where its own relative error means nothing.
-  auto kind_of = [](const std::string& name) { return name.substr(name.rfind('.') + 1); };
-  std::map<std::string, double> scale;
-  for (std::size_t i = 1; i < sc.size(); ++i) {
-    double& m = scale[kind_of(sc[i].first)];
-    m = std::max(m, max_abs(*sc[i].second));
-  }
-  for (std::size_t i = 1; i < sc.size(); ++i) {
-    EXPECT_LT(relative_difference(*sg[i].second, *sc[i].second, scale[kind_of(sc[i].first)]), 1e-6)
-        << sc[i].first;
-  }
+  expect_states_close(oc->state(), og->state());
   std::cout << optimizer_kind_name(o.kind) << ": max relative difference over " << steps
             << " steps " << worst << "\n";
 }
@@ -311,21 +318,7 @@ void compare_o2_unscale_in_optimizer(OptimizerOptions o, DType half) {
     EXPECT_EQ(sg[i].first, sr[i].first);
     EXPECT_TRUE(same_bytes(*sg[i].second, *sr[i].second)) << sg[i].first;
   }
-  // CUDA against the CPU: each kind of state (moments, masters) on its own scale, as above.
-  auto sc = mc.state(), sgpu = mg.state();
-  ASSERT_EQ(sc.size(), sgpu.size());
-  auto kind_of = [](const std::string& name) { return name.substr(name.rfind('.') + 1); };
-  std::map<std::string, double> scale;
-  for (std::size_t i = 1; i < sc.size(); ++i) {
-    double& m = scale[kind_of(sc[i].first)];
-    m = std::max(m, max_abs(*sc[i].second));
-  }
-  for (std::size_t i = 1; i < sc.size(); ++i) {
-    EXPECT_EQ(sc[i].first, sgpu[i].first);
-    EXPECT_LT(relative_difference(*sgpu[i].second, *sc[i].second, scale[kind_of(sc[i].first)]),
-              1e-6)
-        << sc[i].first;
-  }
+  expect_states_close(mc.state(), mg.state());  // CUDA against the CPU
 }
 
 void compare_o2_unscale_in_optimizer_all(OptimizerOptions o) {
