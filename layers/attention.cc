@@ -321,8 +321,11 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
     context_ = Tensor::empty({n, e}, mm, dev);
     lse_ = Tensor::empty({b * h, t}, DType::F32, dev);
     mask_ = mask;
-    cuda::flash_attention_forward(qkv_, b, h, mask, p, dropout_key_, dropout_stream_, context_,
-                                  lse_);
+    cudnn_fused_ =
+        !mask.defined() && p == 0.0 && cuda::cudnn_attention_forward(qkv_, b, h, context_, lse_);
+    if (!cudnn_fused_)
+      cuda::flash_attention_forward(qkv_, b, h, mask, p, dropout_key_, dropout_stream_, context_,
+                                    lse_);
 #endif
   } else {
     // (B, T, 3, H, d) -> (3, B*H, T, d)
@@ -397,8 +400,12 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
 #if KILN_WITH_CUDA
     DeviceGuard guard(dev);
     dqkv = Tensor::empty({n, 3 * e}, mm, dev);
-    cuda::flash_attention_backward(qkv_, context_, dcontext, lse_, mask_, b, h, p, dropout_key_,
-                                   dropout_stream_, dqkv);
+    if (cudnn_fused_) {
+      cuda::cudnn_attention_backward(qkv_, context_, dcontext, lse_, b, h, dqkv);
+    } else {
+      cuda::flash_attention_backward(qkv_, context_, dcontext, lse_, mask_, b, h, p, dropout_key_,
+                                     dropout_stream_, dqkv);
+    }
 #endif
   } else {
     Tensor dcontext_heads = to_heads(dcontext, 1, b, t, h, d).view({b * h, t, d});

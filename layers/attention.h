@@ -127,9 +127,10 @@ class MultiHeadSelfAttention : public Layer {
   Tensor context_;        // (B*T, E) matmul dtype
   // The fused path (CUDA, half, d = 64) keeps the packed projection and the row log-sum-exp
   // instead of q_, k_, v_ and the probabilities.
-  Tensor qkv_;   // (B*T, 3E) with bias, fused path only
-  Tensor lse_;   // (B*H, T) fp32; defined iff the forward took the fused path
-  Tensor mask_;  // (B, T) fp32 key mask of the fused forward, or undefined
+  Tensor qkv_;                // (B*T, 3E) with bias, fused path only
+  Tensor lse_;                // (B*H, T) fp32; defined iff the forward took the fused path
+  bool cudnn_fused_ = false;  // the fused path ran on cuDNN's attention, not the flash kernels
+  Tensor mask_;               // (B, T) fp32 key mask of the fused forward, or undefined
   DType activation_ = DType::F32;
   std::int64_t batch_ = 0, tokens_ = 0;
   std::uint64_t dropout_key_ = 0, dropout_stream_ = 0;
@@ -170,6 +171,15 @@ void flash_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t
 void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
                               const Tensor& lse, const Tensor& mask, std::int64_t batch,
                               std::int64_t heads, double p, std::uint64_t key, std::uint64_t stream,
+                              Tensor& dqkv);
+// cuDNN's fused attention (layers/cuda/cudnn_attention.cc) for the same packed layout, without
+// mask or dropout: true when it ran (lse then holds cuDNN's natural-log statistics, which only
+// cudnn_attention_backward reads), false when cuDNN declines the shape or KILN_ATTENTION_CUDNN=0.
+bool cudnn_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t heads, Tensor& out,
+                             Tensor& lse);
+// dqkv (B*T, 3E) written (=); only after a cudnn_attention_forward of this shape returned true.
+void cudnn_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
+                              const Tensor& lse, std::int64_t batch, std::int64_t heads,
                               Tensor& dqkv);
 }  // namespace cuda
 

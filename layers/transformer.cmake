@@ -2,4 +2,8 @@
 list(APPEND KILN_LAYERS_SOURCES layernorm.cc embedding.cc attention.cc transformer_block.cc
      models/bert.cc models/vit.cc)
 list(APPEND KILN_LAYERS_CUDA_SOURCES cuda/layernorm.cu cuda/embedding.cu cuda/attention.cu
-     cuda/flash_attention.cu)
+     cuda/flash_attention.cu cuda/cudnn_attention.cc)
+# cuDNN's attention is built through the cuDNN frontend (header-only, vendored in third_party/);
+# -isystem keeps its headers out of our warnings.
+set_source_files_properties(cuda/cudnn_attention.cc PROPERTIES COMPILE_OPTIONS
+  "-isystem;${PROJECT_SOURCE_DIR}/third_party/cudnn_frontend/include")

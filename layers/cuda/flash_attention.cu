@@ -1,9 +1,13 @@
-// Fused attention for half q, k, v with head dimension 64 (FlashAttention-2's scheme): scores
-// live only in registers, a tile of 64 keys at a time, with an online softmax; backward
-// recomputes them from the saved log-sum-exp. Tensor cores through mma.sync m16n8k16 (fp32
-// accumulation). Backward is two kernels (dK/dV per key tile, dQ per query tile) so that every
+// Fused attention for half q, k, v with head dimension 64 (FlashAttention-2's scheme): forward
+// keeps scores only in registers, a tile of 64 keys at a time, with an online softmax. Tensor
+// cores through mma.sync m16n8k16 (fp32 accumulation). Backward is two kernels so that every
 // gradient element is written by one thread in a fixed order: bitwise reproducible, no atomics.
-// Dropout draws Dropout's mask at the same element index as the unfused path, (bh*T + q)*T + k.
+// The dK/dV kernel (per key tile, over every query tile) recomputes P from the saved log-sum-exp
+// and also writes dS^T, rounded to the input type, into a (B*H, T64, T64) workspace (T64: T
+// rounded up to 64, 2 B*H T64^2 bytes); the dQ kernel (per query tile) is then a plain GEMM
+// dQ = scale dS K over it, with no second recomputation of S, P and dP.
+// Dropout draws Dropout's mask at the same element index as the unfused path, (bh*T + q)*T + k;
+// forward and dK/dV are compiled with and without it, so that p = 0 costs no draws or registers.
 // The kernels read q, k and v where the input projection wrote them, the packed (B*T, 3E) rows
 // [q | k | v] with head h at columns h*64.., and write the context as (B*T, E) rows and the
 // gradients into the packed (B*T, 3E) layout: no head-layout copies on either side.
@@ -44,6 +48,8 @@ struct FlashArgs {
   void* out;          // forward: the output
   float* lse;         // (BH, T), log2 domain of the scaled scores; +inf for a fully masked row
   float* delta;       // (BH, T) rowsum(dout * out)
+  void* ds;           // backward: dS^T, (BH, ld_ds, ld_ds) [key][query], rounded to the input type
+  int ld_ds;          // T rounded up to kTile: whole tiles of the workspace are in bounds
   const float* mask;  // (B, T) key mask, 1 attend, 0 padding; null for none
   int t;
   int heads;
@@ -210,19 +216,28 @@ __device__ __forceinline__ void mma_rows_t(const std::uint32_t a[4][4], const T*
   }
 }
 
-// acc (16 x 64) += P (16 x 64, as accumulator fragments) * tile, where the tile holds 64 rows
-// (P's columns) of 64: the context from values, or gradients from queries and keys. Tile rows
-// from `valid` on are past T (P is 0 there) and skipped.
+// The A fragment of k-step kk (columns 16 kk..) of P (16 x 64, as accumulator fragments),
+// rounded to T: a[0], a[1] rows g, g + 8 of columns 16 kk + 2c.., a[2], a[3] the same 8 on.
 template <typename T>
-__device__ __forceinline__ void mma_p_rows(const float p[8][4], const T* tile, int valid, int lane,
+__device__ __forceinline__ void pack_a(const float p[8][4], int kk, std::uint32_t a[4]) {
+  a[0] = pack<T>(p[2 * kk][0], p[2 * kk][1]);
+  a[1] = pack<T>(p[2 * kk][2], p[2 * kk][3]);
+  a[2] = pack<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+  a[3] = pack<T>(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+}
+
+// acc (16 x 64) += A (16 x 64, k-step kk's fragment from load_a(kk, a)) * tile, where the tile
+// holds 64 rows (A's columns) of 64: the context from values, or gradients from queries and
+// keys. Tile rows from `valid` on are past T (A is 0 there) and skipped.
+template <typename T, typename LoadA>
+__device__ __forceinline__ void mma_a_rows(LoadA load_a, const T* tile, int valid, int lane,
                                            float acc[8][4]) {
   const int m = lane / 8, r = lane % 8;
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     if (kk * 16 >= valid) break;
-    std::uint32_t a[4] = {pack<T>(p[2 * kk][0], p[2 * kk][1]), pack<T>(p[2 * kk][2], p[2 * kk][3]),
-                          pack<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                          pack<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+    std::uint32_t a[4];
+    load_a(kk, a);
 #pragma unroll
     for (int nt = 0; nt < 8; nt += 2) {
       std::uint32_t b[4];
@@ -231,6 +246,13 @@ __device__ __forceinline__ void mma_p_rows(const float p[8][4], const T* tile, i
       mma<T>(acc[nt + 1], a, b[2], b[3]);
     }
   }
+}
+
+// acc += P (16 x 64, as accumulator fragments) * tile, as mma_a_rows.
+template <typename T>
+__device__ __forceinline__ void mma_p_rows(const float p[8][4], const T* tile, int valid, int lane,
+                                           float acc[8][4]) {
+  mma_a_rows<T>([&](int kk, std::uint32_t a[4]) { pack_a<T>(p, kk, a); }, tile, valid, lane, acc);
 }
 
 // Where a thread stands: its (batch * head), its warp's first of 16 rows (queries, or keys in
@@ -262,7 +284,7 @@ __device__ __forceinline__ float dropped(const FlashArgs& a, int bh, int query, 
   return dropout_keep(a.key, a.stream, i, a.p) ? v * a.keep_scale : 0.0f;
 }
 
-template <typename T>
+template <typename T, bool kDropout>
 __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashArgs a) {
   __shared__ __align__(16) KeyValueTiles<T> tiles;
   const Place at = place_of(a);
@@ -316,7 +338,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashArgs a) {
         o[nt][e] *= alpha[e >> 1];
         float pe = exp2f(s[nt][e] - base_of[e >> 1]);
         l[e >> 1] += pe;
-        if (a.p > 0.0 && row[e >> 1] < t && pe != 0.0f)
+        if (kDropout && row[e >> 1] < t && pe != 0.0f)
           pe = dropped(a, bh, row[e >> 1], k0 + nt * 8 + 2 * c + (e & 1), pe);
         s[nt][e] = pe;
       }
@@ -362,8 +384,9 @@ __global__ void flash_delta_kernel(const T* __restrict__ out, const T* __restric
   if (r < rows && part == 0) delta[((token_row / t) * heads + head) * t + token_row % t] = sum;
 }
 
-// dK and dV of 64 keys (16 per warp), looping over every query tile.
-template <typename T>
+// dK and dV of 64 keys (16 per warp), looping over every query tile, and dS^T of those keys
+// against every query into the workspace, for the dQ kernel.
+template <typename T, bool kDropout>
 __global__ void __launch_bounds__(kThreads) flash_backward_kv_kernel(FlashArgs a) {
   __shared__ __align__(16) T q_tiles[2][kTile * kPad];  // double-buffered
   __shared__ __align__(16) T do_tiles[2][kTile * kPad];
@@ -378,6 +401,9 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kv_kernel(FlashArgs a
   load_rows_a(static_cast<const T*>(a.v) + at.base_qkv, ld, key[0], t, c, va);
   const T* q = static_cast<const T*>(a.q) + at.base_qkv;
   const T* dout = static_cast<const T*>(a.dout) + at.base_out;
+  // This lane's column pair of its key row g in the workspace (row g + 8 is 8 ld_ds on).
+  T* ds =
+      static_cast<T*>(a.ds) + (static_cast<std::int64_t>(bh) * a.ld_ds + key[0]) * a.ld_ds + 2 * c;
   float dk[8][4] = {}, dv[8][4] = {};
 
   auto fetch = [&](int q0) {
@@ -395,7 +421,8 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kv_kernel(FlashArgs a
   cp_async_commit();
   for (int q0 = 0; q0 < t; q0 += kTile) {
     next_tile(q0, t, fetch);
-    if (at.first >= t) continue;  // this warp's keys are all past T
+    // This warp's keys are all past T: the dQ kernel reads their dS rows as zeros.
+    if (at.first >= t) continue;
     const T* qs = q_tiles[(q0 / kTile) & 1];
     const T* dos = do_tiles[(q0 / kTile) & 1];
     const float* lse_s = lse_tiles[(q0 / kTile) & 1];
@@ -403,23 +430,56 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kv_kernel(FlashArgs a
     float p[8][4] = {}, dp[8][4] = {};
     mma_rows_t<T>(ka, qs, t - q0, lane, p);    // S^T: keys x queries
     mma_rows_t<T>(va, dos, t - q0, lane, dp);  // dP'^T = V dO^T
-    float pd[8][4];
+    // Queries past T have lse +inf and delta 0 (and S, dP 0): their P and dS are exactly 0, so
+    // the workspace's padding columns hold zeros.
+    if constexpr (kDropout) {
+      float pd[8][4];
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+      for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        int col = nt * 8 + 2 * c + (e & 1), query = q0 + col;
-        float pe = key_on[e >> 1] ? exp2f(p[nt][e] * a.scale_log2 - lse_s[col]) : 0.0f;
-        float de = dp[nt][e];
-        pd[nt][e] = pe;
-        if (a.p > 0.0 && pe != 0.0f) {
-          pd[nt][e] = dropped(a, bh, query, key[e >> 1], pe);
-          de = pd[nt][e] != 0.0f ? de * a.keep_scale : 0.0f;
+        for (int e = 0; e < 4; ++e) {
+          int col = nt * 8 + 2 * c + (e & 1), query = q0 + col;
+          float pe = key_on[e >> 1] ? exp2f(p[nt][e] * a.scale_log2 - lse_s[col]) : 0.0f;
+          float de = dp[nt][e];
+          pd[nt][e] = pe;
+          if (pe != 0.0f) {
+            pd[nt][e] = dropped(a, bh, query, key[e >> 1], pe);
+            de = pd[nt][e] != 0.0f ? de * a.keep_scale : 0.0f;
+          }
+          p[nt][e] = pe * (de - delta_s[col]);  // dS^T
         }
-        p[nt][e] = pe * (de - delta_s[col]);  // dS^T
-      }
-    mma_p_rows<T>(pd, dos, t - q0, lane, dv);
-    mma_p_rows<T>(p, qs, t - q0, lane, dk);
+      mma_p_rows<T>(pd, dos, t - q0, lane, dv);
+    } else {
+      // Without dropout P itself feeds dV, then becomes dS^T in place: no third array.
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          int col = nt * 8 + 2 * c + (e & 1);
+          p[nt][e] = key_on[e >> 1] ? exp2f(p[nt][e] * a.scale_log2 - lse_s[col]) : 0.0f;
+        }
+      mma_p_rows<T>(p, dos, t - q0, lane, dv);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) p[nt][e] *= dp[nt][e] - delta_s[nt * 8 + 2 * c + (e & 1)];
+    }
+    // dS^T rounded once: the same fragments feed dK and, through the workspace, dQ.
+    std::uint32_t dsa[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) pack_a<T>(p, kk, dsa[kk]);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        *reinterpret_cast<std::uint32_t*>(ds + (j & 1) * 8 * a.ld_ds + q0 + kk * 16 +
+                                          (j >> 1) * 8) = dsa[kk][j];
+    mma_a_rows<T>(
+        [&](int kk, std::uint32_t f[4]) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) f[j] = dsa[kk][j];
+        },
+        qs, t - q0, lane, dk);
   }
 
   T* dk_out = static_cast<T*>(a.dk) + at.base_qkv;
@@ -437,55 +497,43 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kv_kernel(FlashArgs a
   }
 }
 
-// dQ of 64 queries (16 per warp), looping over every key tile.
+// dQ of 64 queries (16 per warp) = scale dS K, looping over every key tile: a GEMM over the
+// workspace's dS^T, whose A fragments ldmatrix transposes out of the shared tile. Six blocks
+// fill an H100/H200 SM's 228 KB of shared memory; the bound (80 registers) lets registers too.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) flash_backward_q_kernel(FlashArgs a) {
-  __shared__ __align__(16) KeyValueTiles<T> tiles;
+__global__ void __launch_bounds__(kThreads, 6) flash_backward_dq_kernel(FlashArgs a) {
+  __shared__ __align__(16) T ds_tiles[2][kTile * kPad];  // dS^T: keys x this block's queries
+  __shared__ __align__(16) T k_tiles[2][kTile * kPad];
   const Place at = place_of(a);
-  const int bh = at.bh, t = at.t, lane = at.lane, g = at.g, c = at.c, ld = a.ld_qkv;
-  const float* mask = at.mask;
-  const int row[2] = {at.first + g, at.first + g + 8};
-  std::uint32_t qa[4][4], da[4][4];
-  load_rows_a(static_cast<const T*>(a.q) + at.base_qkv, ld, row[0], t, c, qa);
-  load_rows_a(static_cast<const T*>(a.dout) + at.base_out, a.ld_out, row[0], t, c, da);
-  float lse[2], delta[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    std::int64_t at = static_cast<std::int64_t>(bh) * t + row[i];
-    lse[i] = row[i] < t ? a.lse[at] : INFINITY;
-    delta[i] = row[i] < t ? a.delta[at] : 0.0f;
-  }
+  const int t = at.t, lane = at.lane, g = at.g, c = at.c, ld = a.ld_qkv;
+  const int q_first = static_cast<int>(blockIdx.x) * kTile;
+  const T* ds =
+      static_cast<const T*>(a.ds) + static_cast<std::int64_t>(at.bh) * a.ld_ds * a.ld_ds + q_first;
   const T* k = static_cast<const T*>(a.k) + at.base_qkv;
-  const T* v = static_cast<const T*>(a.v) + at.base_qkv;
   float dq[8][4] = {};
 
-  auto fetch = [&](int k0) { fetch_keys(tiles, k, v, ld, mask, k0, t); };
+  // Key rows past T are zero-filled, not read: the kv kernel skips warps whose keys are all past
+  // T, so the workspace is not written there.
+  auto fetch = [&](int k0) {
+    const int b = (k0 / kTile) & 1;
+    load_tile_async(ds, a.ld_ds, k0, t, ds_tiles[b]);
+    load_tile_async(k, ld, k0, t, k_tiles[b]);
+  };
   fetch(0);
   cp_async_commit();
+  // Lane l addresses row l % 8 of 8x8 matrix l / 8: keys +8 for matrices 2, 3 and queries +8
+  // for 1, 3, so that .trans hands out the A fragment (queries x keys) in a[0..3] order.
+  const int m = lane / 8, r = lane % 8;
+  const int a_offset = ((m >> 1) * 8 + r) * kPad + (at.first - q_first) + (m & 1) * 8;
   for (int k0 = 0; k0 < t; k0 += kTile) {
     next_tile(k0, t, fetch);
-    if (at.first >= t) continue;
-    const T* ks = tiles.k[(k0 / kTile) & 1];
-    const T* vs = tiles.v[(k0 / kTile) & 1];
-    const float* key_ok = tiles.key_ok[(k0 / kTile) & 1];
-    float s[8][4] = {}, dp[8][4] = {};
-    mma_rows_t<T>(qa, ks, t - k0, lane, s);
-    mma_rows_t<T>(da, vs, t - k0, lane, dp);
-    const bool every_key = mask == nullptr && k0 + kTile <= t;
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        int col = nt * 8 + 2 * c + (e & 1);
-        float pe =
-            every_key || key_ok[col] != 0.0f ? exp2f(s[nt][e] * a.scale_log2 - lse[e >> 1]) : 0.0f;
-        float de = dp[nt][e];
-        if (a.p > 0.0 && pe != 0.0f) de = dropped(a, bh, row[e >> 1], k0 + col, de);
-        s[nt][e] = pe * (de - delta[e >> 1]);
-      }
-    mma_p_rows<T>(s, ks, t - k0, lane, dq);
+    if (at.first >= t) continue;  // this warp's queries are all past T
+    const T* dss = ds_tiles[(k0 / kTile) & 1] + a_offset;
+    mma_a_rows<T>([&](int kk, std::uint32_t f[4]) { ldmatrix_x4_trans(f, dss + kk * 16 * kPad); },
+                  k_tiles[(k0 / kTile) & 1], t - k0, lane, dq);
   }
 
+  const int row[2] = {at.first + g, at.first + g + 8};
   T* dq_out = static_cast<T*>(a.dq) + at.base_qkv;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -562,12 +610,21 @@ void flash_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t
   FlashArgs a = args_of(qkv, batch, heads, mask, p, key, stream);
   a.out = out.data();
   a.lse = static_cast<float*>(lse.data());
+  cudaStream_t s = stream_of(qkv);
+  auto launch = [&](auto tag) {
+    using T = decltype(tag);
+    if (a.p > 0.0) {
+      flash_forward_kernel<T, true><<<grid_of(a, batch), kThreads, 0, s>>>(a);
+    } else {
+      flash_forward_kernel<T, false><<<grid_of(a, batch), kThreads, 0, s>>>(a);
+    }
+    KILN_CUDA_LAUNCH_CHECK();
+  };
   if (qkv.dtype() == DType::F16) {
-    flash_forward_kernel<__half><<<grid_of(a, batch), kThreads, 0, stream_of(qkv)>>>(a);
+    launch(__half());
   } else {
-    flash_forward_kernel<__nv_bfloat16><<<grid_of(a, batch), kThreads, 0, stream_of(qkv)>>>(a);
+    launch(__nv_bfloat16());
   }
-  KILN_CUDA_LAUNCH_CHECK();
 }
 
 void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
@@ -590,6 +647,10 @@ void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor
   a.dv = static_cast<char*>(dqkv.data()) + 2 * part;
   a.lse = static_cast<float*>(const_cast<void*>(lse.data()));
   a.delta = static_cast<float*>(delta.data());
+  // dS^T for the dQ kernel, whole 64 x 64 tiles of it in bounds.
+  a.ld_ds = (a.t + kTile - 1) / kTile * kTile;
+  Tensor ds = Tensor::empty({batch * heads * a.ld_ds * a.ld_ds}, qkv.dtype(), qkv.device());
+  a.ds = ds.data();
   cudaStream_t s = stream_of(qkv);
   auto launch = [&](auto tag) {
     using T = decltype(tag);
@@ -597,9 +658,13 @@ void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor
         static_cast<const T*>(out.data()), static_cast<const T*>(dout.data()), rows, a.t, a.heads,
         a.ld_out, a.delta);
     KILN_CUDA_LAUNCH_CHECK();
-    flash_backward_kv_kernel<T><<<grid_of(a, batch), kThreads, 0, s>>>(a);
+    if (a.p > 0.0) {
+      flash_backward_kv_kernel<T, true><<<grid_of(a, batch), kThreads, 0, s>>>(a);
+    } else {
+      flash_backward_kv_kernel<T, false><<<grid_of(a, batch), kThreads, 0, s>>>(a);
+    }
     KILN_CUDA_LAUNCH_CHECK();
-    flash_backward_q_kernel<T><<<grid_of(a, batch), kThreads, 0, s>>>(a);
+    flash_backward_dq_kernel<T><<<grid_of(a, batch), kThreads, 0, s>>>(a);
     KILN_CUDA_LAUNCH_CHECK();
   };
   if (qkv.dtype() == DType::F16) {

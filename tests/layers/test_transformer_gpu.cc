@@ -296,6 +296,39 @@ TEST_P(TransformerGpu, FusedAttentionMatchesCpu) {
   }
 }
 
+TEST_P(TransformerGpu, UnmaskedAttentionMatchesCpuOnBothKernels) {
+  // Without mask and dropout (ViT in training) the fused path runs cuDNN's attention, and with
+  // KILN_ATTENTION_CUDNN=0 the flash kernels: each against the CPU, forward and backward. cuDNN's
+  // backward must also be bitwise repeatable (its deterministic algorithm).
+  DType dt = GetParam();
+  std::uint64_t seed = fresh_seed();
+  const std::int64_t b = 2, e = 128;
+  for (const char* cudnn : {"1", "0"}) {
+    ASSERT_EQ(setenv("KILN_ATTENTION_CUDNN", cudnn, 1), 0);
+    for (std::int64_t t : {37, 197}) {
+      MultiHeadSelfAttention attn(e, 2, 0.0, QkvLayout::FusedQKV);
+      seed += 3;
+      compare_layer(attn, random_cpu({b, t, e}, dt, seed), {b, t, e}, dt, training_context(seed),
+                    dt == DType::F32 ? 200 : 24, seed + 1,
+                    std::string("unmasked attention T=") + std::to_string(t) + " cudnn=" + cudnn);
+      if (dt == DType::F32) continue;
+      Tensor x = random_cpu({b, t, e}, dt, seed + 2).to(kGpu, dt);
+      Tensor dy = random_cpu({b, t, e}, dt, seed + 3).to(kGpu, dt);
+      Context c = training_context(seed);
+      c.device = kGpu;
+      c.precision.activation = c.precision.matmul = dt;
+      std::vector<std::vector<double>> dx;
+      for (int repeat = 0; repeat < 2; ++repeat) {
+        attn.forward(c, x);
+        dx.push_back(attn.backward(c, dy).to_vector<double>());
+      }
+      EXPECT_EQ(dx[0], dx[1]) << "attention backward T=" << t << " cudnn=" << cudnn
+                              << " is not bitwise repeatable";
+    }
+  }
+  ASSERT_EQ(unsetenv("KILN_ATTENTION_CUDNN"), 0);
+}
+
 TEST_P(TransformerGpu, TransformerBlocksMatchCpu) {
   DType dt = GetParam();
   std::uint64_t seed = fresh_seed();

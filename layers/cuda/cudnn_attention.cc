@@ -1,0 +1,213 @@
+// cuDNN's fused attention (scaled dot-product attention through the cuDNN frontend's graph API)
+// for the unmasked, dropout-free case: ViT's attention in training and every attention in eval.
+// On Hopper it runs cuDNN's tuned flash kernels, several times faster than Kiln's own mma.sync
+// kernels (layers/cuda/flash_attention.cu), which keep the masked and dropout cases: cuDNN's
+// dropout draws another mask than Dropout's, and its padding mask takes lengths, not a (B, T)
+// key mask. Backward asks for cuDNN's deterministic algorithm (dQ from a dP workspace, no
+// atomics), so a step is bitwise repeatable and a resumed run stays bit for bit.
+// One graph pair (forward, backward) per shape and device is built and kept; a shape cuDNN
+// declines (old library, other GPU) is remembered and served by the flash kernels.
+
+#include <cudnn_frontend.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+
+#include "core/cuda/cudnn_handle.h"
+#include "core/device.h"
+#include "core/tensor.h"
+#include "layers/attention.h"
+
+namespace kiln::cuda {
+namespace {
+
+namespace fe = cudnn_frontend;
+using TensorRef = std::shared_ptr<fe::graph::Tensor_attributes>;
+
+constexpr std::int64_t kHeadDim = 64;
+
+struct AttentionGraphs {
+  bool supported = false;
+  std::string reason;  // why not, when not
+  std::shared_ptr<fe::graph::Graph> forward, backward;
+  TensorRef q, k, v, o, stats;                        // forward
+  TensorRef bq, bk, bv, bo, bdo, bstats, dq, dk, dv;  // backward
+  std::int64_t forward_workspace = 0, backward_workspace = 0;
+};
+
+using Key =
+    std::tuple<int, int, std::int64_t, std::int64_t, std::int64_t>;  // device, dtype, B, H, T
+
+struct Shape {
+  std::int64_t b, h, t, e;
+  std::vector<std::int64_t> dims() const { return {b, h, t, kHeadDim}; }
+  // Packed (B*T, 3E) rows [q | k | v]: head h of token s at s*3E + h*64.
+  std::vector<std::int64_t> packed() const { return {t * 3 * e, kHeadDim, 3 * e, 1}; }
+  // Token-major (B*T, E) rows.
+  std::vector<std::int64_t> rows() const { return {t * e, kHeadDim, e, 1}; }
+  std::vector<std::int64_t> stats_dims() const { return {b, h, t, 1}; }
+  std::vector<std::int64_t> stats_strides() const { return {h * t, t, 1, 1}; }
+};
+
+std::shared_ptr<fe::graph::Graph> new_graph(fe::DataType_t io) {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(io)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  return g;
+}
+
+TensorRef input(fe::graph::Graph& g, const char* name, const std::vector<std::int64_t>& dims,
+                const std::vector<std::int64_t>& strides) {
+  return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_dim(dims).set_stride(strides));
+}
+
+// Validates, lowers and plans a graph; false and the frontend's message when cuDNN declines.
+bool finish(fe::graph::Graph& g, cudnnHandle_t handle, std::int64_t& workspace,
+            std::string& reason) {
+  auto failed = [&](const char* stage, fe::error_t status) {
+    if (status.is_good()) return false;
+    reason = std::string(stage) + ": " + status.get_message();
+    return true;
+  };
+  if (failed("validate", g.validate()) ||
+      failed("build_operation_graph", g.build_operation_graph(handle)) ||
+      failed("create_execution_plans", g.create_execution_plans({fe::HeurMode_t::A})) ||
+      failed("check_support", g.check_support(handle)) ||
+      failed("build_plans", g.build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE)) ||
+      failed("get_workspace_size", g.get_workspace_size(workspace))) {
+    return false;
+  }
+  return true;
+}
+
+void build(AttentionGraphs& a, const Shape& s, fe::DataType_t io, cudnnHandle_t handle) {
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(kHeadDim)));
+  auto& f = *(a.forward = new_graph(io));
+  a.q = input(f, "q", s.dims(), s.packed());
+  a.k = input(f, "k", s.dims(), s.packed());
+  a.v = input(f, "v", s.dims(), s.packed());
+  auto [o, stats] = f.sdpa(a.q, a.k, a.v,
+                           fe::graph::SDPA_attributes()
+                               .set_name("attention")
+                               .set_generate_stats(true)
+                               .set_attn_scale(scale));
+  o->set_output(true).set_dim(s.dims()).set_stride(s.rows());
+  stats->set_output(true).set_data_type(fe::DataType_t::FLOAT);
+  stats->set_dim(s.stats_dims()).set_stride(s.stats_strides());
+  a.o = o;
+  a.stats = stats;
+  if (!finish(f, handle, a.forward_workspace, a.reason)) return;
+
+  auto& g = *(a.backward = new_graph(io));
+  a.bq = input(g, "q", s.dims(), s.packed());
+  a.bk = input(g, "k", s.dims(), s.packed());
+  a.bv = input(g, "v", s.dims(), s.packed());
+  a.bo = input(g, "o", s.dims(), s.rows());
+  a.bdo = input(g, "do", s.dims(), s.rows());
+  a.bstats = input(g, "stats", s.stats_dims(), s.stats_strides());
+  a.bstats->set_data_type(fe::DataType_t::FLOAT);
+  auto [dq, dk, dv] = g.sdpa_backward(a.bq, a.bk, a.bv, a.bo, a.bdo, a.bstats,
+                                      fe::graph::SDPA_backward_attributes()
+                                          .set_name("attention_backward")
+                                          .set_attn_scale(scale)
+                                          .set_deterministic_algorithm(true));
+  for (const TensorRef& d : {dq, dk, dv})
+    d->set_output(true).set_dim(s.dims()).set_stride(s.packed());
+  a.dq = dq;
+  a.dk = dk;
+  a.dv = dv;
+  if (!finish(g, handle, a.backward_workspace, a.reason)) return;
+  a.supported = true;
+}
+
+// KILN_ATTENTION_CUDNN=0 keeps every attention on Kiln's flash kernels (read at each call, so a
+// test can compare the two in one process).
+bool enabled() {
+  const char* v = std::getenv("KILN_ATTENTION_CUDNN");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+std::mutex cache_mutex;
+std::map<Key, AttentionGraphs> cache;
+
+// The graphs of this shape on the current device, built on first use.
+AttentionGraphs& graphs_for(const Tensor& qkv, std::int64_t batch, std::int64_t heads) {
+  const Shape s{batch, heads, qkv.size(0) / batch, qkv.size(1) / 3};
+  const Key key{qkv.device().index, static_cast<int>(qkv.dtype()), s.b, s.h, s.t};
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  auto found = cache.find(key);
+  if (found != cache.end()) return found->second;
+  AttentionGraphs& a = cache[key];
+  const fe::DataType_t io =
+      qkv.dtype() == DType::F16 ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16;
+  try {
+    build(a, s, io, cudnn_handle());
+  } catch (const std::exception& e) {
+    a.supported = false;
+    a.reason = e.what();
+  }
+  if (!a.supported) {
+    std::fprintf(stderr,
+                 "kiln: cuDNN fused attention declines B=%lld H=%lld T=%lld (%s); using Kiln's "
+                 "flash kernels\n",
+                 static_cast<long long>(s.b), static_cast<long long>(s.h),
+                 static_cast<long long>(s.t), a.reason.c_str());
+  }
+  return a;
+}
+
+void execute(const fe::graph::Graph& g, std::unordered_map<TensorRef, void*>& pack,
+             std::int64_t workspace_bytes, Device device, const char* what) {
+  Tensor workspace;
+  if (workspace_bytes > 0) workspace = Tensor::empty({workspace_bytes}, DType::U8, device);
+  fe::error_t status =
+      g.execute(cudnn_handle(), pack, workspace.defined() ? workspace.data() : nullptr);
+  KILN_CHECK(status.is_good(),
+             std::string("cuDNN fused attention ") + what + " failed: " + status.get_message());
+}
+
+void* at(const Tensor& t, std::int64_t columns) {
+  return const_cast<char*>(static_cast<const char*>(t.data())) +
+         columns * static_cast<std::int64_t>(dtype_size(t.dtype()));
+}
+
+}  // namespace
+
+bool cudnn_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t heads, Tensor& out,
+                             Tensor& lse) {
+  if (!enabled() || qkv.numel() == 0 || qkv.size(1) != 3 * heads * kHeadDim) return false;
+  AttentionGraphs& a = graphs_for(qkv, batch, heads);
+  if (!a.supported) return false;
+  const std::int64_t e = qkv.size(1) / 3;
+  std::unordered_map<TensorRef, void*> pack{{a.q, at(qkv, 0)},
+                                            {a.k, at(qkv, e)},
+                                            {a.v, at(qkv, 2 * e)},
+                                            {a.o, out.data()},
+                                            {a.stats, lse.data()}};
+  execute(*a.forward, pack, a.forward_workspace, qkv.device(), "forward");
+  return true;
+}
+
+void cudnn_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
+                              const Tensor& lse, std::int64_t batch, std::int64_t heads,
+                              Tensor& dqkv) {
+  AttentionGraphs& a = graphs_for(qkv, batch, heads);
+  KILN_CHECK(a.supported, "cuDNN fused attention backward without its forward: " + a.reason);
+  const std::int64_t e = qkv.size(1) / 3;
+  std::unordered_map<TensorRef, void*> pack{
+      {a.bq, at(qkv, 0)},  {a.bk, at(qkv, e)},   {a.bv, at(qkv, 2 * e)},
+      {a.bo, at(out, 0)},  {a.bdo, at(dout, 0)}, {a.bstats, at(lse, 0)},
+      {a.dq, dqkv.data()}, {a.dk, at(dqkv, e)},  {a.dv, at(dqkv, 2 * e)}};
+  execute(*a.backward, pack, a.backward_workspace, qkv.device(), "backward");
+}
+
+}  // namespace kiln::cuda
