@@ -1254,7 +1254,7 @@ void fill_defaults(Experiment& experiment, const std::string& config_path) {
     train.set_accumulation_steps(1);
   }
   if (!train.has_log_every()) train.set_log_every(10);
-  if (!train.has_cuda_graphs()) train.set_cuda_graphs(true);
+  if (!train.has_cuda_graphs()) train.set_cuda_graphs(false);
   if (!train.has_preemption_grace_s()) train.set_preemption_grace_s(120);
 
   LoggingConfig& logging = *experiment.mutable_logging();

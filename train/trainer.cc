@@ -190,6 +190,11 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
     setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);
     setenv("NCCL_ALGO", "Ring", 0);
   }
+  if (t.cuda_graphs() && world.rank == 0) {
+    std::fprintf(stderr,
+                 "kiln: warning: train.cuda_graphs is not implemented yet; the step runs "
+                 "uncaptured\n");
+  }
   ConvAlgorithmOptions conv = default_conv_algorithm_options();
   conv.deterministic = t.deterministic();
   conv.search = t.deterministic() ? ConvAlgorithmSearch::Heuristic : ConvAlgorithmSearch::Benchmark;

@@ -125,6 +125,7 @@ TEST(Defaults, EmptyFileIsTheFashionMnistQuickStart) {
   EXPECT_DOUBLE_EQ(experiment.parallel().bucket_mb(), 25.0);
   EXPECT_EQ(experiment.parallel().collective_timeout_s(), 600);
   EXPECT_EQ(experiment.train().preemption_grace_s(), 120);
+  EXPECT_FALSE(experiment.train().cuda_graphs());  // reserved: step capture not implemented
   EXPECT_EQ(experiment.train().batch_per_gpu(), 32);
   EXPECT_EQ(experiment.train().accumulation_steps(), 1);
   EXPECT_DOUBLE_EQ(experiment.train().epochs(), 1.0);
