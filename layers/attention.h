@@ -7,7 +7,9 @@
 //   P = softmax(S + mask) ; P' = dropout(P)      fused kernel, fp32 math, masked keys get 0
 //   ctx = P' v                                   (B*H, T, d) -> (B, T, E)
 // On CUDA with half activations and d = 64 the three middle lines are one fused kernel (flash
-// attention: no (T, T) tensor in memory; backward recomputes P from a saved log-sum-exp).
+// attention: no (T, T) tensor in memory; backward recomputes P from a saved log-sum-exp): cuDNN's
+// fused attention when there is no mask and no dropout (layers/cuda/cudnn_attention.cc), Kiln's
+// own kernels otherwise (layers/cuda/flash_attention.cu).
 //   y = ctx W_o^T + b_o
 // The key padding mask is ctx.attention_mask (B, T): 1 attend, 0 padding (any dtype). A query
 // whose keys are all masked gets zero probabilities (and so a zero context), not NaN.

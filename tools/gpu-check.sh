@@ -57,6 +57,13 @@ export LD_LIBRARY_PATH=$PWD/$BUILD/bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
          layers/test_layers_transformer_gpu optim/test_optim_gpu data/test_data_loader_gpu; do
   run_test gpu "$BUILD/tests/$t"
 done
+if [ "${NO_TESTS:-0}" != 1 ]; then
+  # ViT-B/16 (cuDNN's fused attention) resumes bit for bit on one GPU.
+  start=$SECONDS
+  timeout 300 bash tests/train/test_gpu_attention_resume.sh "$BUILD/bin/kiln" > "$OUT/test-gpu-attention.log" 2>&1
+  rc=$?
+  note "gpu test_gpu_attention_resume.sh: $(grep -E '^(PASS|FAIL|SKIP)' "$OUT/test-gpu-attention.log" | head -1) (exit $rc, $((SECONDS - start)) s)"
+fi
 if [ "${NO_TESTS:-0}" = 1 ]; then :; elif [ "$GPUS" -ge 2 ]; then
   run_test gpu2 "$BUILD/tests/comm/test_comm_nccl" 2
   # The trainer on two GPUs: exact resume with fp16 O2, dead, exiting and hung ranks, an inf.
