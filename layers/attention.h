@@ -158,6 +158,10 @@ void attention_softmax_forward(const Tensor& scores, const Tensor& mask, std::in
 // d_dropped (BH, T, T) fp32 (f64), probs -> dscores in the matmul dtype.
 void attention_softmax_backward(const Tensor& d_dropped, const Tensor& probs, double p,
                                 std::uint64_t key, std::uint64_t stream, Tensor& dscores);
+// The most bytes a fused attention backward takes for its (B*H, T, T) workspace (dS^T in the
+// flash kernels, dP in cuDNN's deterministic backward): KILN_ATTENTION_WORKSPACE_MB, default 256.
+// The flash backward runs in chunks of (batch * head) rows that fit; cuDNN's declines beyond it.
+std::int64_t attention_workspace_limit_bytes();
 // Fused attention (layers/cuda/flash_attention.cu): whether it serves this dtype, number of
 // (batch * head) rows, head dimension and length.
 bool flash_attention_supported(DType dtype, std::int64_t batch_heads, std::int64_t head_dim,

@@ -126,6 +126,11 @@ void build(AttentionGraphs& a, const Shape& s, fe::DataType_t io, cudnnHandle_t 
   a.dk = dk;
   a.dv = dv;
   if (!finish(g, handle, a.backward_workspace, a.reason)) return;
+  if (a.backward_workspace > attention_workspace_limit_bytes()) {
+    a.reason = "its backward workspace of " + std::to_string(a.backward_workspace >> 20) +
+               " MiB is above the attention workspace limit (KILN_ATTENTION_WORKSPACE_MB)";
+    return;
+  }
   a.supported = true;
 }
 

@@ -15,8 +15,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <string>
@@ -50,6 +52,7 @@ struct FlashArgs {
   float* delta;       // (BH, T) rowsum(dout * out)
   void* ds;           // backward: dS^T, (BH, ld_ds, ld_ds) [key][query], rounded to the input type
   int ld_ds;          // T rounded up to kTile: whole tiles of the workspace are in bounds
+  int bh_first;       // the grid's first (batch * head): backward runs in chunks of the workspace
   const float* mask;  // (B, T) key mask, 1 attend, 0 padding; null for none
   int t;
   int heads;
@@ -266,7 +269,7 @@ struct Place {
 
 __device__ __forceinline__ Place place_of(const FlashArgs& a) {
   Place p;
-  p.bh = blockIdx.y;
+  p.bh = static_cast<int>(blockIdx.y) + a.bh_first;
   p.t = a.t;
   p.lane = threadIdx.x % kWarp;
   p.g = p.lane / 4;
@@ -402,8 +405,8 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kv_kernel(FlashArgs a
   const T* q = static_cast<const T*>(a.q) + at.base_qkv;
   const T* dout = static_cast<const T*>(a.dout) + at.base_out;
   // This lane's column pair of its key row g in the workspace (row g + 8 is 8 ld_ds on).
-  T* ds =
-      static_cast<T*>(a.ds) + (static_cast<std::int64_t>(bh) * a.ld_ds + key[0]) * a.ld_ds + 2 * c;
+  T* ds = static_cast<T*>(a.ds) +
+          (static_cast<std::int64_t>(bh - a.bh_first) * a.ld_ds + key[0]) * a.ld_ds + 2 * c;
   float dk[8][4] = {}, dv[8][4] = {};
 
   auto fetch = [&](int q0) {
@@ -507,8 +510,8 @@ __global__ void __launch_bounds__(kThreads, 6) flash_backward_dq_kernel(FlashArg
   const Place at = place_of(a);
   const int t = at.t, lane = at.lane, g = at.g, c = at.c, ld = a.ld_qkv;
   const int q_first = static_cast<int>(blockIdx.x) * kTile;
-  const T* ds =
-      static_cast<const T*>(a.ds) + static_cast<std::int64_t>(at.bh) * a.ld_ds * a.ld_ds + q_first;
+  const T* ds = static_cast<const T*>(a.ds) +
+                static_cast<std::int64_t>(at.bh - a.bh_first) * a.ld_ds * a.ld_ds + q_first;
   const T* k = static_cast<const T*>(a.k) + at.base_qkv;
   float dq[8][4] = {};
 
@@ -570,9 +573,9 @@ FlashArgs args_of(const Tensor& qkv, std::int64_t batch, std::int64_t heads, con
   return a;
 }
 
-dim3 grid_of(const FlashArgs& a, std::int64_t batch) {
-  return dim3(static_cast<unsigned>((a.t + kTile - 1) / kTile),
-              static_cast<unsigned>(batch * a.heads));
+// Blocks for `count` (batch * head) rows from a.bh_first on.
+dim3 grid_of(const FlashArgs& a, std::int64_t count) {
+  return dim3(static_cast<unsigned>((a.t + kTile - 1) / kTile), static_cast<unsigned>(count));
 }
 
 cudaStream_t stream_of(const Tensor& t) {
@@ -592,6 +595,18 @@ void check_packed(const Tensor& qkv, std::int64_t batch, std::int64_t heads,
 }
 
 }  // namespace
+
+std::int64_t attention_workspace_limit_bytes() {
+  const char* text = std::getenv("KILN_ATTENTION_WORKSPACE_MB");
+  if (text == nullptr) return std::int64_t{256} << 20;
+  char* end = nullptr;
+  const double mb = std::strtod(text, &end);
+  if (end == text || *end != '\0' || !(mb > 0) || mb > 1e9) {
+    throw InputError("KILN_ATTENTION_WORKSPACE_MB = '" + std::string(text) +
+                     "': expected a number of MiB > 0");
+  }
+  return static_cast<std::int64_t>(mb * 1048576.0);
+}
 
 bool flash_attention_supported(DType dtype, std::int64_t batch_heads, std::int64_t head_dim,
                                std::int64_t tokens) {
@@ -614,9 +629,9 @@ void flash_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t
   auto launch = [&](auto tag) {
     using T = decltype(tag);
     if (a.p > 0.0) {
-      flash_forward_kernel<T, true><<<grid_of(a, batch), kThreads, 0, s>>>(a);
+      flash_forward_kernel<T, true><<<grid_of(a, batch * heads), kThreads, 0, s>>>(a);
     } else {
-      flash_forward_kernel<T, false><<<grid_of(a, batch), kThreads, 0, s>>>(a);
+      flash_forward_kernel<T, false><<<grid_of(a, batch * heads), kThreads, 0, s>>>(a);
     }
     KILN_CUDA_LAUNCH_CHECK();
   };
@@ -647,9 +662,16 @@ void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor
   a.dv = static_cast<char*>(dqkv.data()) + 2 * part;
   a.lse = static_cast<float*>(const_cast<void*>(lse.data()));
   a.delta = static_cast<float*>(delta.data());
-  // dS^T for the dQ kernel, whole 64 x 64 tiles of it in bounds.
+  // dS^T for the dQ kernel, whole 64 x 64 tiles of it in bounds; as many (batch * head) rows at a
+  // time as the workspace limit holds, so long sequences cost time, not memory.
   a.ld_ds = (a.t + kTile - 1) / kTile * kTile;
-  Tensor ds = Tensor::empty({batch * heads * a.ld_ds * a.ld_ds}, qkv.dtype(), qkv.device());
+  const std::int64_t bh_total = batch * heads;
+  const std::int64_t per_bh = static_cast<std::int64_t>(a.ld_ds) * a.ld_ds;
+  const std::int64_t chunk =
+      std::clamp<std::int64_t>(attention_workspace_limit_bytes() /
+                                   (per_bh * static_cast<std::int64_t>(dtype_size(qkv.dtype()))),
+                               1, bh_total);
+  Tensor ds = Tensor::empty({chunk * per_bh}, qkv.dtype(), qkv.device());
   a.ds = ds.data();
   cudaStream_t s = stream_of(qkv);
   auto launch = [&](auto tag) {
@@ -658,14 +680,18 @@ void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor
         static_cast<const T*>(out.data()), static_cast<const T*>(dout.data()), rows, a.t, a.heads,
         a.ld_out, a.delta);
     KILN_CUDA_LAUNCH_CHECK();
-    if (a.p > 0.0) {
-      flash_backward_kv_kernel<T, true><<<grid_of(a, batch), kThreads, 0, s>>>(a);
-    } else {
-      flash_backward_kv_kernel<T, false><<<grid_of(a, batch), kThreads, 0, s>>>(a);
+    for (std::int64_t first = 0; first < bh_total; first += chunk) {
+      a.bh_first = static_cast<int>(first);
+      const dim3 grid = grid_of(a, std::min(chunk, bh_total - first));
+      if (a.p > 0.0) {
+        flash_backward_kv_kernel<T, true><<<grid, kThreads, 0, s>>>(a);
+      } else {
+        flash_backward_kv_kernel<T, false><<<grid, kThreads, 0, s>>>(a);
+      }
+      KILN_CUDA_LAUNCH_CHECK();
+      flash_backward_dq_kernel<T><<<grid, kThreads, 0, s>>>(a);
+      KILN_CUDA_LAUNCH_CHECK();
     }
-    KILN_CUDA_LAUNCH_CHECK();
-    flash_backward_dq_kernel<T><<<grid_of(a, batch), kThreads, 0, s>>>(a);
-    KILN_CUDA_LAUNCH_CHECK();
   };
   if (qkv.dtype() == DType::F16) {
     launch(__half());

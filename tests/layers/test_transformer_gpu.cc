@@ -329,6 +329,46 @@ TEST_P(TransformerGpu, UnmaskedAttentionMatchesCpuOnBothKernels) {
   ASSERT_EQ(unsetenv("KILN_ATTENTION_CUDNN"), 0);
 }
 
+TEST_P(TransformerGpu, FlashBackwardInWorkspaceChunksIsBitwiseEqual) {
+  // A workspace limit of 0.25 MiB holds 2 of the 6 (batch * head) rows at T = 197 (128 KiB
+  // each): three chunks must give the gradients of one, bit for bit. A bad limit is an
+  // InputError naming the variable.
+  DType dt = GetParam();
+  if (dt == DType::F32) GTEST_SKIP() << "f32 takes the unfused path";
+  std::uint64_t seed = fresh_seed();
+  const std::int64_t b = 3, t = 197, e = 128;
+  MultiHeadSelfAttention attn(e, 2, 0.1, QkvLayout::FusedQKV);
+  for (Parameter* p : attn.parameters()) ops::fill_uniform(p->value, -0.5, 0.5, ++seed);
+  attn.to(kGpu, dt);
+  Context c = training_context(seed);
+  c.device = kGpu;
+  c.precision.activation = c.precision.matmul = dt;
+  c.attention_mask = padding_mask(b, t).to(kGpu);
+  Tensor x = random_cpu({b, t, e}, dt, seed + 1).to(kGpu, dt);
+  Tensor dy = random_cpu({b, t, e}, dt, seed + 2).to(kGpu, dt);
+  auto gradients = [&]() {
+    for (Parameter* p : attn.parameters()) p->grad.zero();
+    attn.forward(c, x);
+    std::vector<std::vector<double>> g{attn.backward(c, dy).to_vector<double>()};
+    for (Parameter* p : attn.parameters()) g.push_back(p->grad.to_vector<double>());
+    return g;
+  };
+  ASSERT_EQ(unsetenv("KILN_ATTENTION_WORKSPACE_MB"), 0);
+  auto whole = gradients();
+  ASSERT_EQ(setenv("KILN_ATTENTION_WORKSPACE_MB", "0.25", 1), 0);
+  auto chunked = gradients();
+  EXPECT_TRUE(whole == chunked) << "the chunked backward differs";
+  ASSERT_EQ(setenv("KILN_ATTENTION_WORKSPACE_MB", "lots", 1), 0);
+  attn.forward(c, x);
+  try {
+    attn.backward(c, dy);
+    ADD_FAILURE() << "a bad KILN_ATTENTION_WORKSPACE_MB was accepted";
+  } catch (const InputError& err) {
+    EXPECT_NE(std::string(err.what()).find("KILN_ATTENTION_WORKSPACE_MB"), std::string::npos);
+  }
+  ASSERT_EQ(unsetenv("KILN_ATTENTION_WORKSPACE_MB"), 0);
+}
+
 TEST_P(TransformerGpu, TransformerBlocksMatchCpu) {
   DType dt = GetParam();
   std::uint64_t seed = fresh_seed();
