@@ -180,9 +180,10 @@ void execute(const fe::graph::Graph& g, std::unordered_map<TensorRef, void*>& pa
              std::string("cuDNN fused attention ") + what + " failed: " + status.get_message());
 }
 
-void* at(const Tensor& t, std::int64_t columns) {
+// The address of column `index` of row 0 of a row-major tensor (q, k or v within packed rows).
+void* column(const Tensor& t, std::int64_t index) {
   return const_cast<char*>(static_cast<const char*>(t.data())) +
-         columns * static_cast<std::int64_t>(dtype_size(t.dtype()));
+         index * static_cast<std::int64_t>(dtype_size(t.dtype()));
 }
 
 }  // namespace
@@ -193,9 +194,9 @@ bool cudnn_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t
   AttentionGraphs& a = graphs_for(qkv, batch, heads);
   if (!a.supported) return false;
   const std::int64_t e = qkv.size(1) / 3;
-  std::unordered_map<TensorRef, void*> pack{{a.q, at(qkv, 0)},
-                                            {a.k, at(qkv, e)},
-                                            {a.v, at(qkv, 2 * e)},
+  std::unordered_map<TensorRef, void*> pack{{a.q, column(qkv, 0)},
+                                            {a.k, column(qkv, e)},
+                                            {a.v, column(qkv, 2 * e)},
                                             {a.o, out.data()},
                                             {a.stats, lse.data()}};
   execute(*a.forward, pack, a.forward_workspace, qkv.device(), "forward");
@@ -209,9 +210,9 @@ void cudnn_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor
   KILN_CHECK(a.supported, "cuDNN fused attention backward without its forward: " + a.reason);
   const std::int64_t e = qkv.size(1) / 3;
   std::unordered_map<TensorRef, void*> pack{
-      {a.bq, at(qkv, 0)},  {a.bk, at(qkv, e)},   {a.bv, at(qkv, 2 * e)},
-      {a.bo, at(out, 0)},  {a.bdo, at(dout, 0)}, {a.bstats, at(lse, 0)},
-      {a.dq, dqkv.data()}, {a.dk, at(dqkv, e)},  {a.dv, at(dqkv, 2 * e)}};
+      {a.bq, column(qkv, 0)}, {a.bk, column(qkv, e)},   {a.bv, column(qkv, 2 * e)},
+      {a.bo, column(out, 0)}, {a.bdo, column(dout, 0)}, {a.bstats, column(lse, 0)},
+      {a.dq, dqkv.data()},    {a.dk, column(dqkv, e)},  {a.dv, column(dqkv, 2 * e)}};
   execute(*a.backward, pack, a.backward_workspace, qkv.device(), "backward");
 }
 
