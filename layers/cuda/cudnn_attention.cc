@@ -197,8 +197,8 @@ bool cudnn_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t
   std::unordered_map<TensorRef, void*> pack{{a.q, column(qkv, 0)},
                                             {a.k, column(qkv, e)},
                                             {a.v, column(qkv, 2 * e)},
-                                            {a.o, out.data()},
-                                            {a.stats, lse.data()}};
+                                            {a.o, column(out, 0)},
+                                            {a.stats, column(lse, 0)}};
   execute(*a.forward, pack, a.forward_workspace, qkv.device(), "forward");
   return true;
 }
@@ -210,9 +210,9 @@ void cudnn_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor
   KILN_CHECK(a.supported, "cuDNN fused attention backward without its forward: " + a.reason);
   const std::int64_t e = qkv.size(1) / 3;
   std::unordered_map<TensorRef, void*> pack{
-      {a.bq, column(qkv, 0)}, {a.bk, column(qkv, e)},   {a.bv, column(qkv, 2 * e)},
-      {a.bo, column(out, 0)}, {a.bdo, column(dout, 0)}, {a.bstats, column(lse, 0)},
-      {a.dq, dqkv.data()},    {a.dk, column(dqkv, e)},  {a.dv, column(dqkv, 2 * e)}};
+      {a.bq, column(qkv, 0)},  {a.bk, column(qkv, e)},   {a.bv, column(qkv, 2 * e)},
+      {a.bo, column(out, 0)},  {a.bdo, column(dout, 0)}, {a.bstats, column(lse, 0)},
+      {a.dq, column(dqkv, 0)}, {a.dk, column(dqkv, e)},  {a.dv, column(dqkv, 2 * e)}};
   execute(*a.backward, pack, a.backward_workspace, qkv.device(), "backward");
 }
 

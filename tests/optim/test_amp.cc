@@ -15,6 +15,7 @@
 #include "core/ops.h"
 #include "optim/amp/amp.h"
 #include "optim/schedule.h"
+#include "tests/optim/option_presets.h"
 
 namespace kiln::optim {
 namespace {
@@ -367,30 +368,18 @@ void check_o2_unscale_in_optimizer_all(OptimizerOptions o) {
 }
 
 TEST(MixedPrecision, O2UnscaleInOptimizerIsBitExactSgd) {
-  OptimizerOptions o;
-  o.kind = OptimizerKind::SGD;
-  o.lr = 0.05;
-  o.momentum = 0.9;
-  o.weight_decay = 0.01;
-  check_o2_unscale_in_optimizer_all(o);
+  check_o2_unscale_in_optimizer_all(presets::sgd_momentum_options());
 }
 
 TEST(MixedPrecision, O2UnscaleInOptimizerIsBitExactAdamW) {
-  OptimizerOptions o;
-  o.lr = 1e-3;
-  o.weight_decay = 0.01;
+  OptimizerOptions o = presets::adamw_options();
   check_o2_unscale_in_optimizer_all(o);
   o.amsgrad = true;
   check_o2_unscale_in_optimizer_all(o);
 }
 
 TEST(MixedPrecision, O2UnscaleInOptimizerIsBitExactLamb) {
-  OptimizerOptions o;
-  o.kind = OptimizerKind::LAMB;
-  o.lr = 2e-3;
-  o.eps = 1e-6;
-  o.weight_decay = 0.01;
-  check_o2_unscale_in_optimizer_all(o);
+  check_o2_unscale_in_optimizer_all(presets::lamb_options());
 }
 
 // Optimizer::step's grad_unscale on its own: half gradients read with a factor equal the fp32

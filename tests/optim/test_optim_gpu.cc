@@ -14,6 +14,7 @@
 #include "core/allocator.h"
 #include "core/ops.h"
 #include "optim/amp/amp.h"
+#include "tests/optim/option_presets.h"
 
 namespace kiln::optim {
 namespace {
@@ -124,12 +125,8 @@ void compare_optimizer(OptimizerOptions o, int steps) {
 }
 
 TEST_F(OptimGpu, SgdMatchesCpuOver100Steps) {
-  OptimizerOptions o;
-  o.kind = OptimizerKind::SGD;
-  o.lr = 0.05;
-  o.momentum = 0.9;
+  OptimizerOptions o = presets::sgd_momentum_options();
   o.nesterov = true;
-  o.weight_decay = 0.01;
   o.groups = {{"layer2.*", 0.5, -1.0}};
   compare_optimizer(o, 100);
   o.nesterov = false;
@@ -139,9 +136,7 @@ TEST_F(OptimGpu, SgdMatchesCpuOver100Steps) {
 }
 
 TEST_F(OptimGpu, AdamWMatchesCpuOver100Steps) {
-  OptimizerOptions o;
-  o.lr = 1e-3;
-  o.weight_decay = 0.01;
+  OptimizerOptions o = presets::adamw_options();
   compare_optimizer(o, 100);
   o.amsgrad = true;
   o.max_grad_norm = 1.0;
@@ -149,11 +144,7 @@ TEST_F(OptimGpu, AdamWMatchesCpuOver100Steps) {
 }
 
 TEST_F(OptimGpu, LambMatchesCpuOver100Steps) {
-  OptimizerOptions o;
-  o.kind = OptimizerKind::LAMB;
-  o.lr = 2e-3;
-  o.eps = 1e-6;
-  o.weight_decay = 0.01;
+  OptimizerOptions o = presets::lamb_options();
   o.max_grad_norm = 1.0;
   compare_optimizer(o, 100);
   o.bias_correction = false;
@@ -331,28 +322,16 @@ void compare_o2_unscale_in_optimizer_all(OptimizerOptions o) {
 }
 
 TEST_F(OptimGpu, O2UnscaleInOptimizerSgd) {
-  OptimizerOptions o;
-  o.kind = OptimizerKind::SGD;
-  o.lr = 0.05;
-  o.momentum = 0.9;
-  o.weight_decay = 0.01;
-  compare_o2_unscale_in_optimizer_all(o);
+  compare_o2_unscale_in_optimizer_all(presets::sgd_momentum_options());
 }
 
 TEST_F(OptimGpu, O2UnscaleInOptimizerAdamW) {
-  OptimizerOptions o;
-  o.lr = 1e-3;
-  o.weight_decay = 0.01;
+  OptimizerOptions o = presets::adamw_options();
   compare_o2_unscale_in_optimizer_all(o);
 }
 
 TEST_F(OptimGpu, O2UnscaleInOptimizerLamb) {
-  OptimizerOptions o;
-  o.kind = OptimizerKind::LAMB;
-  o.lr = 2e-3;
-  o.eps = 1e-6;
-  o.weight_decay = 0.01;
-  compare_o2_unscale_in_optimizer_all(o);
+  compare_o2_unscale_in_optimizer_all(presets::lamb_options());
 }
 
 // Device memory: O2 with AdamW holds per half parameter the fp32 master and two moments (no fp32
