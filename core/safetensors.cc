@@ -8,6 +8,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/file_kind.h"
+
 namespace kiln {
 namespace {
 
@@ -226,6 +228,7 @@ void write_file_atomically(const std::string& path, const std::string& bytes) {
 }
 
 std::string read_file(const std::string& path) {
+  require_regular_file(path, "a file Kiln reads");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open (" + std::strerror(errno) + ")");
   std::ostringstream os;

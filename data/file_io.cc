@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "core/check.h"
+#include "core/file_kind.h"
 
 namespace kiln::data {
 
@@ -93,7 +94,7 @@ std::vector<std::uint8_t> read_gzip(const std::string& path) {
 }  // namespace
 
 std::vector<std::uint8_t> read_file(const std::string& path) {
-  if (is_directory(path)) throw_file_error(path, "is a directory, expected a file");
+  require_regular_file(path, "a data file");
   std::unique_ptr<std::FILE, FileCloser> file(std::fopen(path.c_str(), "rb"));
   if (!file) throw_file_error(path, "cannot open: " + errno_text());
   unsigned char magic[2] = {0, 0};

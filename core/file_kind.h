@@ -1,0 +1,22 @@
+#pragma once
+// What a path is, checked before Kiln reads it: a user who points a weights, data, config or
+// checkpoint path at /dev/zero, a FIFO or a directory gets a message saying so, not an endless
+// read or a misleading "truncated file".
+
+#include <string>
+
+namespace kiln {
+
+// "a regular file", "a directory", "a character device", "a FIFO", "a socket",
+// "a block device", "a broken symbolic link", "nothing (no such file or directory)".
+std::string describe_file_kind(const std::string& path);
+
+// Throws InputError "<path>: <what> must be a regular file, but it is <kind>" unless `path`
+// (after following symbolic links) is a regular file. `what` names the role: "the experiment",
+// "model.init_from".
+void require_regular_file(const std::string& path, const std::string& what);
+
+// The same for a directory.
+void require_directory(const std::string& path, const std::string& what);
+
+}  // namespace kiln
