@@ -30,6 +30,13 @@ std::string this_host() {
   return buf;
 }
 
+bool launcher_in_environment() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"}) {
+    if (std::getenv(name) != nullptr) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 std::string mpi_error_string(int code) {
@@ -75,6 +82,7 @@ const World& init_world(int* argc, char*** argv, double init_timeout_s) {
   if (g_world_ready) return g_world;
   int initialised = 0;
   KILN_MPI_CHECK(MPI_Initialized(&initialised));
+  const bool under_launcher = launcher_in_environment();
   if (!initialised) {
     // A singleton MPI_Init (no mpirun) can hang when the runtime cannot start its helper
     // daemon; a watch turns that into an exit with a message.
@@ -98,6 +106,7 @@ const World& init_world(int* argc, char*** argv, double init_timeout_s) {
   KILN_MPI_CHECK(MPI_Comm_size(local, &w.local_size));
   KILN_MPI_CHECK(MPI_Comm_free(&local));
   w.host = this_host();
+  w.under_launcher = under_launcher || w.size > 1;
   set_process_identity(w.rank, w.size);
   Watchdog::instance().set_rank(w.rank);
   g_world = w;

@@ -15,6 +15,9 @@ struct World {
   int local_rank = 0;  // among the ranks on this host
   int local_size = 1;
   std::string host;
+  // Started by a launcher (mpirun, srun, a PMI): read from the environment before MPI_Init, since
+  // the singleton MPI_Init of a plain `kiln` sets the same OMPI_* variables mpirun does.
+  bool under_launcher = false;
 };
 
 // Initialises MPI (unless the program already did; thread level FUNNELED), sets

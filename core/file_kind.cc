@@ -56,18 +56,30 @@ std::string describe_file_kind(const std::string& path) {
   return description;
 }
 
+namespace {
+
+[[noreturn]] void refuse(const std::string& path, const std::string& what, const char* wanted,
+                         const std::string& description) {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0) {
+    throw InputError(path + ": cannot open " + what + ": " + description);
+  }
+  throw InputError(path + ": " + what + " must be " + wanted + ", but it is " + description);
+}
+
+}  // namespace
+
 void require_regular_file(const std::string& path, const std::string& what) {
   std::string description;
   if (kind_of(path, description) != Kind::kRegular) {
-    throw InputError(path + ": " + what + " must be a regular file, but it is " + description);
+    refuse(path, what, "a regular file", description);
   }
 }
 
 void require_directory(const std::string& path, const std::string& what) {
   std::string description;
-  if (kind_of(path, description) != Kind::kDirectory) {
-    throw InputError(path + ": " + what + " must be a directory, but it is " + description);
-  }
+  if (kind_of(path, description) != Kind::kDirectory)
+    refuse(path, what, "a directory", description);
 }
 
 }  // namespace kiln

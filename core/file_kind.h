@@ -12,8 +12,8 @@ namespace kiln {
 std::string describe_file_kind(const std::string& path);
 
 // Throws InputError "<path>: <what> must be a regular file, but it is <kind>" unless `path`
-// (after following symbolic links) is a regular file. `what` names the role: "the experiment",
-// "model.init_from".
+// (after following symbolic links) is a regular file; "<path>: cannot open <what>: nothing (no
+// such file or directory)" when there is nothing there. `what` names the role: "a data file".
 void require_regular_file(const std::string& path, const std::string& what);
 
 // The same for a directory.

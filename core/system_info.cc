@@ -81,4 +81,24 @@ SystemInfo collect_system_info() {
   return info;
 }
 
+double dense_half_peak_flops(const std::string& gpu_name) {
+  struct Peak {
+    const char* name;
+    double flops;
+  };
+  static const Peak table[] = {
+      {"H200", 989e12}, {"H100", 989e12}, {"4090", 165e12}, {"A100", 312e12}};
+  for (const Peak& peak : table) {
+    if (gpu_name.find(peak.name) != std::string::npos) return peak.flops;
+  }
+  return 0;
+}
+
+double dense_half_peak_flops(int device_index) {
+  for (const GpuInfo& gpu : collect_system_info().gpus) {
+    if (gpu.index == device_index) return dense_half_peak_flops(gpu.name);
+  }
+  return 0;
+}
+
 }  // namespace kiln

@@ -34,6 +34,12 @@ struct SystemInfo {
 };
 
 SystemInfo collect_system_info();
+
+// Dense fp16/bf16 tensor-core peak in FLOP/s of a GPU by its name (the datasheet figure; used
+// for MFU), or 0 for a GPU not in the table.
+double dense_half_peak_flops(const std::string& gpu_name);
+// The same for the visible GPU `device_index`; 0 without CUDA or for an unknown GPU.
+double dense_half_peak_flops(int device_index);
 const char* kiln_version();
 
 }  // namespace kiln

@@ -179,8 +179,9 @@ void ProgressBar::update(std::int64_t done, const std::string& suffix) {
   int filled = total_ > 0 ? static_cast<int>(width * static_cast<double>(done) / total_) : 0;
   std::string bar(filled, '#');
   bar += std::string(width - filled, '.');
-  std::printf("\r[%s] %lld/%lld ETA %s %s\033[K", bar.c_str(), static_cast<long long>(done),
-              static_cast<long long>(total_), format_duration(eta).c_str(), suffix.c_str());
+  std::printf("\r[%s] %lld/%lld %s ETA %s %s\033[K", bar.c_str(), static_cast<long long>(done),
+              static_cast<long long>(total_), format_duration(elapsed).c_str(),
+              format_duration(eta).c_str(), suffix.c_str());
   std::fflush(stdout);
 }
 

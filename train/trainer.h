@@ -2,7 +2,9 @@
 // The training loop: builds the model, data, optimizer (with mixed precision), data parallelism
 // and checkpoints from an Experiment, then trains with gradient accumulation, evaluates every K
 // steps and at the end, logs (rank 0: terminal, JSONL, TensorBoard), saves checkpoints and stops
-// cleanly on SIGTERM (preemption) after committing one.
+// cleanly on SIGTERM or SIGUSR1 (preemption, train/preemption.h) after committing one. Its parts:
+// run_setup (device, process settings, data options), parameter_loader (init_from and resume),
+// metrics_sink (every report), fault_injection (reliability tests), benchmark.cc.
 
 #include <atomic>
 #include <cstdint>
@@ -11,6 +13,7 @@
 
 #include "comm/world.h"
 #include "configs/kiln.pb.h"
+#include "train/preemption.h"
 
 namespace kiln::train {
 
@@ -78,15 +81,11 @@ class Trainer {
   // forward and backward time of each top-level layer from CUDA events.
   BenchResult benchmark(int warmup, int steps, bool profile);
 
-  // Set from a signal handler: finish the current step, checkpoint, stop.
-  static std::atomic<bool>& stop_requested();
+  // The state the trainer's parts share (train/trainer_state.h; not for users).
+  struct State;
 
  private:
-  struct State;
   std::unique_ptr<State> s_;
 };
-
-// Installs SIGTERM/SIGINT handlers that set Trainer::stop_requested().
-void install_preemption_handlers();
 
 }  // namespace kiln::train

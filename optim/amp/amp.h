@@ -180,7 +180,8 @@ class MixedPrecisionOptimizer {
 struct GradientAccumulation {
   explicit GradientAccumulation(int micro_batches);
   int micro_batches;
-  double loss_factor() const { return 1.0 / micro_batches; }
+  // What each micro-batch's loss gradient is multiplied by: the loss scale over the micro-batches.
+  double loss_factor(double loss_scale = 1.0) const { return loss_scale / micro_batches; }
   bool is_first(int micro_batch) const { return micro_batch == 0; }
   bool is_last(int micro_batch) const { return micro_batch == micro_batches - 1; }
 };

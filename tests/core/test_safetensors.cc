@@ -74,6 +74,11 @@ TEST(Safetensors, CorruptFilesAreRefusedWithTheFileNamed) {
   EXPECT_NE(m.find("header claims"), std::string::npos) << m;
   m = expect_input_error(temp_path("missing"));
   EXPECT_NE(m.find("cannot open"), std::string::npos) << m;
+  // Not a file: an endless device is refused before a byte is read, a directory said to be one.
+  m = expect_input_error("/dev/zero");
+  EXPECT_NE(m.find("must be a regular file, but it is a character device"), std::string::npos) << m;
+  m = expect_input_error("/tmp");
+  EXPECT_NE(m.find("must be a regular file, but it is a directory"), std::string::npos) << m;
   std::remove(path.c_str());
 }
 

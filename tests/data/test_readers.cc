@@ -126,6 +126,11 @@ TEST(IdxReader, WrongMagicEmptyAndMissing) {
                      {dir.file("short"), "truncated idx header"});
   expect_input_error([&] { load_idx_dataset(dir.file("absent"), dir.file("lbl"), 3, {}); },
                      {dir.file("absent"), "cannot open"});
+  // What is not a regular file is refused before it is read (/dev/zero would never end).
+  expect_input_error([&] { load_idx_dataset("/dev/zero", dir.file("lbl"), 3, {}); },
+                     {"/dev/zero", "must be a regular file, but it is a character device"});
+  expect_input_error([&] { load_idx_dataset(dir.path(), dir.file("lbl"), 3, {}); },
+                     {dir.path(), "must be a regular file, but it is a directory"});
   expect_input_error([&] { load_mnist_dir(dir.path(), "train", {}); },
                      {"train-images-idx3-ubyte[.gz]", "no such file"});
 }

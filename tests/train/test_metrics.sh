@@ -31,3 +31,11 @@ for (s, v), r in zip(tb, train):
 print("metrics ok:", len(train), "train records,", len(evals), "eval records, tags", sorted(tags))
 PY
 pass "JSONL and TensorBoard metrics"
+
+# logging.dir is created without a shell: quotes, spaces, ';' and $(...) are just characters.
+odd="$WORK/run's dir; \$(touch $WORK/pwned) \`touch $WORK/pwned2\`"
+( cd "$WORK" && "$KILN" train --config "$TINY" --set train.steps=2 --set logging.dir="$odd" > "$WORK/odd.log" 2>&1 ) \
+  || { cat "$WORK/odd.log"; fail "run with an odd logging.dir"; }
+[ -f "$odd/metrics.jsonl" ] || { ls -la "$WORK"; fail "metrics.jsonl not in the directory named by logging.dir"; }
+[ ! -e "$WORK/pwned" ] && [ ! -e "$WORK/pwned2" ] || fail "a shell ran a command from logging.dir"
+pass "logging.dir with a quote, spaces, ';' and \$(...) is created as named"

@@ -1,0 +1,137 @@
+#include "train/metrics_sink.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <system_error>
+
+#include "core/allocator.h"
+#include "core/check.h"
+#include "core/nvml.h"
+
+namespace kiln::train {
+
+MetricsSink::MetricsSink(const MetricsSinkOptions& options) : options_(options) {
+  if (!options_.active) return;
+  std::error_code error;
+  std::filesystem::create_directories(options_.dir, error);
+  if (error || !std::filesystem::is_directory(options_.dir)) {
+    throw InputError("logging.dir " + options_.dir + ": cannot create the directory (" +
+                     (error ? error.message() : "a file of that name exists") + ")");
+  }
+  if (options_.jsonl) {
+    jsonl_ = std::make_unique<JsonlWriter>(options_.dir + "/metrics.jsonl", options_.append);
+  }
+  if (options_.tensorboard) tensorboard_ = std::make_unique<TensorBoardWriter>(options_.dir);
+  if (options_.print && options_.progress) {
+    bar_ = std::make_unique<ProgressBar>(options_.total_steps, true);
+    redraw_ = std::thread([this] { redraw_every_second(); });
+  }
+}
+
+MetricsSink::~MetricsSink() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+    stop_redraw_.notify_all();
+  }
+  if (redraw_.joinable()) redraw_.join();
+}
+
+void MetricsSink::redraw_every_second() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    stop_redraw_.wait_for(lock, std::chrono::milliseconds(200));
+    if (!stopping_ && bar_started_) draw_bar(std::chrono::milliseconds(1000));
+  }
+}
+
+void MetricsSink::draw_bar(std::chrono::milliseconds unless_drawn_within) {
+  const auto now = std::chrono::steady_clock::now();
+  if (bar_on_line_ && now - last_draw_ < unless_drawn_within) return;
+  bar_->update(bar_step_, bar_text_);
+  bar_on_line_ = true;
+  last_draw_ = now;
+}
+
+std::string MetricsSink::device_readings(Record& record) const {
+  if (!options_.device.is_cuda()) return "";
+  const AllocatorStats a = cuda_allocator(options_.device.index).stats();
+  record.emplace_back("memory_allocated_bytes", static_cast<double>(a.allocated_bytes));
+  record.emplace_back("memory_reserved_bytes", static_cast<double>(a.reserved_bytes));
+  record.emplace_back("memory_fragmentation", a.fragmentation());
+  std::string text = " mem " + format_bytes(a.allocated_bytes) + "/" +
+                     format_bytes(a.reserved_bytes) + " frag " +
+                     std::to_string(static_cast<int>(100 * a.fragmentation())) + "%";
+  if (auto gpu = NvmlSampler::instance().sample(options_.device.index)) {
+    record.emplace_back("gpu_temperature_c", gpu->temperature_c);
+    record.emplace_back("gpu_power_w", gpu->power_w);
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), " %.0fC %.0fW", gpu->temperature_c, gpu->power_w);
+    text += buf;
+  }
+  return text;
+}
+
+void MetricsSink::write(RecordKind kind, std::int64_t step, Record record, const std::string& line,
+                        const std::string& bar_text) {
+  if (!options_.active) return;
+  const std::string readings = device_readings(record);
+  const bool train = kind == RecordKind::kTrain;
+  if (jsonl_) {
+    Record keyed = {{"step", static_cast<double>(step)}};
+    for (const auto& [key, value] : record) keyed.emplace_back(train ? key : "eval_" + key, value);
+    jsonl_->write(keyed);
+  }
+  if (tensorboard_) {
+    for (const auto& [key, value] : record) {
+      tensorboard_->scalar((train ? "train/" : "eval/") + key, value, step);
+    }
+    tensorboard_->flush();
+  }
+  if (train && bar_) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    bar_text_ = bar_text;
+    bar_step_ = step;
+    draw_bar(std::chrono::milliseconds(0));
+    return;
+  }
+  if (!line.empty()) print(line + readings);
+}
+
+void MetricsSink::begin(std::int64_t step) {
+  if (!options_.active || !bar_) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  bar_step_ = step;
+  bar_started_ = true;
+  draw_bar(std::chrono::milliseconds(0));
+}
+
+void MetricsSink::tick(std::int64_t step) {
+  if (!options_.active || !bar_) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  bar_step_ = step;
+  draw_bar(std::chrono::milliseconds(250));
+}
+
+void MetricsSink::print(const std::string& line) {
+  if (!options_.active || !options_.print) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (bar_on_line_) {
+    std::printf("\n");
+    bar_on_line_ = false;
+  }
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+void MetricsSink::finish() {
+  if (!options_.active || !bar_) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  stopping_ = true;
+  stop_redraw_.notify_all();
+  if (!bar_on_line_) return;
+  bar_->finish();
+  bar_on_line_ = false;
+}
+
+}  // namespace kiln::train

@@ -1,0 +1,74 @@
+#pragma once
+// Where every report of a run goes, written once for train and eval records alike: the log line
+// (or the progress bar on a terminal), metrics.jsonl, TensorBoard, with the device's memory and
+// NVML readings added on CUDA. Only rank 0 writes; on other ranks every call does nothing.
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "core/device.h"
+#include "train/metrics.h"
+
+namespace kiln::train {
+
+struct MetricsSinkOptions {
+  bool active = false;    // rank 0
+  bool print = true;      // log lines (false: quiet)
+  bool progress = false;  // a progress bar instead of per-interval train lines
+  std::string dir;        // logging.dir, created if missing
+  bool jsonl = true;
+  bool tensorboard = false;
+  bool append = false;  // resuming: metrics.jsonl continues
+  std::int64_t total_steps = 0;
+  Device device = Device::cpu();
+};
+
+enum class RecordKind { kTrain, kEval };
+
+class MetricsSink {
+ public:
+  explicit MetricsSink(const MetricsSinkOptions& options);
+  ~MetricsSink();
+
+  // Adds the memory and NVML fields (CUDA), then writes `record` at `step`: JSONL keys as given
+  // for train and prefixed "eval_" for eval, TensorBoard tags "train/<key>" or "eval/<key>", and
+  // `line` with the memory and NVML text on the terminal. A train record with the bar on moves
+  // the bar instead (its suffix: `bar_text`).
+  void write(RecordKind kind, std::int64_t step, Record record, const std::string& line,
+             const std::string& bar_text = "");
+  // Training starts (or resumes) at `step`: the bar starts counting from here.
+  void begin(std::int64_t step);
+  // After every step: redraws the bar when it has not moved for a quarter second. A thread also
+  // redraws it (elapsed time, ETA) every second while a long step runs.
+  void tick(std::int64_t step);
+  // A message line (checkpoints, resume, warnings), kept clear of the bar.
+  void print(const std::string& line);
+  void finish();  // ends the bar's line
+
+ private:
+  std::string device_readings(Record& record) const;
+  void draw_bar(std::chrono::milliseconds unless_drawn_within);  // with mutex_ held
+  void redraw_every_second();
+  MetricsSinkOptions options_;
+  std::unique_ptr<JsonlWriter> jsonl_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
+  std::unique_ptr<ProgressBar> bar_;
+  // Terminal output from the training thread and the redraw thread, one at a time.
+  std::mutex mutex_;
+  std::condition_variable stop_redraw_;
+  bool stopping_ = false;
+  std::string bar_text_;
+  std::int64_t bar_step_ = 0;
+  bool bar_started_ = false;
+  std::chrono::steady_clock::time_point last_draw_{};
+  bool bar_on_line_ = false;
+  std::thread redraw_;
+};
+
+}  // namespace kiln::train

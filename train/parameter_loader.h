@@ -1,0 +1,26 @@
+#pragma once
+// Loads a model's parameters and buffers from tensors named as Kiln saves them (PyTorch's
+// names): one path for `model.init_from` and for resuming from a checkpoint.
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "layers/layer.h"
+
+namespace kiln::train {
+
+struct NamedTensorSource {
+  std::string file;  // for messages: the safetensors file
+  const std::map<std::string, Tensor>* tensors = nullptr;
+  std::string what;  // why it may not fit: "(a checkpoint of ...)"
+};
+
+// Copies every parameter from `source` (each must be present with the model's shape; InputError
+// naming the file and tensor otherwise). Buffers (batch norm's running statistics) are copied
+// where present with the same shape; with `buffers_required` a missing one is an error too.
+void load_named_tensors(const NamedTensorSource& source, const std::vector<Parameter*>& parameters,
+                        const std::vector<Buffer*>& buffers, bool buffers_required);
+
+}  // namespace kiln::train

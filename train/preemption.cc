@@ -1,0 +1,84 @@
+#include "train/preemption.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+
+namespace kiln::train {
+namespace {
+
+std::atomic<bool> g_stop{false};
+std::atomic<int> g_signal{0};
+
+extern "C" void on_stop_signal(int signal_number) {
+  g_signal = signal_number;
+  g_stop = true;
+}
+
+}  // namespace
+
+void install_preemption_handlers() {
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGUSR1, &action, nullptr);
+}
+
+std::atomic<bool>& stop_requested() {
+  return g_stop;
+}
+
+std::string stop_signal_name() {
+  switch (g_signal.load()) {
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGUSR1:
+      return "SIGUSR1";
+    case SIGINT:
+      return "SIGINT";
+    case 0:
+      return "";
+    default:
+      return "signal " + std::to_string(g_signal.load());
+  }
+}
+
+PreemptionDeadline::PreemptionDeadline(int grace_s)
+    : grace_s_(grace_s), thread_([this] { watch(); }) {}
+
+PreemptionDeadline::~PreemptionDeadline() {
+  finish();
+  thread_.join();
+}
+
+void PreemptionDeadline::finish() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  finished_ = true;
+  wake_.notify_all();
+}
+
+void PreemptionDeadline::watch() {
+  using namespace std::chrono_literals;
+  std::unique_lock<std::mutex> lock(mutex_);
+  // A signal handler cannot notify a condition variable: poll the flag a few times a second.
+  while (!finished_ && !g_stop.load()) wake_.wait_for(lock, 100ms);
+  if (finished_) return;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(grace_s_);
+  wake_.wait_until(lock, deadline, [this] { return finished_; });
+  if (finished_) return;
+  std::fprintf(stderr,
+               "kiln: %s: the step and its checkpoint did not finish within "
+               "train.preemption_grace_s = %d s; exiting without a new checkpoint (the last "
+               "complete one is kept). Raise train.preemption_grace_s, or send the signal "
+               "earlier (sbatch --signal=USR1@SECONDS)\n",
+               stop_signal_name().c_str(), grace_s_);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
+}  // namespace kiln::train

@@ -1,0 +1,45 @@
+#pragma once
+// Stopping early on a cluster's request: SIGTERM (preemption) or SIGUSR1 (Slurm's warning before
+// the time limit) asks the trainer to finish its step, write a checkpoint and stop. The request
+// comes with a deadline, train.preemption_grace_s: a process that has not finished by then exits
+// on its own, so the scheduler's SIGKILL never lands in the middle of a checkpoint it trusts.
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace kiln::train {
+
+// Installs the SIGTERM and SIGUSR1 handlers (idempotent).
+void install_preemption_handlers();
+
+// Set by the handlers; the trainer reads it once per step.
+std::atomic<bool>& stop_requested();
+// The signal that asked, for messages ("SIGTERM", "SIGUSR1"), or "" when none has.
+std::string stop_signal_name();
+
+// Watches for a stop request while alive. From the moment one arrives, the process has
+// `grace_s` seconds until finish() is called; past that it prints why and exits with code 1.
+// grace_s = 0 exits at once (no checkpoint is attempted).
+class PreemptionDeadline {
+ public:
+  explicit PreemptionDeadline(int grace_s);
+  ~PreemptionDeadline();
+  PreemptionDeadline(const PreemptionDeadline&) = delete;
+  PreemptionDeadline& operator=(const PreemptionDeadline&) = delete;
+
+  // The checkpoint is written (or the run ended): the deadline no longer applies.
+  void finish();
+
+ private:
+  void watch();
+  int grace_s_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool finished_ = false;
+  std::thread thread_;
+};
+
+}  // namespace kiln::train

@@ -1,0 +1,114 @@
+#include "train/run_setup.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "core/allocator.h"
+#include "layers/conv2d.h"
+
+namespace kiln::train {
+
+Device choose_device(const config::TrainConfig& train, const World& world) {
+  const bool want_cuda = train.device() == config::TrainConfig::CUDA ||
+                         (train.device() == config::TrainConfig::AUTO && cuda_device_count() > 0);
+  return want_cuda ? select_local_device(world) : Device::cpu();
+}
+
+void configure_process(const config::Experiment& experiment, Device device) {
+  const config::TrainConfig& t = experiment.train();
+  if (t.deterministic()) {
+    // Fixed reduction orders: cuBLAS workspace config, ring all-reduce, deterministic cuDNN.
+    setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);
+    setenv("NCCL_ALGO", "Ring", 0);
+  }
+  ConvAlgorithmOptions conv = default_conv_algorithm_options();
+  conv.deterministic = t.deterministic();
+  conv.search = t.deterministic() ? ConvAlgorithmSearch::Heuristic : ConvAlgorithmSearch::Benchmark;
+  set_default_conv_algorithm_options(conv);
+  if (t.max_memory_mb() > 0) {
+    const std::size_t limit = static_cast<std::size_t>(t.max_memory_mb()) << 20;
+    (device.is_cuda() ? cuda_allocator(device.index) : host_allocator()).set_memory_limit(limit);
+  }
+}
+
+bool progress_bar_wanted(const config::LoggingConfig& logging, const World& world) {
+  switch (logging.progress()) {
+    case config::LoggingConfig::ON:
+      return true;
+    case config::LoggingConfig::OFF:
+      return false;
+    default:
+      // mpirun gives ranks a pseudo-terminal, so isatty() alone would draw bars into job logs.
+      return isatty(STDOUT_FILENO) && !world.under_launcher;
+  }
+}
+
+std::string dataset_kind(const config::Experiment& e, const Model& model) {
+  switch (e.data().kind()) {
+    case config::DataConfig::FASHION_MNIST:
+      return "fashion_mnist";
+    case config::DataConfig::CIFAR10:
+      return "cifar10";
+    case config::DataConfig::TOKENS:
+      return "tokens_mlm";
+    case config::DataConfig::JPEG_FOLDER:
+      return "jpeg_folder";
+    case config::DataConfig::SYNTHETIC:
+      return model.input_dtype == DType::I64 ? "synthetic_tokens" : "synthetic_images";
+    default:
+      return "?";
+  }
+}
+
+data::DatasetOptions dataset_options(const config::Experiment& e, const Model& model) {
+  data::DatasetOptions o;
+  o.seed = e.train().seed();
+  o.num_classes = model.num_outputs;
+  if (model.input_dtype == DType::I64) {
+    o.seq_len = model.sample_shape.at(0);
+    o.vocab_size = model.num_outputs;
+    o.masking.mask_prob = e.data().mlm_probability();
+    o.masking.mask_token_id = 103;  // BERT's [MASK]
+  } else if (model.sample_shape.size() == 3) {
+    o.channels = static_cast<int>(model.sample_shape[0]);
+    o.height = static_cast<int>(model.sample_shape[1]);
+    o.width = static_cast<int>(model.sample_shape[2]);
+  }
+  const config::AugmentationConfig& a = e.data().augmentation();
+  const bool any_augmentation =
+      a.random_crop_padding() > 0 || a.horizontal_flip() || a.normalize_mean_size() > 0;
+  if (any_augmentation) {
+    data::ImageAugment augment;
+    augment.crop_padding = a.random_crop_padding();
+    augment.horizontal_flip = a.horizontal_flip();
+    if (a.normalize_mean_size() > 0) {
+      augment.normalization.mean.assign(a.normalize_mean().begin(), a.normalize_mean().end());
+      augment.normalization.stddev.assign(a.normalize_std().begin(), a.normalize_std().end());
+    }
+    o.image_augment = augment;
+  }
+  if (e.data().on_corrupt_image() == config::DataConfig::SKIP) {
+    o.jpeg.on_corrupt = data::CorruptImagePolicy::kSkip;
+  }
+  if (model.sample_shape.size() == 3) o.jpeg.image_size = static_cast<int>(model.sample_shape[1]);
+  return o;
+}
+
+data::LoaderOptions loader_options(const config::Experiment& e, const config::BatchPlan& plan,
+                                   const World& world, Device device) {
+  data::LoaderOptions lo;
+  lo.batch_size = plan.per_gpu;
+  lo.workers = e.data().workers();
+  lo.prefetch = e.data().prefetch();
+  lo.shuffle = e.data().shuffle();
+  lo.seed = e.train().seed();
+  lo.drop_last = e.data().drop_last();
+  lo.rank = world.rank;
+  lo.world_size = world.size;
+  lo.device = device;
+  lo.train = true;
+  return lo;
+}
+
+}  // namespace kiln::train

@@ -1,0 +1,34 @@
+#pragma once
+// What a run sets up before its model exists: the device, the process-wide settings the
+// experiment asks for (determinism, algorithm search, memory limits), whether a progress bar
+// is wanted, and the data options the loader and datasets are built from.
+
+#include <string>
+
+#include "comm/world.h"
+#include "configs/experiment.h"
+#include "core/device.h"
+#include "data/factory.h"
+#include "data/loader.h"
+#include "layers/models/model.h"
+
+namespace kiln::train {
+
+// train.device: CUDA (the local rank's GPU), CPU, or AUTO (CUDA when a GPU is visible).
+Device choose_device(const config::TrainConfig& train, const World& world);
+
+// Environment for deterministic runs, convolution algorithm search, the allocator's limit.
+void configure_process(const config::Experiment& experiment, Device device);
+
+// logging.progress: ON, OFF, or AUTO = stdout is a terminal and no launcher started the process.
+bool progress_bar_wanted(const config::LoggingConfig& logging, const World& world);
+
+// The dataset kind name data::make_dataset takes, and its options, for this experiment's model.
+std::string dataset_kind(const config::Experiment& experiment, const Model& model);
+data::DatasetOptions dataset_options(const config::Experiment& experiment, const Model& model);
+// The training loader of this rank.
+data::LoaderOptions loader_options(const config::Experiment& experiment,
+                                   const config::BatchPlan& plan, const World& world,
+                                   Device device);
+
+}  // namespace kiln::train

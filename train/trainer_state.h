@@ -1,0 +1,57 @@
+#pragma once
+// The trainer's state, shared by its parts (trainer.cc: set-up, the step, train and evaluate;
+// benchmark.cc). Not part of the public interface.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/data_parallel.h"
+#include "configs/experiment.h"
+#include "data/loader.h"
+#include "layers/models/model.h"
+#include "layers/softmax_cross_entropy.h"
+#include "optim/amp/amp.h"
+#include "train/checkpoint.h"
+#include "train/fault_injection.h"
+#include "train/metrics_sink.h"
+#include "train/step_optimizer.h"
+#include "train/trainer.h"
+
+namespace kiln::train {
+
+struct Trainer::State {
+  config::Experiment e;
+  World world;
+  TrainerOptions options;
+  Device device;
+  Model model;
+  std::vector<Parameter*> parameters;  // model.net->parameters(), listed once, not every step
+  PrecisionChoice precision;
+  config::BatchPlan plan;
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<DataParallel> dp;
+  std::unique_ptr<StepOptimizer> optimizer;
+  std::shared_ptr<data::Dataset> train_set, eval_set;
+  std::unique_ptr<data::DataLoader> loader;
+  SoftmaxCrossEntropy loss_fn;
+  std::unique_ptr<CheckpointStore> store;
+  std::unique_ptr<MetricsSink> metrics;
+  FaultInjection faults;
+  std::int64_t step = 0;        // optimizer steps completed
+  std::int64_t micro_step = 0;  // forward/backward passes completed
+  std::int64_t total_steps = 0;
+  std::int64_t skipped = 0;
+  double flops_per_sample = 0;  // forward + backward
+  double peak_flops = 0;        // the GPU's dense half-precision peak, 0 if unknown
+
+  bool rank0() const { return world.rank == 0; }
+  Context make_context(bool training) const;
+  // One optimizer step: the micro-batches' forward and backward, the all-reduce, the update.
+  StepOutcome run_step(Context& ctx, Tensor& loss_sum, std::int64_t* micro_count,
+                       std::int64_t* sample_count);
+};
+
+}  // namespace kiln::train
