@@ -38,6 +38,18 @@ MPI_Datatype mpi_transport_type(DType dtype) {
 
 }  // namespace detail
 
+const char* comm_backend_name(CommBackend backend) {
+  switch (backend) {
+    case CommBackend::Auto:
+      return "auto";
+    case CommBackend::Nccl:
+      return "nccl";
+    case CommBackend::Mpi:
+      return "mpi";
+  }
+  return "?";
+}
+
 const char* reduce_op_name(ReduceOp op) {
   return op == ReduceOp::Sum ? "sum" : "average";
 }
@@ -209,7 +221,15 @@ void Communicator::check_same_on_all_ranks(std::uint64_t value, const std::strin
 
 std::unique_ptr<Communicator> make_communicator(const World& world, Device device,
                                                 CommunicatorOptions options) {
-  if (device.is_cpu()) return std::make_unique<MpiCommunicator>(world, options);
+  if (options.backend == CommBackend::Mpi ||
+      (options.backend == CommBackend::Auto && device.is_cpu())) {
+    return std::make_unique<MpiCommunicator>(world, device, options);
+  }
+  if (device.is_cpu()) {
+    throw InputError(
+        "the NCCL backend reduces CUDA tensors; training on the CPU needs the MPI "
+        "backend (parallel.backend MPI or AUTO)");
+  }
 #if KILN_WITH_CUDA
   return std::make_unique<NcclCommunicator>(world, device, options);
 #else

@@ -3,7 +3,8 @@
 //
 // Two implementations with one interface: NcclCommunicator (CUDA tensors; NCCL bootstrapped over
 // MPI; ops enqueued on a dedicated high-priority communication stream) and MpiCommunicator (CPU
-// tensors; blocking MPI). make_communicator() picks by device.
+// tensors, or CUDA tensors staged through host memory; blocking MPI). make_communicator() picks by
+// CommunicatorOptions::backend and the device.
 //
 // Ordering. all_reduce/broadcast/all_gather/reduce_scatter are ordered with the caller's
 // current stream: they start after work already queued there and work queued there afterwards
@@ -34,8 +35,17 @@ enum class ReduceOp { Sum, Average };
 enum class HostReduceOp { Sum, Average, Max, Min };
 const char* reduce_op_name(ReduceOp op);
 
+// parallel.backend of the experiment.
+enum class CommBackend {
+  Auto,  // NCCL for CUDA tensors, MPI for CPU ones
+  Nccl,  // CUDA tensors only
+  Mpi,   // any device; CUDA tensors travel through host memory
+};
+const char* comm_backend_name(CommBackend backend);  // "auto", "nccl", "mpi"
+
 struct CommunicatorOptions {
   double timeout_s = 600.0;  // a collective not finished by then ends the process
+  CommBackend backend = CommBackend::Auto;
 };
 
 class Communicator {
@@ -107,7 +117,8 @@ class Communicator {
   std::uint64_t sequence_ = 0;
 };
 
-// A communicator over the world for tensors on `device`: NCCL for CUDA, MPI for the CPU.
+// A communicator over the world for tensors on `device`, of options.backend (Auto: NCCL for CUDA,
+// MPI for the CPU). InputError for NCCL on the CPU; Error for NCCL in a build without CUDA.
 // Collective: every rank calls it, in the same order as its other communicators.
 std::unique_ptr<Communicator> make_communicator(const World& world, Device device,
                                                 CommunicatorOptions options = {});

@@ -11,6 +11,7 @@
 #include "comm/mpi_internal.h"
 #include "comm/watchdog.h"
 #include "core/cpu/element.h"
+#include "core/stream.h"
 
 namespace kiln {
 namespace {
@@ -79,12 +80,51 @@ int int_count(std::int64_t n, const char* op) {
   return static_cast<int>(n);
 }
 
+// A host copy of a device tensor: Tensor::copy_from to the host waits for the current stream (so
+// the values are complete), the copy back is queued on it (so later work sees the result).
+Tensor to_host(const Tensor& t) {
+  Tensor host = Tensor::empty(t.shape(), t.dtype(), Device::cpu());
+  host.copy_from(t);
+  return host;
+}
+
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(const World& world, CommunicatorOptions options)
-    : Communicator(world, options) {}
+    : MpiCommunicator(world, Device::cpu(), options) {}
+
+MpiCommunicator::MpiCommunicator(const World& world, Device device, CommunicatorOptions options)
+    : Communicator(world, options), device_(device) {}
 
 void MpiCommunicator::do_all_reduce(Tensor& t, ReduceOp op) {
+  if (device_.is_cpu() || size() == 1) return host_all_reduce(t, op);
+  Tensor host = to_host(t);
+  host_all_reduce(host, op);
+  t.copy_from(host);
+}
+
+void MpiCommunicator::do_broadcast(Tensor& t, int root) {
+  if (device_.is_cpu() || size() == 1) return host_broadcast(t, root);
+  Tensor host = to_host(t);
+  host_broadcast(host, root);
+  t.copy_from(host);
+}
+
+void MpiCommunicator::do_all_gather(const Tensor& in, Tensor& out) {
+  if (device_.is_cpu()) return host_all_gather(in, out);
+  Tensor host_out = Tensor::empty(out.shape(), out.dtype(), Device::cpu());
+  host_all_gather(to_host(in), host_out);
+  out.copy_from(host_out);
+}
+
+void MpiCommunicator::do_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
+  if (device_.is_cpu()) return host_reduce_scatter(in, out, op);
+  Tensor host_out = Tensor::empty(out.shape(), out.dtype(), Device::cpu());
+  host_reduce_scatter(to_host(in), host_out, op);
+  out.copy_from(host_out);
+}
+
+void MpiCommunicator::host_all_reduce(Tensor& t, ReduceOp op) {
   WatchdogScope watch("collective all_reduce", next_sequence(), options().timeout_s);
   const int ranks = size();
   const std::int64_t n = t.numel();
@@ -120,7 +160,7 @@ void MpiCommunicator::do_all_reduce(Tensor& t, ReduceOp op) {
   }
 }
 
-void MpiCommunicator::do_broadcast(Tensor& t, int root) {
+void MpiCommunicator::host_broadcast(Tensor& t, int root) {
   WatchdogScope watch("collective broadcast", next_sequence(), options().timeout_s);
   if (size() == 1) return;
   MPI_Comm comm = comm_of(mpi_comm_handle());
@@ -133,7 +173,7 @@ void MpiCommunicator::do_broadcast(Tensor& t, int root) {
   }
 }
 
-void MpiCommunicator::do_all_gather(const Tensor& in, Tensor& out) {
+void MpiCommunicator::host_all_gather(const Tensor& in, Tensor& out) {
   WatchdogScope watch("collective all_gather", next_sequence(), options().timeout_s);
   MPI_Datatype type = detail::mpi_transport_type(in.dtype());
   const int n = int_count(in.numel(), "all_gather");
@@ -142,7 +182,7 @@ void MpiCommunicator::do_all_gather(const Tensor& in, Tensor& out) {
       MPI_Allgather(in.data(), n, type, out.data(), n, type, comm_of(mpi_comm_handle())));
 }
 
-void MpiCommunicator::do_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
+void MpiCommunicator::host_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
   WatchdogScope watch("collective reduce_scatter", next_sequence(), options().timeout_s);
   const int ranks = size();
   const int n = int_count(out.numel(), "reduce_scatter");
@@ -156,6 +196,8 @@ void MpiCommunicator::do_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp 
 }
 
 void MpiCommunicator::do_barrier() {
+  // "This rank's queued ops finished": the staged copies back to a GPU run on its streams.
+  if (device_.is_cuda()) device_synchronize(device_);
   WatchdogScope watch("collective barrier", next_sequence(), options().timeout_s);
   KILN_MPI_CHECK(MPI_Barrier(comm_of(mpi_comm_handle())));
 }

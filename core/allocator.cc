@@ -269,7 +269,12 @@ void CachingAllocator::throw_out_of_memory(std::size_t requested, const char* re
 
 AllocatorStats CachingAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return stats_;
+  AllocatorStats stats = stats_;
+  // Free blocks are ordered by (stream, size): the last of each stream's run is its largest.
+  for (const Block* block : free_blocks_) {
+    stats.largest_free_block_bytes = std::max(stats.largest_free_block_bytes, block->size);
+  }
+  return stats;
 }
 
 void CachingAllocator::reset_peak_stats() {

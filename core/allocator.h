@@ -33,9 +33,18 @@ struct AllocatorStats {
   std::uint64_t cache_hits = 0;     // requests served from cached blocks
   std::uint64_t out_of_memory = 0;  // requests that failed
   std::size_t live_blocks = 0;
-  // Share of reserved memory not in use: 1 - allocated / reserved (0 when nothing is reserved).
+  std::size_t largest_free_block_bytes = 0;  // the largest cached block not in use
+  // Cached memory not in use (reserved - allocated): what the cache can hand out again.
+  std::size_t free_cached_bytes() const { return reserved_bytes - allocated_bytes; }
+  // How scattered the free cached memory is: 1 - largest free block / free cached bytes (0 when
+  // nothing is free, or all of it is one block). Two equal separate free blocks give 0.5; near 1,
+  // the cache holds much free memory but no large piece of it, and a large request needs a new
+  // segment although the free total would cover it.
   double fragmentation() const {
-    return reserved_bytes == 0 ? 0.0 : 1.0 - static_cast<double>(allocated_bytes) / reserved_bytes;
+    const std::size_t free_bytes = free_cached_bytes();
+    return free_bytes == 0 ? 0.0
+                           : 1.0 - static_cast<double>(largest_free_block_bytes) /
+                                       static_cast<double>(free_bytes);
   }
 };
 

@@ -21,6 +21,22 @@ ImageAugment cifar10_augment() {
   return augment;
 }
 
+// The experiment's augmentation in place of the folder's ImageNet defaults.
+JpegFolderOptions jpeg_options(const DatasetOptions& options) {
+  JpegFolderOptions jpeg = options.jpeg;
+  if (!options.image_augment) return jpeg;
+  const ImageAugment& augment = *options.image_augment;
+  jpeg.random_resized_crop = augment.random_resized_crop();
+  if (jpeg.random_resized_crop) {
+    jpeg.scale_min = augment.resized_crop_scale_min;
+    jpeg.scale_max = augment.resized_crop_scale_max;
+  }
+  jpeg.horizontal_flip = augment.horizontal_flip;
+  jpeg.crop_padding = augment.crop_padding;
+  jpeg.normalization = augment.normalization;
+  return jpeg;
+}
+
 void check_split(const std::string& kind, const std::string& split) {
   if (split != "train" && split != "test" && split != "val") {
     throw InputError("unknown split '" + split + "' for " + kind + " (known: train, test, val)");
@@ -61,7 +77,7 @@ std::shared_ptr<Dataset> make_dataset(const std::string& kind, const std::string
   if (kind == "jpeg_folder") {
     std::string root = join_path(path, split);
     if (!is_directory(root)) root = path;
-    return std::make_shared<JpegFolderDataset>(root, options.jpeg);
+    return std::make_shared<JpegFolderDataset>(root, jpeg_options(options));
   }
   if (kind == "tokens_mlm" || kind == "tokens_clm") {
     auto file = std::make_shared<const TokenFile>(read_token_file(token_path(path, split)));

@@ -14,11 +14,13 @@
 namespace kiln::data {
 
 struct DatasetOptions {
-  // fashion_mnist, cifar10: augmentation and normalisation; unset = the kind's usual
-  // (Fashion-MNIST: normalise only; CIFAR-10: pad-4 crop, flip, normalise). Random parts apply
-  // only when the loader runs with LoaderOptions::train.
+  // fashion_mnist, cifar10, jpeg_folder: augmentation and normalisation; unset = the kind's
+  // usual (Fashion-MNIST: normalise only; CIFAR-10: pad-4 crop, flip, normalise; JPEG folder:
+  // `jpeg`'s, ImageNet's random resized crop, flip and statistics). Set, it replaces the usual
+  // whole: what it leaves off is off. Random parts apply only when the loader runs with
+  // LoaderOptions::train.
   std::optional<ImageAugment> image_augment;
-  JpegFolderOptions jpeg;  // jpeg_folder
+  JpegFolderOptions jpeg;  // jpeg_folder (its augmentation fields unless image_augment is set)
   // tokens_mlm, tokens_clm, synthetic_tokens
   std::int64_t seq_len = 128;
   MaskingOptions masking;  // tokens_mlm (mask_token_id required)

@@ -319,6 +319,12 @@ JpegFolderDataset::JpegFolderDataset(const std::string& root, JpegFolderOptions 
     throw InputError("jpeg_folder image_size must be positive, got " +
                      std::to_string(options_.image_size));
   }
+  if (options_.random_resized_crop &&
+      !(options_.scale_min > 0 && options_.scale_min <= options_.scale_max &&
+        options_.scale_max <= 1)) {
+    throw InputError("jpeg_folder random resized crop scale must satisfy 0 < min <= max <= 1");
+  }
+  if (options_.crop_padding < 0) throw InputError("jpeg_folder crop_padding must be >= 0");
   options_.normalization.expand(3, &mean_, &inv_std_);
   std::error_code ec;
   for (const fs::directory_entry& entry : fs::directory_iterator(root, ec)) {
@@ -381,15 +387,24 @@ bool JpegFolderDataset::get(std::int64_t index, const SampleContext& context, vo
   }
   CropBox box;
   bool flip = false;
-  if (context.train) {
+  if (context.train && options_.random_resized_crop) {
     box = random_resized_crop_box(width, height, options_.scale_min, options_.scale_max,
                                   options_.ratio_min, options_.ratio_max, context, 4);
-    flip = options_.horizontal_flip && (context.word(0) & 1u);
   } else {
     box = center_crop_box(width, height, options_.eval_crop_fraction);
   }
-  resize_crop_hwc(rgb.data(), width, height, 3, box, options_.image_size, options_.image_size, flip,
-                  mean_.data(), inv_std_.data(), static_cast<float*>(input));
+  if (context.train) flip = options_.horizontal_flip && (context.word(0) & 1u);
+  float* image = static_cast<float*>(input);
+  const int size = options_.image_size;
+  resize_crop_hwc(rgb.data(), width, height, 3, box, size, size, flip, mean_.data(),
+                  inv_std_.data(), image);
+  const int pad = context.train ? options_.crop_padding : 0;
+  if (pad > 0) {
+    float fill[3];
+    for (int c = 0; c < 3; ++c) fill[c] = -mean_[c] * inv_std_[c];  // a black padding pixel
+    shift_image_chw(image, 3, size, size, static_cast<int>(context.below(1, 2 * pad + 1)) - pad,
+                    static_cast<int>(context.below(2, 2 * pad + 1)) - pad, fill);
+  }
   *static_cast<std::int64_t*>(target) = labels_[static_cast<std::size_t>(index)];
   return true;
 }

@@ -71,13 +71,18 @@ enum class CorruptImagePolicy {
   kSkip,  // count it (Dataset::skipped_samples) and let the loader take another sample
 };
 
+// The defaults are ImageNet's usual recipe; make_dataset() replaces the augmentation with
+// DatasetOptions::image_augment when that is set (the experiment's data.augmentation).
 struct JpegFolderOptions {
   int image_size = 224;  // output (3, image_size, image_size)
-  // Train: RandomResizedCrop(scale, ratio) + flip; eval: central crop of this share, resized.
+  // Train: RandomResizedCrop(scale, ratio) when random_resized_crop, else the eval's crop; then
+  // flip and a padded random crop. Eval: central crop of this share, resized.
+  bool random_resized_crop = true;
   double scale_min = 0.08, scale_max = 1.0;
-  double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;
+  double ratio_min = kResizedCropRatioMin, ratio_max = kResizedCropRatioMax;
   double eval_crop_fraction = 0.875;
   bool horizontal_flip = true;
+  int crop_padding = 0;  // pixels of zero padding (before normalisation) each side; 0 = off
   // ImageNet statistics by default.
   Normalization normalization{{0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f}};
   CorruptImagePolicy on_corrupt = CorruptImagePolicy::kFail;

@@ -40,6 +40,27 @@ void augment_image_chw(const std::uint8_t* src, int channels, int height, int wi
   int shift_x = pad > 0 ? static_cast<int>(context.below(0, 2 * pad + 1)) - pad : 0;
   int shift_y = pad > 0 ? static_cast<int>(context.below(1, 2 * pad + 1)) - pad : 0;
   bool flip = context.train && augment.horizontal_flip && (context.word(2) & 1u);
+  if (context.train && augment.random_resized_crop()) {
+    // The resize reads interleaved pixels: a (H, W, C) copy, then crop, resize, flip, normalise
+    // in one pass, then the padded crop on the result.
+    std::vector<std::uint8_t> hwc(static_cast<std::size_t>(channels) * height * width);
+    for (int c = 0; c < channels; ++c) {
+      for (std::size_t i = 0; i < static_cast<std::size_t>(height) * width; ++i) {
+        hwc[i * channels + c] = src[static_cast<std::size_t>(c) * height * width + i];
+      }
+    }
+    CropBox box = random_resized_crop_box(width, height, augment.resized_crop_scale_min,
+                                          augment.resized_crop_scale_max, kResizedCropRatioMin,
+                                          kResizedCropRatioMax, context, 4);
+    resize_crop_hwc(hwc.data(), width, height, channels, box, width, height, flip, mean.data(),
+                    inv_std.data(), dst);
+    if (pad > 0) {
+      std::vector<float> fill(channels);
+      for (int c = 0; c < channels; ++c) fill[c] = (0.0f - mean[c]) * inv_std[c];
+      shift_image_chw(dst, channels, height, width, shift_x, shift_y, fill.data());
+    }
+    return;
+  }
   constexpr float kScale = 1.0f / 255.0f;
   for (int c = 0; c < channels; ++c) {
     const std::uint8_t* plane = src + static_cast<std::size_t>(c) * height * width;
@@ -56,6 +77,25 @@ void augment_image_chw(const std::uint8_t* src, int channels, int height, int wi
       for (int x = 0; x < width; ++x) {
         int sx = (flip ? width - 1 - x : x) + shift_x;
         row[x] = (sx < 0 || sx >= width) ? padded : (src_row[sx] * kScale - mean[c]) * inv_std[c];
+      }
+    }
+  }
+}
+
+void shift_image_chw(float* image, int channels, int height, int width, int shift_x, int shift_y,
+                     const float* fill) {
+  if (shift_x == 0 && shift_y == 0) return;
+  std::vector<float> source(image, image + static_cast<std::size_t>(channels) * height * width);
+  for (int c = 0; c < channels; ++c) {
+    const float* in = source.data() + static_cast<std::size_t>(c) * height * width;
+    float* out = image + static_cast<std::size_t>(c) * height * width;
+    for (int y = 0; y < height; ++y) {
+      int sy = y + shift_y;
+      for (int x = 0; x < width; ++x) {
+        int sx = x + shift_x;
+        bool inside = sy >= 0 && sy < height && sx >= 0 && sx < width;
+        out[static_cast<std::size_t>(y) * width + x] =
+            inside ? in[static_cast<std::size_t>(sy) * width + sx] : fill[c];
       }
     }
   }

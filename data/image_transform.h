@@ -20,18 +20,34 @@ struct Normalization {
   void expand(int channels, std::vector<float>* mean_out, std::vector<float>* inv_std_out) const;
 };
 
-// Augmentation of fixed-size images (CIFAR-10, MNIST), applied when SampleContext::train is set.
+// Augmentation of an image dataset (data.augmentation of the experiment): the random parts apply
+// when SampleContext::train is set, the normalisation always. Order: random resized crop, flip,
+// normalise, padded crop.
 struct ImageAugment {
-  // Random crop of the original size from the image zero-padded by this many pixels on each
+  // Random crop of the output size from the image zero-padded by this many pixels on each
   // side (torchvision RandomCrop(size, padding)); 0 disables.
   int crop_padding = 0;
   bool horizontal_flip = false;  // mirror with probability 1/2
   Normalization normalization;
+  // torchvision RandomResizedCrop(scale=(min, max), ratio=(3/4, 4/3)), resized back to the
+  // output size; max 0 disables (fixed-size images keep their frame, JPEG folders take the
+  // eval's central crop).
+  double resized_crop_scale_min = 0.0, resized_crop_scale_max = 0.0;
+  bool random_resized_crop() const { return resized_crop_scale_max > 0.0; }
 };
 
-// src: (C, H, W) uint8; dst: (C, H, W) float. Draws words 0..2 of the context.
+// RandomResizedCrop's aspect-ratio range (torchvision's default).
+constexpr double kResizedCropRatioMin = 3.0 / 4.0, kResizedCropRatioMax = 4.0 / 3.0;
+
+// src: (C, H, W) uint8; dst: (C, H, W) float. Draws words 0..2 of the context, and 4..43 for the
+// random resized crop.
 void augment_image_chw(const std::uint8_t* src, int channels, int height, int width,
                        const ImageAugment& augment, const SampleContext& context, float* dst);
+
+// Shifts the normalised (C, H, W) image `image` in place by (shift_x, shift_y) pixels, filling
+// what comes in from outside with fill[c]: a padded random crop applied after resizing.
+void shift_image_chw(float* image, int channels, int height, int width, int shift_x, int shift_y,
+                     const float* fill);
 
 // A crop rectangle in source pixels.
 struct CropBox {

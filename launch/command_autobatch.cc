@@ -13,6 +13,7 @@
 #include "core/check.h"
 #include "core/device.h"
 #include "launch/commands.h"
+#include "layers/conv2d.h"
 #include "train/trainer.h"
 
 namespace po = boost::program_options;
@@ -31,15 +32,27 @@ CachingAllocator& allocator_of(const config::Experiment& e) {
   return cuda ? cuda_allocator(0) : host_allocator();
 }
 
-// Two real training steps at `batch`; an out-of-memory anywhere in them means it does not fit.
-Trial try_batch(config::Experiment e, int batch, const World& world) {
+// The experiment a probe runs: two steps at `batch`, nothing written or read besides the data.
+// Every change leaves the memory of a step as it is in training: the learning rate is a host
+// scalar, so a constant schedule stands in for one that cannot span two steps (a warmup of
+// 10000 steps followed by cosine decay).
+config::Experiment probe_experiment(config::Experiment e, int batch) {
   e.mutable_train()->set_batch_per_gpu(batch);
   e.mutable_train()->clear_global_batch();
   e.mutable_train()->set_accumulation_steps(1);
   e.mutable_train()->set_steps(2);
+  e.mutable_schedule()->set_kind(config::ScheduleConfig::CONSTANT);
+  e.mutable_schedule()->set_warmup_steps(0);
   e.mutable_data()->set_eval_split("none");
   e.mutable_logging()->set_jsonl(false);
   e.mutable_logging()->set_tensorboard(false);
+  e.mutable_checkpoint()->set_resume("");  // an earlier run's checkpoint has another batch size
+  return e;
+}
+
+// Two real training steps at `batch`; an out-of-memory anywhere in them means it does not fit.
+Trial try_batch(const config::Experiment& experiment, int batch, const World& world) {
+  config::Experiment e = probe_experiment(experiment, batch);
   CachingAllocator& allocator = allocator_of(e);
   allocator.empty_cache();
   allocator.reset_peak_stats();
@@ -48,6 +61,12 @@ Trial try_batch(config::Experiment e, int batch, const World& world) {
     train::TrainerOptions to;
     to.quiet = true;
     train::Trainer trainer(e, world, to);
+    // A probe times nothing: the heuristic's algorithms, not an autotune per GEMM shape at every
+    // batch size. The trainer has set the search from train.deterministic; GEMM plans are made
+    // at the first step and follow this, convolution layers already hold the trainer's choice.
+    ConvAlgorithmOptions algorithms = default_conv_algorithm_options();
+    algorithms.search = ConvAlgorithmSearch::Heuristic;
+    set_default_conv_algorithm_options(algorithms);
     trainer.benchmark(1, 1, false);
     t.fits = true;
   } catch (const OutOfMemoryError&) {

@@ -28,6 +28,7 @@ optim::AmpOptions amp_options(const config::Experiment& e) {
   a.scaler.backoff_factor = ls.backoff_factor();
   a.scaler.growth_interval = ls.growth_interval();
   a.scaler.min_scale = ls.min_scale();
+  a.scaler.max_scale = ls.max_scale();
   return a;
 }
 

@@ -112,6 +112,11 @@ void validate(const AmpOptions& options) {
   if (!(s.min_scale >= 0) || s.min_scale > s.init_scale) {
     fail("min_scale must be in [0, init_scale]");
   }
+  // A static scale is init_scale and never grows: the cap concerns dynamic scaling only.
+  if (resolved_mode(options) == LossScaleMode::Dynamic &&
+      (!(s.max_scale >= s.init_scale) || !std::isfinite(s.max_scale))) {
+    fail("max_scale must be finite and >= init_scale");
+  }
 }
 
 LossScaler::LossScaler(const LossScalerOptions& options, LossScaleMode mode)
@@ -136,7 +141,7 @@ bool LossScaler::update(bool found_inf) {
     return true;
   }
   if (dynamic() && ++state_.growth_tracker >= options_.growth_interval) {
-    state_.scale *= options_.growth_factor;
+    state_.scale = std::min(state_.scale * options_.growth_factor, options_.max_scale);
     state_.growth_tracker = 0;
   }
   return false;

@@ -59,6 +59,9 @@ struct LossScalerOptions {
   // The scale never backs off below this; an overflow at this scale is an error (the gradients
   // are inf/NaN whatever the scale: divergence or bad data). 0 disables the check.
   double min_scale = 1.0;
+  // Growth stops here (a dynamic scale never exceeds it): a scale that grows without bound turns
+  // small gradients into inf in the scaled loss's first GEMM. >= init_scale for a dynamic scaler.
+  double max_scale = 16777216.0;  // 2^24
 };
 
 struct AmpOptions {

@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <memory>
+#include <string>
 
 #include "comm/mpi_communicator.h"
 #include "comm/watchdog.h"
@@ -130,6 +132,31 @@ TEST(MpiCommunicator, RejectsMisuse) {
   EXPECT_THROW(comm().all_reduce(strided), Error);
   Tensor out = Tensor::zeros({3}, DType::F32);
   EXPECT_THROW(comm().all_gather(t, out), Error);
+}
+
+TEST(MakeCommunicator, MpiAndAutoOnTheCpuGiveAWorkingMpiCommunicator) {
+  const int P = comm().size();
+  for (CommBackend backend : {CommBackend::Auto, CommBackend::Mpi}) {
+    CommunicatorOptions options;
+    options.timeout_s = 120;
+    options.backend = backend;
+    std::unique_ptr<Communicator> c = make_communicator(world(), Device::cpu(), options);
+    ASSERT_NE(dynamic_cast<MpiCommunicator*>(c.get()), nullptr) << comm_backend_name(backend);
+    EXPECT_EQ(c->backend_name(), "mpi");
+    EXPECT_TRUE(c->device().is_cpu());
+    EXPECT_EQ(c->size(), P);
+    Tensor t = Tensor::full({5}, c->rank() + 1, DType::F32);
+    c->all_reduce(t, ReduceOp::Sum);
+    for (float v : t.to_vector<float>()) EXPECT_EQ(v, P * (P + 1) / 2.0f);
+  }
+  CommunicatorOptions nccl;
+  nccl.backend = CommBackend::Nccl;
+  try {
+    make_communicator(world(), Device::cpu(), nccl);
+    ADD_FAILURE() << "NCCL on the CPU was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.backend"), std::string::npos) << e.what();
+  }
 }
 
 TEST(HostCollectives, ScalarsAndTheFoundInfFlag) {

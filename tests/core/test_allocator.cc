@@ -69,13 +69,55 @@ TEST(CachingAllocator, SmallRequestsShareASegment) {
   AllocatorStats s = f.allocator.stats();
   EXPECT_EQ(s.allocated_bytes, 100u * 4096);
   EXPECT_EQ(s.reserved_bytes, 2 * kMiB);
-  EXPECT_NEAR(s.fragmentation(), 1.0 - 409600.0 / (2 * kMiB), 1e-12);
+  // The free rest of the segment is one block: nothing scattered.
+  EXPECT_EQ(s.largest_free_block_bytes, 2 * kMiB - 409600);
+  EXPECT_EQ(s.fragmentation(), 0.0);
   for (void* p : blocks) f.allocator.free(p);
   EXPECT_EQ(f.allocator.stats().allocated_bytes, 0u);
   // Freed neighbours merged back into one block: a 1.5 MiB request fits without a new segment.
   void* big = f.allocator.allocate(1536 * 1024);
   EXPECT_EQ(f.source->allocations, 1);
   f.allocator.free(big);
+}
+
+TEST(CachingAllocator, FragmentationIsOneMinusLargestFreeBlockOverFreeCachedBytes) {
+  Fixture f;
+  EXPECT_EQ(f.allocator.stats().fragmentation(), 0.0);  // nothing reserved
+  // One small segment filled exactly by 512 blocks of 4 KiB: no free memory, 0.
+  std::vector<void*> blocks;
+  for (int i = 0; i < 512; ++i) blocks.push_back(f.allocator.allocate(4096));
+  ASSERT_EQ(f.source->allocations, 1);
+  EXPECT_EQ(f.allocator.stats().free_cached_bytes(), 0u);
+  EXPECT_EQ(f.allocator.stats().fragmentation(), 0.0);
+  // Two separated free blocks of equal size: half of the free memory is out of the largest piece.
+  f.allocator.free(blocks[10]);
+  f.allocator.free(blocks[20]);
+  AllocatorStats s = f.allocator.stats();
+  EXPECT_EQ(s.free_cached_bytes(), 2u * 4096);
+  EXPECT_EQ(s.largest_free_block_bytes, 4096u);
+  EXPECT_DOUBLE_EQ(s.fragmentation(), 0.5);
+  // A neighbour freed merges: 8 KiB and 4 KiB free, 1 - 8/12.
+  f.allocator.free(blocks[11]);
+  EXPECT_DOUBLE_EQ(f.allocator.stats().fragmentation(), 1.0 - 8192.0 / 12288.0);
+  // Free: 8 KiB, and 4 KiB three times apart: 1 - 8/20.
+  f.allocator.free(blocks[30]);
+  f.allocator.free(blocks[40]);
+  EXPECT_DOUBLE_EQ(f.allocator.stats().fragmentation(), 1.0 - 8192.0 / 20480.0);
+  // Everything freed merges back into the one segment: 0, though all of it is cached and free.
+  for (int i = 0; i < 512; ++i) {
+    if (i != 10 && i != 11 && i != 20 && i != 30 && i != 40) f.allocator.free(blocks[i]);
+  }
+  s = f.allocator.stats();
+  EXPECT_EQ(s.free_cached_bytes(), 2 * kMiB);
+  EXPECT_EQ(s.fragmentation(), 0.0);
+  // Two whole segments of equal size, both free: 0.5 again (segments never merge).
+  void* a = f.allocator.allocate(30 * kMiB);
+  void* b = f.allocator.allocate(30 * kMiB);
+  f.allocator.free(a);
+  f.allocator.free(b);
+  s = f.allocator.stats();
+  EXPECT_EQ(s.largest_free_block_bytes, 30 * kMiB);
+  EXPECT_DOUBLE_EQ(s.fragmentation(), 1.0 - 30.0 / 62.0);
 }
 
 TEST(CachingAllocator, StreamsDoNotShareCachedBlocks) {

@@ -49,6 +49,26 @@ TEST(Augment, EvalIsScalingAndNormalisationOnly) {
       }
 }
 
+TEST(Augment, RandomResizedCropOfAFixedSizeImageKeepsItsSizeAndActsOnlyInTraining) {
+  std::vector<std::uint8_t> image = test_image();
+  ImageAugment plain;
+  plain.normalization = Normalization{{0.5f}, {0.25f}};
+  ImageAugment crop = plain;
+  crop.resized_crop_scale_min = 0.1;
+  crop.resized_crop_scale_max = 0.4;
+  int changed = 0;
+  for (std::uint64_t index = 0; index < 16; ++index) {
+    SampleContext eval{4, 0, index, /*train=*/false};
+    EXPECT_EQ(augmented(image, crop, eval), augmented(image, plain, eval));
+    SampleContext train{4, 0, index, /*train=*/true};
+    std::vector<float> out = augmented(image, crop, train);
+    changed += out != augmented(image, plain, train);
+    // A bilinear resize of a part stays within the image's normalised range.
+    for (float v : out) ASSERT_TRUE(v >= -2.0f - 1e-5f && v <= 2.0f + 1e-5f) << v;
+  }
+  EXPECT_GE(changed, 14);  // at most 40 % of the area: almost never the whole image
+}
+
 TEST(Augment, FlipIsAMirrorChosenHalfTheTime) {
   std::vector<std::uint8_t> image = test_image();
   ImageAugment plain;

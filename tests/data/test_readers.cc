@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "data/factory.h"
 #include "data/file_io.h"
@@ -447,6 +448,124 @@ TEST(JpegFolder, ListsClassesAndDecodes) {
     EXPECT_NEAR(image[0], 200 / 255.0, 0.03);
     EXPECT_NEAR(image[256 + 77], 100 / 255.0, 0.03);
     EXPECT_NEAR(image[512 + 255], 50 / 255.0, 0.03);
+  }
+}
+
+// A JPEG folder of smooth gradients (so crops, flips and shifts all change pixels), read as one
+// training batch through the loader.
+struct GradientJpegTree {
+  ScratchDir dir;
+  GradientJpegTree() {
+    for (int i = 0; i < 4; ++i) {
+      std::string cls = i < 2 ? "train/a" : "train/b";
+      std::filesystem::create_directories(dir.file(cls));
+      int width = 64 + 8 * i, height = 48;
+      std::vector<std::uint8_t> rgb(static_cast<std::size_t>(width) * height * 3);
+      for (int y = 0; y < height; ++y) {
+        for (int x = 0; x < width; ++x) {
+          std::uint8_t* p = &rgb[(static_cast<std::size_t>(y) * width + x) * 3];
+          p[0] = static_cast<std::uint8_t>(255 * x / (width - 1));
+          p[1] = static_cast<std::uint8_t>(255 * y / (height - 1));
+          p[2] = static_cast<std::uint8_t>(40 * i + 20);
+        }
+      }
+      write_bytes(dir.file(cls + "/" + std::to_string(i) + ".jpg"),
+                  encode_jpeg_rgb(rgb.data(), width, height, 95));
+    }
+  }
+  // Every image of the folder as one (4, 3, 16, 16) batch; the loader's `train` switch.
+  std::vector<float> batch(const DatasetOptions& options, bool train = true,
+                           std::int64_t epoch = 0) const {
+    auto dataset = make_dataset("jpeg_folder", dir.path(), "train", options);
+    LoaderOptions loader_options;
+    loader_options.batch_size = 4;
+    loader_options.workers = 1;
+    loader_options.shuffle = false;
+    loader_options.seed = 7;
+    loader_options.train = train;
+    DataLoader loader(dataset, loader_options);
+    loader.set_epoch(epoch);
+    Batch b = loader.next();
+    const float* data = b.inputs.data<float>();
+    return std::vector<float>(data, data + b.inputs.numel());
+  }
+};
+
+DatasetOptions jpeg16(std::optional<ImageAugment> augment) {
+  DatasetOptions options;
+  options.jpeg.image_size = 16;
+  options.image_augment = std::move(augment);
+  return options;
+}
+
+std::size_t count_differences(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) n += a[i] != b[i];
+  return n;
+}
+
+TEST(JpegFolder, ExperimentAugmentationReplacesTheImageNetDefaults) {
+  GradientJpegTree tree;
+  // Everything off: training reads the eval's central crop, unnormalised, whatever the epoch.
+  std::vector<float> plain = tree.batch(jpeg16(ImageAugment{}));
+  ASSERT_EQ(plain.size(), 4u * 3 * 16 * 16);
+  EXPECT_EQ(count_differences(plain, tree.batch(jpeg16(ImageAugment{}), false)), 0u);
+  EXPECT_EQ(count_differences(plain, tree.batch(jpeg16(ImageAugment{}), true, 3)), 0u);
+  for (float v : plain) ASSERT_TRUE(v >= 0.0f && v <= 1.0f) << v;
+
+  // Normalisation alone: exactly (x - mean) / std of the plain values, channel by channel.
+  ImageAugment normalize;
+  normalize.normalization = Normalization{{0.5f, 0.25f, 0.125f}, {0.5f, 2.0f, 0.25f}};
+  std::vector<float> normalized = tree.batch(jpeg16(normalize));
+  const float mean[3] = {0.5f, 0.25f, 0.125f}, inv_std[3] = {2.0f, 0.5f, 4.0f};
+  for (std::size_t i = 0; i < plain.size(); ++i) {
+    int c = static_cast<int>(i / 256 % 3);
+    ASSERT_NEAR(normalized[i], (plain[i] - mean[c]) * inv_std[c], 1e-5) << "element " << i;
+  }
+
+  // Each random part changes the training batch; the eval batch stays the plain one.
+  ImageAugment crop;
+  crop.resized_crop_scale_min = 0.08;
+  crop.resized_crop_scale_max = 0.5;
+  ImageAugment flip;
+  flip.horizontal_flip = true;
+  ImageAugment pad;
+  pad.crop_padding = 4;
+  for (const ImageAugment& augment : {crop, flip, pad}) {
+    std::size_t changed = 0;
+    for (std::int64_t epoch = 0; epoch < 4; ++epoch) {
+      changed += count_differences(plain, tree.batch(jpeg16(augment), true, epoch));
+    }
+    EXPECT_GT(changed, plain.size() / 4);
+    EXPECT_EQ(count_differences(plain, tree.batch(jpeg16(augment), false)), 0u);
+  }
+
+  // A flip is a mirror of the plain image, a padded crop brings in black (0 after no
+  // normalisation) from outside.
+  std::vector<float> flipped = tree.batch(jpeg16(flip), true, 1);
+  std::vector<float> padded = tree.batch(jpeg16(pad), true, 1);
+  int zeros = 0;
+  for (int n = 0; n < 4; ++n) {
+    bool mirrored = true, same = true;
+    for (int row = 0; row < 3 * 16; ++row) {
+      for (int x = 0; x < 16; ++x) {
+        std::size_t at = (static_cast<std::size_t>(n) * 3 * 16 + row) * 16;
+        mirrored = mirrored && flipped[at + x] == plain[at + 15 - x];
+        same = same && flipped[at + x] == plain[at + x];
+        zeros += padded[at + x] == 0.0f;
+      }
+    }
+    EXPECT_TRUE(mirrored || same) << "sample " << n;
+  }
+  EXPECT_GT(zeros, 0);
+
+  // Unset: the folder's own ImageNet recipe (random resized crop, flip, ImageNet statistics).
+  std::vector<float> imagenet_eval = tree.batch(jpeg16(std::nullopt), false);
+  for (std::size_t i = 0; i < plain.size(); ++i) {
+    const float m[3] = {0.485f, 0.456f, 0.406f}, sd[3] = {0.229f, 0.224f, 0.225f};
+    int c = static_cast<int>(i / 256 % 3);
+    ASSERT_NEAR(imagenet_eval[i], (plain[i] - m[c]) / sd[c], 1e-4) << "element " << i;
   }
 }
 

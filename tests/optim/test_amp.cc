@@ -90,6 +90,41 @@ TEST(LossScaler, MinScaleOverflowIsAnError) {
   }
 }
 
+TEST(LossScaler, GrowthStopsAtMaxScale) {
+  LossScalerOptions o;
+  o.init_scale = 4.0;
+  o.growth_factor = 3.0;
+  o.growth_interval = 1;
+  o.max_scale = 20.0;
+  LossScaler s(o, LossScaleMode::Dynamic);
+  EXPECT_FALSE(s.update(false));
+  EXPECT_EQ(s.scale(), 12.0);
+  EXPECT_FALSE(s.update(false));  // 36 would pass the cap: clamped to it, not left at 12
+  EXPECT_EQ(s.scale(), 20.0);
+  for (int i = 0; i < 5; ++i) EXPECT_FALSE(s.update(false));
+  EXPECT_EQ(s.scale(), 20.0);
+  EXPECT_TRUE(s.update(true));  // backs off from the cap as from any scale
+  EXPECT_EQ(s.scale(), 10.0);
+}
+
+TEST(LossScaler, DefaultCapIsTwoToThe24) {
+  LossScalerOptions o;
+  EXPECT_EQ(o.max_scale, 16777216.0);
+  o.growth_interval = 1;
+  LossScaler s(o, LossScaleMode::Dynamic);  // 2^16, doubling every clean step
+  for (int i = 0; i < 20; ++i) s.update(false);
+  EXPECT_EQ(s.scale(), 16777216.0);
+}
+
+TEST(LossScaler, MaxScaleBelowInitScaleIsRejected) {
+  AmpOptions a;
+  a.level = OptLevel::O1;
+  a.scaler.max_scale = a.scaler.init_scale / 2;
+  EXPECT_THROW(validate(a), InputError);
+  a.loss_scale = LossScaleMode::Static;  // a static scale never grows: the cap does not apply
+  EXPECT_NO_THROW(validate(a));
+}
+
 TEST(LossScaler, StaticAndNone) {
   LossScalerOptions o;
   o.init_scale = 128.0;

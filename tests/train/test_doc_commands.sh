@@ -1,0 +1,272 @@
+#!/usr/bin/env bash
+# Every `kiln` command the README's Commands block and the code blocks of docs/*.md show runs,
+# with the configs as shipped, and exits 0. A command that fails for a config or CLI reason (a
+# field the docs name that does not exist, a schedule the shipped config cannot start, a flag
+# that was renamed) fails this test.
+#
+# This machine has no GPU, no ImageNet and no CIFAR-10, and two cores, so each command runs in
+# its CPU-feasible form; the rewriting below is the whole list, and never touches the configs:
+#   train, eval   + --set train.device=CPU parallel.backend=AUTO (NCCL needs CUDA)
+#                   precision.opt_level=O0 (fp16 O1-O3 need a GPU) train.steps=2
+#                   schedule.warmup_steps=0 (a 2-step run of a 10000-step warmup is not a valid
+#                   schedule) train.batch_per_gpu=2 train.global_batch=2*ranks
+#                   train.eval_batches=2 data.workers=1 logging.dir=<scratch>, and the model
+#                   made small: model.image_size=32 for ViT-B/16, 64 for ResNet-50 (2x2 at its
+#                   last batch norm), model.bert.num_layers=2 seq_len=32 vocab_size=1024 for
+#                   BERT; eval reads the checkpoint of the last documented train of the config
+#   config        + --set train.device=CPU parallel.backend=AUTO precision.opt_level=O0 (it
+#                   validates the experiment against this machine's devices)
+#   autobatch     + the train settings' device, backend, precision, workers and model size,
+#                   train.max_memory_mb=3072, --max-batch 2
+#   bench         --batch 2 --amp O0 --steps 1 --warmup 0 --device cpu (--half dropped), and
+#                 the same model shrinking
+#   mpirun, launch/kiln-mpirun: at most 2 ranks (-np 8 -> -np 2), --hostfile dropped
+#   data.path=/data/cifar-10-batches-bin: a CIFAR-10 directory of the real format written here
+#   [--json]      optional parts run both without and with
+#   --resume      "continue from a checkpoint": when no documented train of the config ran
+#                 before, the same command without --resume runs first
+source "$(dirname "$0")/lib.sh"
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+python3 - "$KILN" "$SRC" "$WORK" "${MPIEXEC:-mpirun}" <<'PY'
+import atexit, os, re, shlex, shutil, signal, subprocess, sys, tempfile, time
+
+kiln, src, work, mpiexec = sys.argv[1:5]
+SUBCOMMANDS = {"train", "eval", "config", "model", "bench", "autobatch", "info", "replay"}
+
+
+def code_blocks(path, only_after=None):
+    """The lines of the fenced code blocks of a markdown file (after a heading, if given)."""
+    lines, inside, active = [], False, only_after is None
+    for line in open(path, encoding="utf-8"):
+        if only_after is not None and line.startswith("#"):
+            active = line.strip() == only_after
+        if line.lstrip().startswith("```"):
+            inside = not inside
+            continue
+        if inside and active:
+            lines.append(line.rstrip("\n"))
+    joined, pending = [], ""
+    for line in lines:  # backslash continuations
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+        else:
+            joined.append(pending + line)
+            pending = ""
+    return joined
+
+
+def is_kiln(word):
+    return word == "kiln" or word.endswith("/kiln")
+
+
+def documented_commands():
+    sources = [("README.md", code_blocks(os.path.join(src, "README.md"), "## Commands"))]
+    docs = os.path.join(src, "docs")
+    for name in sorted(os.listdir(docs)):
+        if name.endswith(".md"):
+            sources.append(("docs/" + name, code_blocks(os.path.join(docs, name))))
+    found = []
+    for where, lines in sources:
+        for line in lines:
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            if not line or line.startswith("#"):
+                continue
+            words = line.split()
+            k = next((i for i, w in enumerate(words) if is_kiln(w)), None)
+            if k is None or k + 1 >= len(words) or words[k + 1].endswith(":"):
+                continue  # not a kiln command (sbatch, cmake), or kiln's output quoted in a doc
+            found.append((where, line))
+    return found
+
+
+def variants(line):
+    """[--json] → the line without and with the optional part."""
+    m = re.search(r"\[([^\]|]*)\]", line)
+    if not m:
+        return [line]
+    return variants(line[:m.start()] + line[m.end():]) + variants(
+        line[:m.start()] + m.group(1) + line[m.end():])
+
+
+def write_cifar10(root):
+    os.makedirs(root, exist_ok=True)
+    for name in ["data_batch_%d.bin" % i for i in range(1, 6)] + ["test_batch.bin"]:
+        with open(os.path.join(root, name), "wb") as f:
+            for r in range(16):
+                f.write(bytes([r % 10]) + bytes((r * 7 + i) % 256 for i in range(3072)))
+
+
+# Runs write checkpoints of up to 1 GB (ViT-B/16's weights and AdamW state): in memory when
+# there is a /dev/shm, and one directory per config at a time.
+RUNS = tempfile.mkdtemp(prefix="kiln-doc-runs-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK)
+                        else work)
+atexit.register(shutil.rmtree, RUNS, True)
+CIFAR = os.path.join(work, "cifar-10-batches-bin")
+write_cifar10(CIFAR)
+last_train_dir = {}
+counter = [0]
+
+
+def config_stem(args):
+    for i, a in enumerate(args):
+        if a == "--config" and i + 1 < len(args):
+            return os.path.splitext(os.path.basename(args[i + 1]))[0]
+        if a.startswith("--config="):
+            return os.path.splitext(os.path.basename(a.split("=", 1)[1]))[0]
+    return None
+
+
+def shrink(stem_or_model):
+    if stem_or_model == "vit_b16":
+        return ["model.image_size=32"]
+    if stem_or_model == "resnet50":  # batch norm needs > 1 value per channel at batch 1: 2x2
+        return ["model.image_size=64"]
+    if stem_or_model == "bert_base":
+        return ["model.bert.num_layers=2", "model.bert.seq_len=32", "model.bert.vocab_size=1024"]
+    return []
+
+
+def cpu_form(kiln_args, ranks):
+    """The kiln arguments of a documented command in their CPU-feasible form."""
+    sub, args = kiln_args[0], kiln_args[1:]
+    args = [a.replace("/data/cifar-10-batches-bin", CIFAR) for a in args]
+    stem = config_stem(args)
+    sets = []
+    if sub in ("train", "eval"):
+        counter[0] += 1
+        if sub == "train" or stem not in last_train_dir:
+            run_dir = os.path.join(RUNS, "%s-%d" % (stem, counter[0]))
+        else:
+            run_dir = last_train_dir[stem]
+        if sub == "train":
+            if stem in last_train_dir and "--resume" not in args:
+                shutil.rmtree(last_train_dir[stem], ignore_errors=True)
+            last_train_dir[stem] = run_dir
+        sets = ["train.device=CPU", "parallel.backend=AUTO", "precision.opt_level=O0",
+                "train.steps=2",
+                "schedule.warmup_steps=0", "train.batch_per_gpu=2",
+                "train.global_batch=%d" % (2 * ranks), "train.eval_batches=2",
+                "data.workers=1", "logging.dir=" + run_dir] + shrink(stem)
+    elif sub == "autobatch":
+        sets = ["train.device=CPU", "parallel.backend=AUTO", "precision.opt_level=O0",
+                "train.max_memory_mb=3072", "data.workers=1",
+                "logging.dir=" + os.path.join(work, "autobatch")]
+        sets += shrink(stem)
+        args += ["--max-batch", "2"]
+    elif sub == "config":
+        sets = ["train.device=CPU", "parallel.backend=AUTO", "precision.opt_level=O0"]
+    elif sub == "bench":
+        out, skip = [], False
+        model = None
+        for i, a in enumerate(args):
+            if skip:
+                skip = False
+                continue
+            if a in ("--batch", "--amp", "--half", "--steps", "--warmup", "--device"):
+                skip = True
+                continue
+            if a == "--model":
+                model = args[i + 1]
+            out.append(a)
+        args = out + ["--batch", "2", "--amp", "O0", "--steps", "1", "--warmup", "0",
+                      "--device", "cpu"]
+        sets = shrink(model)
+    for s in sets:
+        args += ["--set", s]
+    return [kiln, sub] + args
+
+
+def runnable(line):
+    words = shlex.split(line)
+    env = dict(os.environ)
+    while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
+        name, value = words.pop(0).split("=", 1)
+        env[name] = value
+    k = next(i for i, w in enumerate(words) if is_kiln(w))
+    launcher, kiln_args = words[:k], words[k + 1:]
+    if kiln_args[0] not in SUBCOMMANDS:
+        return None, None, "unknown subcommand '%s'" % kiln_args[0]
+    ranks = 1
+    if launcher:
+        out, i = [], 0
+        while i < len(launcher):
+            w = launcher[i]
+            if w in ("-np", "-n") and i + 1 < len(launcher):
+                ranks = min(int(launcher[i + 1]), 2)
+                out += [w, str(ranks)]
+                i += 2
+                continue
+            if w == "--hostfile":
+                i += 2
+                continue
+            out.append(w)
+            i += 1
+        launcher = out
+        if os.path.basename(launcher[0]) == "mpirun":
+            launcher = [mpiexec, "--allow-run-as-root", "--oversubscribe"] + launcher[1:]
+        elif launcher[0].endswith("kiln-mpirun"):
+            launcher[0] = os.path.join(src, "launch", "kiln-mpirun")
+            env["MPIRUN"] = mpiexec
+        else:
+            return None, None, "unknown launcher " + launcher[0]
+    resumes = kiln_args[0] == "train" and "--resume" in kiln_args
+    resumes_own_run = resumes and config_stem(kiln_args) not in last_train_dir
+    argv = launcher + cpu_form(kiln_args, ranks)
+    runs = [argv]
+    if resumes_own_run:
+        # "Continue from a checkpoint" presumes a run before it: the same command without
+        # --resume first, into the same directory.
+        i = argv.index("--resume")
+        runs.insert(0, argv[:i] + argv[i + 2:])
+    return runs, env, None
+
+
+commands = documented_commands()
+subcommands = {shlex.split(l)[next(i for i, w in enumerate(shlex.split(l)) if is_kiln(w)) + 1]
+               for _, l in commands}
+if len(commands) < 15 or not {"train", "eval", "autobatch", "bench", "config"} <= subcommands:
+    sys.exit("FAIL: found only %d documented commands (%s): is the extraction broken?" %
+             (len(commands), ", ".join(sorted(subcommands))))
+failures = []
+start = time.time()
+seen = set()
+for where, line in commands:
+    for variant in variants(line):
+        # The same command shown in two places runs once (build/bin/kiln and kiln alike).
+        key = " ".join("kiln" if is_kiln(w) else w for w in variant.split())
+        if key in seen:
+            print("%-18s   --   same as above  %s" % (where, variant), flush=True)
+            continue
+        seen.add(key)
+        runs, env, problem = runnable(variant)
+        if problem:
+            failures.append((where, variant, problem))
+            continue
+        t0 = time.time()
+        log = os.path.join(work, "last.log")
+        for argv in runs:
+            with open(log, "w") as out:
+                p = subprocess.Popen(argv, env=env, cwd=src, stdout=out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+                try:
+                    code = p.wait(timeout=150)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+                    code = "timeout"
+            if code != 0:
+                break
+        took = time.time() - t0
+        print("%-18s %5.1fs exit %-4s %s" % (where, took, code, variant), flush=True)
+        if code != 0:
+            text = open(log).read()
+            print("    ran: " + " ".join(shlex.quote(a) for a in argv))
+            print("    " + "\n    ".join(text.strip().splitlines()[-15:]))
+            failures.append((where, variant, "exit %s" % code))
+print("%d documented commands in %.0f s" % (len(commands), time.time() - start))
+if failures:
+    for where, line, why in failures:
+        print("FAIL: %s: %s (%s)" % (where, line, why))
+    sys.exit(1)
+PY
+pass "every documented kiln command runs"
