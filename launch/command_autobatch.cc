@@ -13,7 +13,6 @@
 #include "core/check.h"
 #include "core/device.h"
 #include "launch/commands.h"
-#include "layers/conv2d.h"
 #include "train/trainer.h"
 
 namespace po = boost::program_options;
@@ -60,13 +59,9 @@ Trial try_batch(const config::Experiment& experiment, int batch, const World& wo
   try {
     train::TrainerOptions to;
     to.quiet = true;
+    // A probe times nothing: the heuristic's algorithms, not an autotune at every batch size.
+    to.heuristic_algorithms = true;
     train::Trainer trainer(e, world, to);
-    // A probe times nothing: the heuristic's algorithms, not an autotune per GEMM shape at every
-    // batch size. The trainer has set the search from train.deterministic; GEMM plans are made
-    // at the first step and follow this, convolution layers already hold the trainer's choice.
-    ConvAlgorithmOptions algorithms = default_conv_algorithm_options();
-    algorithms.search = ConvAlgorithmSearch::Heuristic;
-    set_default_conv_algorithm_options(algorithms);
     trainer.benchmark(1, 1, false);
     t.fits = true;
   } catch (const OutOfMemoryError&) {

@@ -15,7 +15,8 @@ Device choose_device(const config::TrainConfig& train, const World& world) {
   return want_cuda ? select_local_device(world) : Device::cpu();
 }
 
-void configure_process(const config::Experiment& experiment, Device device) {
+void configure_process(const config::Experiment& experiment, Device device,
+                       bool heuristic_algorithms) {
   const config::TrainConfig& t = experiment.train();
   if (t.deterministic()) {
     // Fixed reduction orders: cuBLAS workspace config, ring all-reduce, deterministic cuDNN.
@@ -24,12 +25,29 @@ void configure_process(const config::Experiment& experiment, Device device) {
   }
   ConvAlgorithmOptions conv = default_conv_algorithm_options();
   conv.deterministic = t.deterministic();
-  conv.search = t.deterministic() ? ConvAlgorithmSearch::Heuristic : ConvAlgorithmSearch::Benchmark;
+  conv.search = t.deterministic() || heuristic_algorithms ? ConvAlgorithmSearch::Heuristic
+                                                          : ConvAlgorithmSearch::Benchmark;
   set_default_conv_algorithm_options(conv);
   if (t.max_memory_mb() > 0) {
     const std::size_t limit = static_cast<std::size_t>(t.max_memory_mb()) << 20;
     (device.is_cuda() ? cuda_allocator(device.index) : host_allocator()).set_memory_limit(limit);
   }
+}
+
+CommBackend comm_backend(const config::ParallelConfig& parallel) {
+  switch (parallel.backend()) {
+    case config::ParallelConfig::NCCL:
+      return CommBackend::Nccl;
+    case config::ParallelConfig::MPI:
+      return CommBackend::Mpi;
+    default:
+      return CommBackend::Auto;
+  }
+}
+
+bool channels_last(const config::ModelConfig& model, Device device, const PrecisionPolicy& policy) {
+  if (!device.is_cuda() || model.memory_format() == config::ModelConfig::NCHW) return false;
+  return model.memory_format() == config::ModelConfig::NHWC || policy.matmul != DType::F32;
 }
 
 bool progress_bar_wanted(const config::LoggingConfig& logging, const World& world) {
@@ -76,8 +94,9 @@ data::DatasetOptions dataset_options(const config::Experiment& e, const Model& m
     o.width = static_cast<int>(model.sample_shape[2]);
   }
   const config::AugmentationConfig& a = e.data().augmentation();
-  const bool any_augmentation =
-      a.random_crop_padding() > 0 || a.horizontal_flip() || a.normalize_mean_size() > 0;
+  const bool any_augmentation = a.random_crop_padding() > 0 || a.horizontal_flip() ||
+                                a.normalize_mean_size() > 0 ||
+                                a.random_resized_crop_scale_size() > 0;
   if (any_augmentation) {
     data::ImageAugment augment;
     augment.crop_padding = a.random_crop_padding();
@@ -85,6 +104,10 @@ data::DatasetOptions dataset_options(const config::Experiment& e, const Model& m
     if (a.normalize_mean_size() > 0) {
       augment.normalization.mean.assign(a.normalize_mean().begin(), a.normalize_mean().end());
       augment.normalization.stddev.assign(a.normalize_std().begin(), a.normalize_std().end());
+    }
+    if (a.random_resized_crop_scale_size() == 2) {
+      augment.resized_crop_scale_min = a.random_resized_crop_scale(0);
+      augment.resized_crop_scale_max = a.random_resized_crop_scale(1);
     }
     o.image_augment = augment;
   }

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "comm/communicator.h"
 #include "comm/world.h"
 #include "configs/experiment.h"
 #include "core/device.h"
@@ -17,8 +18,17 @@ namespace kiln::train {
 // train.device: CUDA (the local rank's GPU), CPU, or AUTO (CUDA when a GPU is visible).
 Device choose_device(const config::TrainConfig& train, const World& world);
 
-// Environment for deterministic runs, convolution algorithm search, the allocator's limit.
-void configure_process(const config::Experiment& experiment, Device device);
+// Environment for deterministic runs, convolution algorithm search (the heuristic's choice when
+// deterministic or `heuristic_algorithms`, else benchmarked), the allocator's limit.
+void configure_process(const config::Experiment& experiment, Device device,
+                       bool heuristic_algorithms = false);
+
+// parallel.backend as comm/ names it.
+CommBackend comm_backend(const config::ParallelConfig& parallel);
+
+// model.memory_format: NHWC activations for convolutions on CUDA when asked, or (AUTO) when
+// they run in half precision; NCHW on the CPU.
+bool channels_last(const config::ModelConfig& model, Device device, const PrecisionPolicy& policy);
 
 // logging.progress: ON, OFF, or AUTO = stdout is a terminal and no launcher started the process.
 bool progress_bar_wanted(const config::LoggingConfig& logging, const World& world);

@@ -149,11 +149,12 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
   s.options = options;
   const config::TrainConfig& t = s.e.train();
   s.device = choose_device(t, world);
-  configure_process(s.e, s.device);
+  configure_process(s.e, s.device, options.heuristic_algorithms);
   s.faults = FaultInjection::from_environment(world.rank);
   s.plan = config::plan_batches(s.e, world.size);
   CommunicatorOptions comm_options;
   comm_options.timeout_s = s.e.parallel().collective_timeout_s();
+  comm_options.backend = comm_backend(s.e.parallel());
   s.comm = make_communicator(world, s.device, comm_options);
   s.comm->check_same_on_all_ranks(config::experiment_hash(s.e),
                                   "the experiment (config file and --set overrides)");
@@ -227,9 +228,7 @@ Context Trainer::State::make_context(bool training) const {
   ctx.training = training;
   ctx.precision = precision.policy;
   ctx.seed = e.train().seed();
-  ctx.channels_last = device.is_cuda() && e.model().memory_format() != config::ModelConfig::NCHW &&
-                      (e.model().memory_format() == config::ModelConfig::NHWC ||
-                       precision.policy.matmul != DType::F32);
+  ctx.channels_last = channels_last(e.model(), device, precision.policy);
   if (dp && training) ctx.on_grad_ready = dp->grad_ready_hook();
   return ctx;
 }

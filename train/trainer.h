@@ -66,6 +66,8 @@ struct TrainerOptions {
   // Only evaluate: a checkpoint from another world size or batch size is fine (the training data
   // position is not restored).
   bool evaluate_only = false;
+  // The heuristic's convolution and GEMM algorithms, no autotune (autobatch's probes).
+  bool heuristic_algorithms = false;
 };
 
 class Trainer {
