@@ -23,6 +23,8 @@ expect 2 "data.path" -- "$KILN" train --config "$TINY" --set data.kind=CIFAR10 -
 expect 2 "unknown command" -- "$KILN" trian
 expect 2 "required" -- "$KILN" train
 expect 2 "O2" -- "$KILN" train --config "$TINY" --set precision.opt_level=O2
+expect 2 "give one of the two" -- "$KILN" eval --config "$TINY" --checkpoint latest --resume latest
+expect 2 "model.init_from = \"/dev/zero\": is a character device" -- "$KILN" train --config "$TINY" --set model.init_from=/dev/zero
 
 # A corrupt checkpoint is refused before step 1, naming the file and the reason.
 "$KILN" train --config "$TINY" --set train.steps=2 --set logging.dir="$WORK/c" --quiet > /dev/null 2>&1 || fail "setup run"
