@@ -73,7 +73,7 @@ TEST(Safetensors, CorruptFilesAreRefusedWithTheFileNamed) {
   m = expect_input_error(write("huge", huge));
   EXPECT_NE(m.find("header claims"), std::string::npos) << m;
   m = expect_input_error(temp_path("missing"));
-  EXPECT_NE(m.find("cannot open"), std::string::npos) << m;
+  EXPECT_NE(m.find("no such file or directory"), std::string::npos) << m;
   std::remove(path.c_str());
 }
 
