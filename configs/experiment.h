@@ -30,6 +30,9 @@ struct ValidationContext {
   bool cuda_available = false;         // a CUDA device is usable by this process
   std::string config_path;             // the file the experiment came from ("" when built in code)
   std::vector<std::string> overrides;  // the `path=value` overrides applied, to blame them
+  // Validate for the device train.device names as if it were present: `kiln config` on a login
+  // node describes the GPU job it will submit. `kiln train` leaves it false.
+  bool assume_named_device = false;
 };
 
 // The batch arithmetic: global = per_gpu × accumulation × world_size.
@@ -50,12 +53,15 @@ Experiment parse_experiment_text(const std::string& text, const std::string& sou
 // Applies one `dotted.path=value` override (see docs/configs.md for the value syntax).
 void apply_override(Experiment& experiment, const std::string& assignment);
 
-// Writes the documented default into every field left unset. `config_path` supplies the
-// default experiment name (its file name without ".pbtxt"). Idempotent.
+// Writes the default into every field left unset: the defaults kiln.proto declares (one walk,
+// configs/schema.h) and the rules that depend on other fields (configs/defaults.cc).
+// `config_path` supplies the default experiment name (its file name without ".pbtxt").
+// Idempotent.
 void fill_defaults(Experiment& experiment, const std::string& config_path = "");
 
-// Checks ranges and combinations; throws the first problem found as a ConfigError.
-// Expects an experiment that went through fill_defaults.
+// Checks the ranges kiln.proto declares, then the combinations of fields and the paths the
+// experiment names (each must be of the kind its field says: a file, a directory); throws the
+// first problem found as a ConfigError. Expects an experiment that went through fill_defaults.
 void validate(const Experiment& experiment, const ValidationContext& context);
 
 // Per-GPU batch, accumulation steps and global batch for `world_size` ranks. Throws a
@@ -71,7 +77,7 @@ std::string to_json(const Experiment& experiment);
 // loaded the same effective experiment, to detect ranks with differing configs.
 std::uint64_t experiment_hash(const Experiment& experiment);
 
-// The model names the schema accepts in model.name.
+// The model names the schema accepts in model.name (its `(kiln.allowed)` values).
 const std::vector<std::string>& known_model_names();
 
 }  // namespace kiln::config

@@ -1,7 +1,6 @@
 // kiln bench --model M --batch B --amp O1|O2 [--half fp16|bf16] [--steps N] [--json] [--profile]:
 // training throughput on synthetic data (AdamW), median step time from CUDA events.
 
-#include <mpi.h>
 #include <boost/program_options.hpp>
 
 #include <algorithm>
@@ -15,6 +14,7 @@
 #include "core/json_writer.h"
 #include "core/system_info.h"
 #include "launch/commands.h"
+#include "launch/run_ranks.h"
 #include "train/trainer.h"
 
 namespace po = boost::program_options;
@@ -44,9 +44,7 @@ int run_bench(const Arguments& args) {
     return 0;
   }
   po::notify(vm);
-  const World& world = init_world();
-  int code = 0;
-  try {
+  return run_on_all_ranks("bench", [&](const World& world) {
     std::string amp = vm["amp"].as<std::string>(), half = vm["half"].as<std::string>();
     std::string device = vm["device"].as<std::string>();
     std::string optimizer = vm["optimizer"].as<std::string>();
@@ -152,20 +150,8 @@ int run_bench(const Arguments& args) {
         }
       }
     }
-  } catch (const config::ConfigError& e) {
-    if (world.rank == 0) std::cerr << "kiln bench: " << e.what() << "\n";
-    code = 2;
-  } catch (const InputError& e) {
-    std::cerr << "kiln bench: " << e.what() << "\n";
-    code = 2;
-  } catch (const std::exception& e) {
-    std::cerr << "kiln bench: " << e.what() << "\n";
-    code = 1;
-  }
-  std::fflush(stdout);
-  if (code != 0 && world.size > 1) MPI_Abort(MPI_COMM_WORLD, code);
-  finalize_world();
-  return code;
+    return 0;
+  });
 }
 
 }  // namespace kiln::launch

@@ -1,4 +1,5 @@
-// kiln config --config FILE [--set path=value ...] [--json]: the effective experiment.
+// kiln config --config FILE [--set path=value ...] [--world-size N] [--json]: the effective
+// experiment, validated for the job it names (N ranks on train.device).
 
 #include <boost/program_options.hpp>
 
@@ -18,7 +19,8 @@ int run_config(const Arguments& args) {
                                                     "experiment file (protobuf text)")(
       "set", po::value<std::vector<std::string>>()->composing(),
       "override a field: --set optimizer.lr=3e-4 (repeatable)")("json", "print JSON")(
-      "world-size", po::value<int>()->default_value(1), "ranks to validate the batch plan for");
+      "world-size", po::value<int>()->default_value(1),
+      "ranks of the job to validate for (the batch plan)");
   po::variables_map vm;
   po::store(po::command_line_parser(args).options(options).run(), vm);
   if (vm.count("help")) {
@@ -32,7 +34,11 @@ int run_config(const Arguments& args) {
   if (vm.count("set")) overrides = vm["set"].as<std::vector<std::string>>();
   config::Experiment experiment = config::load_experiment(path, overrides);
   int world_size = vm["world-size"].as<int>();
-  config::validate(experiment, {world_size, cuda_device_count() > 0, path, overrides});
+  // The job this describes may run elsewhere (a login node without a GPU describes a GPU job):
+  // take the device the experiment names as present. `kiln train` checks it for real.
+  config::ValidationContext context{world_size, cuda_device_count() > 0, path, overrides};
+  context.assume_named_device = true;
+  config::validate(experiment, context);
   config::BatchPlan plan = config::plan_batches(experiment, world_size);
   if (vm.count("json")) {
     std::cout << config::to_json(experiment) << "\n";

@@ -1,6 +1,5 @@
 // kiln train / kiln eval: run an experiment under mpirun (or alone as one rank).
 
-#include <mpi.h>
 #include <boost/program_options.hpp>
 
 #include <cstdio>
@@ -11,6 +10,7 @@
 #include "core/check.h"
 #include "core/device.h"
 #include "launch/commands.h"
+#include "launch/run_ranks.h"
 #include "train/trainer.h"
 
 namespace po = boost::program_options;
@@ -26,14 +26,25 @@ struct ExperimentArgs {
   bool json = false;
 };
 
-po::options_description experiment_options(const std::string& title) {
+// The options of both commands; `evaluate` picks the checkpoint option: train resumes from
+// one (--resume), eval reads one without training (--checkpoint, with --resume as an alias).
+po::options_description experiment_options(const std::string& title, bool evaluate) {
   po::options_description options(title);
   options.add_options()("help,h", "show this help")("config", po::value<std::string>()->required(),
                                                     "experiment file (protobuf text)")(
       "set", po::value<std::vector<std::string>>()->composing(),
-      "override a field by its path: --set optimizer.lr=3e-4 (repeatable)")(
-      "resume", po::value<std::string>(), "continue from a checkpoint: latest, or a directory")(
-      "quiet", "no per-interval log lines")("json", "print the final result as JSON");
+      "override a field by its path: --set optimizer.lr=3e-4 (repeatable)");
+  if (evaluate) {
+    options.add_options()("checkpoint", po::value<std::string>()->default_value("latest"),
+                          "the checkpoint to read: latest (the newest complete one in "
+                          "checkpoint.dir), or a checkpoint directory")(
+        "resume", po::value<std::string>(), "the same as --checkpoint");
+  } else {
+    options.add_options()("resume", po::value<std::string>(),
+                          "continue from a checkpoint: latest, or a directory");
+  }
+  options.add_options()("quiet", "no per-interval log lines")("json",
+                                                              "print the final result as JSON");
   return options;
 }
 
@@ -49,38 +60,15 @@ bool parse(const Arguments& args, const po::options_description& options, const 
   out->config = vm["config"].as<std::string>();
   if (vm.count("set")) out->overrides = vm["set"].as<std::vector<std::string>>();
   if (vm.count("resume")) out->resume = vm["resume"].as<std::string>();
+  if (vm.count("checkpoint")) {
+    if (vm.count("resume") && !vm["checkpoint"].defaulted()) {
+      throw InputError("--resume is another name for --checkpoint: give one of the two");
+    }
+    if (!vm.count("resume")) out->resume = vm["checkpoint"].as<std::string>();
+  }
   out->quiet = vm.count("quiet") > 0;
   out->json = vm.count("json") > 0;
   return true;
-}
-
-// Runs `body` on every rank; an error on any rank is printed (configuration errors once, by
-// rank 0) and ends the whole job with MPI_Abort, so no rank waits forever in a collective.
-template <typename Body>
-int run_on_all_ranks(const char* command, Body body) {
-  const World& world = init_world();
-  int code = 0;
-  try {
-    code = body(world);
-  } catch (const config::ConfigError& e) {
-    if (world.rank == 0) std::cerr << "kiln " << command << ": " << e.what() << "\n";
-    code = 2;
-  } catch (const InputError& e) {
-    std::cerr << "kiln " << command
-              << (world.size > 1 ? " [rank " + std::to_string(world.rank) + "]" : "") << ": "
-              << e.what() << "\n";
-    code = 2;
-  } catch (const std::exception& e) {
-    std::cerr << "kiln " << command
-              << (world.size > 1 ? " [rank " + std::to_string(world.rank) + "]" : "") << ": "
-              << e.what() << "\n";
-    code = 1;
-  }
-  std::fflush(stdout);
-  std::fflush(stderr);
-  if (code != 0 && world.size > 1) MPI_Abort(MPI_COMM_WORLD, code);
-  finalize_world();
-  return code;
 }
 
 config::Experiment load_and_validate(const ExperimentArgs& a, const World& world) {
@@ -92,7 +80,7 @@ config::Experiment load_and_validate(const ExperimentArgs& a, const World& world
 }  // namespace
 
 int run_train(const Arguments& args) {
-  auto options = experiment_options("kiln train: train an experiment");
+  auto options = experiment_options("kiln train: train an experiment", false);
   ExperimentArgs a;
   if (!parse(args, options,
              "usage: kiln train --config FILE [--set path=value ...] [--resume latest|DIR]\n"
@@ -135,16 +123,17 @@ int run_train(const Arguments& args) {
 }
 
 int run_eval(const Arguments& args) {
-  auto options = experiment_options("kiln eval: evaluate a checkpoint on the eval split");
+  auto options = experiment_options("kiln eval: evaluate a checkpoint on the eval split", true);
   ExperimentArgs a;
-  if (!parse(args, options, "usage: kiln eval --config FILE --resume latest|DIR [--set ...]", &a)) {
+  if (!parse(args, options, "usage: kiln eval --config FILE [--checkpoint latest|DIR] [--set ...]",
+             &a)) {
     return 0;
   }
   return run_on_all_ranks("eval", [&](const World& world) {
     config::Experiment e = load_and_validate(a, world);
     train::TrainerOptions to;
     to.config_path = a.config;
-    to.resume = a.resume.empty() ? "latest" : a.resume;
+    to.resume = a.resume;  // --checkpoint, "latest" unless given
     to.quiet = true;
     to.evaluate_only = true;
     train::Trainer trainer(e, world, to);

@@ -17,7 +17,9 @@ struct ModelOptions {
   int image_channels = 1;
   bool cifar_stem = false;  // ResNet: 3x3 stride-1 stem without max-pool, for 32x32 images
   double dropout = 0.1;     // transformers
-  std::vector<int> mlp_hidden = {256, 128};
+  // mlp: hidden widths (empty: none). Kiln's commands take them from the experiment, whose
+  // default is declared once, in configs/kiln.proto (model.mlp_hidden).
+  std::vector<int> mlp_hidden;
   // BERT (HuggingFace BertConfig defaults)
   int vocab_size = 30522;
   int seq_len = 128;

@@ -262,7 +262,8 @@ TEST(GradientCheck, CatchesAWrongGradient) {
 }
 
 TEST(Mlp, StructureAndParameterCount) {
-  ModelOptions options;  // 1x28x28, hidden {256, 128}, 10 classes
+  ModelOptions options;  // 1x28x28, 10 classes
+  options.mlp_hidden = {256, 128};
   Model model = make_mlp(options);
   EXPECT_EQ(model.sample_shape, (Shape{1, 28, 28}));
   EXPECT_EQ(model.num_outputs, 10);

@@ -23,8 +23,9 @@ expect 2 "data.path" -- "$KILN" train --config "$TINY" --set data.kind=CIFAR10 -
 expect 2 "unknown command" -- "$KILN" trian
 expect 2 "required" -- "$KILN" train
 expect 2 "O2" -- "$KILN" train --config "$TINY" --set precision.opt_level=O2
-# Paths that are not regular files: an endless device, a directory (never read, never "truncated").
-expect 2 "character device" -- "$KILN" train --config "$TINY" --set model.init_from=/dev/zero
+expect 2 "give one of the two" -- "$KILN" eval --config "$TINY" --checkpoint latest --resume latest
+expect 2 "model.init_from = \"/dev/zero\": is a character device" -- "$KILN" train --config "$TINY" --set model.init_from=/dev/zero
+# Paths that are not regular files: a directory is said to be one (never read, never "truncated").
 expect 2 "directory" -- "$KILN" train --config "$TINY" --set model.init_from="$WORK"
 expect 2 "directory" -- "$KILN" train --config "$WORK"
 

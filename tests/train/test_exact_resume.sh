@@ -22,4 +22,12 @@ same_run "$WORK/a" "$WORK/b" 20
 "$KILN" eval --config "$TINY" --set logging.dir="$WORK/b" --set data.eval_split=train --set train.eval_batches=2 \
   > "$WORK/eval.log" 2>&1 || { cat "$WORK/eval.log"; fail "kiln eval of the step-20 checkpoint"; }
 grep -q "^eval: loss" "$WORK/eval.log" || { cat "$WORK/eval.log"; fail "no eval result line"; }
+# --checkpoint DIR picks an older checkpoint; --resume is its other name.
+step10="$WORK/b/checkpoints/step-000010"
+for flag in --checkpoint --resume; do
+  "$KILN" eval --config "$TINY" --set logging.dir="$WORK/b" --set data.eval_split=train --set train.eval_batches=2 \
+    "$flag" "$step10" > "$WORK/eval10$flag.log" 2>&1 || { cat "$WORK/eval10$flag.log"; fail "kiln eval $flag $step10"; }
+done
+cmp "$WORK/eval10--checkpoint.log" "$WORK/eval10--resume.log" || fail "--checkpoint and --resume read different checkpoints"
+! cmp -s "$WORK/eval.log" "$WORK/eval10--checkpoint.log" || fail "kiln eval --checkpoint $step10 evaluated the latest checkpoint"
 pass "resume at step 10 reproduces 20 uninterrupted steps bit for bit (np=$NP)"

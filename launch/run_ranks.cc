@@ -1,0 +1,39 @@
+#include "launch/run_ranks.h"
+
+#include <mpi.h>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "configs/experiment.h"
+#include "core/check.h"
+
+namespace kiln::launch {
+
+int run_on_all_ranks(const char* command, const std::function<int(const World&)>& body) {
+  const World& world = init_world();
+  const std::string rank_tag =
+      world.size > 1 ? " [rank " + std::to_string(world.rank) + "]" : std::string();
+  int code = 0;
+  try {
+    code = body(world);
+  } catch (const config::ConfigError& e) {
+    // Every rank loaded the same experiment: one copy of the message is enough.
+    if (world.rank == 0) std::cerr << "kiln " << command << ": " << e.what() << "\n";
+    code = 2;
+  } catch (const InputError& e) {
+    std::cerr << "kiln " << command << rank_tag << ": " << e.what() << "\n";
+    code = 2;
+  } catch (const std::exception& e) {
+    std::cerr << "kiln " << command << rank_tag << ": " << e.what() << "\n";
+    code = 1;
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  if (code != 0 && world.size > 1) MPI_Abort(MPI_COMM_WORLD, code);
+  finalize_world();
+  return code;
+}
+
+}  // namespace kiln::launch

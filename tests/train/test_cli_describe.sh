@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The commands that describe a job without running it: `kiln config` validates for the world it
+# names (a login node without a GPU describes an 8-GPU job), and `kiln model` describes the
+# model `kiln train` builds.
+source "$(dirname "$0")/lib.sh"
+
+# bert_base names train.device CUDA; this machine may have no GPU: kiln config still describes it.
+"$KILN" config --config "$SRC/configs/bert_base.pbtxt" --world-size 8 > "$WORK/config.txt" 2>&1 \
+  || { cat "$WORK/config.txt"; fail "kiln config of bert_base for 8 ranks"; }
+grep -q '^name: "bert_base"' "$WORK/config.txt" || { cat "$WORK/config.txt"; fail "no experiment printed"; }
+grep -qF "# batch plan for 8 rank(s): 64 per GPU x 8 accumulation x 8 = 4096 global" "$WORK/config.txt" \
+  || { cat "$WORK/config.txt"; fail "no batch plan for 8 ranks"; }
+# A field that promises what Kiln does not do is refused, naming it.
+code=0
+"$KILN" config --config "$TINY" --set train.cuda_graphs=true > "$WORK/graphs.txt" 2>&1 || code=$?
+[ "$code" = 2 ] || { cat "$WORK/graphs.txt"; fail "train.cuda_graphs=true: exit $code, want 2"; }
+grep -qF "train.cuda_graphs = true: capturing the step as a CUDA graph is not implemented yet" \
+  "$WORK/graphs.txt" || { cat "$WORK/graphs.txt"; fail "train.cuda_graphs message"; }
+
+# kiln model --name mlp and a trained mlp have the same parameters (hidden widths from the schema).
+described=$("$KILN" model --name mlp --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["parameters"])')
+"$KILN" train --config "$TINY" --set model.name=mlp --set train.steps=2 --set logging.dir="$WORK/mlp" \
+  > "$WORK/mlp.log" 2>&1 || { cat "$WORK/mlp.log"; fail "training the mlp"; }
+trained=$(sed -n 's/^training mlp (\([0-9]*\) parameters).*/\1/p' "$WORK/mlp.log")
+[ -n "$trained" ] || { cat "$WORK/mlp.log"; fail "no parameter count in the training log"; }
+[ "$described" = "$trained" ] || fail "kiln model says $described parameters, kiln train built $trained"
+# 784-512-256-10: the default widths [512, 256] of configs/kiln.proto.
+[ "$trained" = $(( 784 * 512 + 512 + 512 * 256 + 256 + 256 * 10 + 10 )) ] || fail "mlp of $trained parameters"
+pass "kiln config describes an 8-GPU job here; kiln model and kiln train agree on the mlp ($trained parameters)"
