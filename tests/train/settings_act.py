@@ -122,8 +122,10 @@ CASES = {
     "data.drop_last": (EPOCH + ["train.epochs=1", "train.batch_per_gpu=7000"],
                        EPOCH + ["train.epochs=1", "train.batch_per_gpu=7000", "data.drop_last=false"],
                        differs("files")),
-    "data.mlm_probability": (BERT + ["data.kind=TOKENS", "data.path=@TOKENS"],
-                             BERT + ["data.kind=TOKENS", "data.path=@TOKENS", "data.mlm_probability=0.5"],
+    # BERT's [MASK] is token 103: a vocabulary of 128.
+    "data.mlm_probability": (BERT + ["model.bert.vocab_size=128", "data.kind=TOKENS", "data.path=@TOKENS"],
+                             BERT + ["model.bert.vocab_size=128", "data.kind=TOKENS", "data.path=@TOKENS",
+                                     "data.mlm_probability=0.5"],
                              differs("losses")),
     "data.eval_split": ([], ["data.eval_split=train", "train.eval_batches=1"], differs("eval")),
     "data.augmentation.random_crop_padding": (AUGMENT, AUGMENT + ["data.augmentation.random_crop_padding=4"], differs("losses")),
@@ -173,7 +175,8 @@ CASES = {
     "precision.loss_scale.max_scale": (SCALED, SCALED + ["precision.loss_scale.max_scale=2048"], differs("scale")),
     "precision.loss_scale.backoff_factor": (SCALED + ["@INF"], SCALED + ["@INF", "precision.loss_scale.backoff_factor=0.25"], differs("scale")),
     "precision.loss_scale.min_scale": (SCALED + ["@INF", "precision.loss_scale.min_scale=1"],
-                                       SCALED + ["@INF", "precision.loss_scale.min_scale=512"], differs("scale")),
+                                       SCALED + ["@INF", "precision.loss_scale.min_scale=512"],
+                                       fails_with("overflow at the minimum scale 512")),
     "parallel.allreduce_in_half": (["@NP2"], ["@NP2", "parallel.allreduce_in_half=true", "precision.half=BF16"], differs("losses")),
     "parallel.backend": (["@NP2"], ["@NP2", "parallel.backend=NCCL"], fails_with("NCCL")),
     "train.device": ([], ["train.device=CUDA"], fails_with("CUDA")),
@@ -255,14 +258,17 @@ def schema_fields():
 
 
 def write_tokens():
-    """A TOKENS dataset: int32 token files train.bin and test.bin."""
+    """A TOKENS dataset in Kiln's token-file format (data/token_dataset.h): train.tok, test.tok."""
+    import random
+    import struct
     d = os.path.join(WORK, "tokens")
     os.makedirs(d, exist_ok=True)
-    import array
-    import random
     rng = random.Random(0)
-    for name in ("train.bin", "test.bin"):
-        array.array("i", [rng.randrange(5, 64) for _ in range(4096)]).tofile(open(os.path.join(d, name), "wb"))
+    for name in ("train.tok", "test.tok"):
+        tokens = [rng.randrange(5, 64) for _ in range(4096)]
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(b"KILNTOK\0" + struct.pack("<IIQQ", 1, 4, 128, len(tokens)))
+            f.write(struct.pack(f"<{len(tokens)}I", *tokens))
     return d
 
 
