@@ -27,18 +27,6 @@ DType activation_dtype(const Context& ctx, DType parameter_dtype) {
   return parameter_dtype == DType::F64 ? DType::F64 : ctx.precision.activation;
 }
 
-const Tensor& CastCache::get(const Parameter& p, DType dtype, std::uint64_t weights_version) {
-  if (p.value.dtype() == dtype) return p.value;
-  if (!cast_.defined() || source_ != p.value.data() || version_ != weights_version ||
-      dtype_ != dtype || cast_.device() != p.value.device()) {
-    cast_ = p.value.to(dtype);
-    source_ = p.value.data();
-    version_ = weights_version;
-    dtype_ = dtype;
-  }
-  return cast_;
-}
-
 void accumulate(Tensor& grad, const Tensor& src) {
   KILN_CHECK(grad.numel() == src.numel(),
              "accumulate: gradient " + grad.str() + " and source " + src.str() + " differ");
@@ -196,14 +184,14 @@ bool use_fused_attention(Device dev, DType mm, std::int64_t bh, std::int64_t d, 
 // y (rows, out) = x w^T + bias: on CUDA one cuBLASLt GEMM with the bias in its epilogue (the bias
 // cast to y's dtype once per weights version), elsewhere a GEMM and a bias pass.
 void project(const Context& ctx, const Tensor& x, const Tensor& w, const Parameter& bias,
-             transformer_ops::CastCache& bias_cache, Tensor& y) {
+             WeightCastCache& bias_cache, Tensor& y) {
   (void)ctx, (void)bias_cache;  // used by the CUDA path only
   if (y.device().is_cuda()) {
 #if KILN_WITH_CUDA
     DeviceGuard guard(y.device());
     Tensor saved;
     std::int64_t saved_ld = 0;
-    cuda::linear_forward(x, w, bias_cache.get(bias, y.dtype(), ctx.weights_version),
+    cuda::linear_forward(x, w, bias_cache.get(bias.value, y.dtype(), ctx.weights_version),
                          Activation::None, y, saved, saved_ld);
 #endif
     return;
@@ -284,12 +272,12 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
   x_mm_ = x.contiguous().view({n, e}).to(mm);
   Tensor qkv = Tensor::empty({n, 3 * e}, mm, dev);
   if (layout_ == QkvLayout::FusedQKV) {
-    const Tensor& w = qkv_cache_[0].get(*qkv_weights_[0], mm, ctx.weights_version);
+    const Tensor& w = qkv_cache_[0].get(qkv_weights_[0]->value, mm, ctx.weights_version);
     project(ctx, x_mm_, w, *qkv_biases_[0], qkv_bias_cache_, qkv);
   } else {
     Tensor qkv_bias = Tensor::empty({3 * e}, qkv_biases_[0]->value.dtype(), dev);
     for (std::size_t i = 0; i < 3; ++i) {
-      const Tensor& w = qkv_cache_[i].get(*qkv_weights_[i], mm, ctx.weights_version);
+      const Tensor& w = qkv_cache_[i].get(qkv_weights_[i]->value, mm, ctx.weights_version);
       std::int64_t lo = static_cast<std::int64_t>(i) * e;
       Tensor part = qkv.slice(1, lo, lo + e);
       ops::gemm(false, true, 1.0, x_mm_, w, 0.0, part);
@@ -338,7 +326,7 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
 
   // y = ctx W_o^T + b_o
   Tensor y = Tensor::empty({n, e}, activation_, dev);
-  project(ctx, context_, out_cache_.get(*out_weight_, mm, ctx.weights_version), *out_bias_,
+  project(ctx, context_, out_cache_.get(out_weight_->value, mm, ctx.weights_version), *out_bias_,
           out_bias_cache_, y);
   return y.view({b, t, e});
 }
@@ -392,8 +380,8 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
   transformer_ops::accumulate_bias_grad(dy2, out_bias_->grad);
   transformer_ops::gemm_accumulate(true, false, dy_mm, context_, out_weight_->grad);
   Tensor dcontext = Tensor::empty({n, e}, mm, dev);
-  ops::gemm(false, false, 1.0, dy_mm, out_cache_.get(*out_weight_, mm, ctx.weights_version), 0.0,
-            dcontext);
+  ops::gemm(false, false, 1.0, dy_mm, out_cache_.get(out_weight_->value, mm, ctx.weights_version),
+            0.0, dcontext);
   double p = dropout_active_ ? dropout_ : 0.0;
   Tensor dqkv;  // (N, 3E)
   if (lse_.defined()) {
@@ -420,8 +408,8 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
   if (layout_ == QkvLayout::FusedQKV) {
     transformer_ops::accumulate_bias_grad(dqkv, qkv_biases_[0]->grad);
     transformer_ops::gemm_accumulate(true, false, dqkv, x_mm_, qkv_weights_[0]->grad);
-    ops::gemm(false, false, 1.0, dqkv, qkv_cache_[0].get(*qkv_weights_[0], mm, ctx.weights_version),
-              0.0, dx);
+    ops::gemm(false, false, 1.0, dqkv,
+              qkv_cache_[0].get(qkv_weights_[0]->value, mm, ctx.weights_version), 0.0, dx);
   } else {
     Tensor bias_sums = Tensor::zeros({3 * e}, sd, dev);  // (3E)
     transformer_ops::accumulate_bias_grad(dqkv, bias_sums);
@@ -431,8 +419,8 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
       transformer_ops::accumulate(qkv_biases_[i]->grad, bias_sums.slice(0, lo, lo + e));
       transformer_ops::gemm_accumulate(true, false, part, x_mm_, qkv_weights_[i]->grad);
       ops::gemm(false, false, 1.0, part,
-                qkv_cache_[i].get(*qkv_weights_[i], mm, ctx.weights_version), i == 0 ? 0.0 : 1.0,
-                dx);
+                qkv_cache_[i].get(qkv_weights_[i]->value, mm, ctx.weights_version),
+                i == 0 ? 0.0 : 1.0, dx);
     }
   }
   return dx.view({b, t, e});

@@ -31,6 +31,7 @@
 #include <cstdint>
 
 #include "layers/layer.h"
+#include "layers/weight_cast_cache.h"
 
 namespace kiln {
 
@@ -43,19 +44,6 @@ DType matmul_dtype(const Context& ctx, DType activation);
 // The activation dtype a layer whose parameters are `parameter_dtype` produces from a non-floating
 // input (token ids) or casts a floating input to: F64 for f64 parameters, else the policy's.
 DType activation_dtype(const Context& ctx, DType parameter_dtype);
-
-// p's value cast to `dtype`, recast only when the weights version, the storage or the dtype
-// changed (O1 casts fp32 weights to half once per optimizer step, not once per use).
-class CastCache {
- public:
-  const Tensor& get(const Parameter& p, DType dtype, std::uint64_t weights_version);
-
- private:
-  Tensor cast_;
-  const void* source_ = nullptr;
-  std::uint64_t version_ = 0;
-  DType dtype_ = DType::F32;
-};
 
 // grad += src (any floating dtypes, same number of elements).
 void accumulate(Tensor& grad, const Tensor& src);
@@ -116,9 +104,9 @@ class MultiHeadSelfAttention : public Layer {
   QkvLayout layout_;
   // SeparateQKV: three weights and biases; FusedQKV: one (3E, E) weight and one (3E) bias.
   std::vector<Parameter*> qkv_weights_, qkv_biases_;
-  std::vector<transformer_ops::CastCache> qkv_cache_;
-  transformer_ops::CastCache out_cache_;
-  transformer_ops::CastCache qkv_bias_cache_, out_bias_cache_;  // CUDA bias epilogues
+  std::vector<WeightCastCache> qkv_cache_;
+  WeightCastCache out_cache_;
+  WeightCastCache qkv_bias_cache_, out_bias_cache_;  // CUDA bias epilogues
   Parameter* out_weight_;
   Parameter* out_bias_;
   // Saved by forward for backward.

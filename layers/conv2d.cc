@@ -362,16 +362,7 @@ Tensor Conv2d::compute_weight(const Context& ctx, DType dtype, bool channels_las
     return channels_last ? w.permute({0, 2, 3, 1}).contiguous() : w.contiguous();
   }
   // A cast to half: once per optimizer update, as Apex O1 does.
-  if (!cached_weight_.defined() || cached_weights_version_ != ctx.weights_version ||
-      cached_dtype_ != dtype || cached_channels_last_ != channels_last ||
-      cached_source_ != w.data() || cached_weight_.device() != w.device()) {
-    cached_weight_ = (channels_last ? w.permute({0, 2, 3, 1}) : w).to(dtype);
-    cached_weights_version_ = ctx.weights_version;
-    cached_dtype_ = dtype;
-    cached_channels_last_ = channels_last;
-    cached_source_ = w.data();
-  }
-  return cached_weight_;
+  return weight_cache_.get(w, dtype, ctx.weights_version, channels_last);
 }
 
 Tensor Conv2d::forward_cuda(Context& ctx, const Tensor& x) {

@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "layers/layer.h"
+#include "layers/weight_cast_cache.h"
 
 namespace kiln {
 
@@ -132,11 +133,7 @@ class Conv2d : public Layer {
   DType saved_input_dtype_ = DType::F32;
   Conv2dGeometry saved_geometry_;
 
-  Tensor cached_weight_;
-  std::uint64_t cached_weights_version_ = 0;
-  DType cached_dtype_ = DType::F32;
-  bool cached_channels_last_ = false;
-  const void* cached_source_ = nullptr;
+  WeightCastCache weight_cache_;
 };
 
 // The CUDA implementation (layers/cuda/conv2d.cc), following the lifecycle

@@ -72,34 +72,8 @@ void Linear::reset_parameters(std::uint64_t seed) {
   std::uint64_t base = seed * 0x9E3779B97F4A7C15ull + 0x1234567ull;
   ops::fill_uniform(weight_->value, -bound, bound, base);
   if (bias_) ops::fill_uniform(bias_->value, -bound, bound, base + 1);
-  weight_cache_ = CastCache{};
-  bias_cache_ = CastCache{};
-}
-
-const Tensor& Linear::weight_as(const Context& ctx, DType dtype) {
-  const Tensor& value = weight_->value;
-  if (value.dtype() == dtype) return value;
-  CastCache& c = weight_cache_;
-  if (!c.value.defined() || c.version != ctx.weights_version || c.source != value.data() ||
-      c.value.dtype() != dtype || c.value.device() != value.device()) {
-    c.value = value.to(dtype).contiguous();
-    c.version = ctx.weights_version;
-    c.source = value.data();
-  }
-  return c.value;
-}
-
-const Tensor& Linear::bias_as(const Context& ctx, DType dtype) {
-  const Tensor& value = bias_->value;
-  if (value.dtype() == dtype) return value;
-  CastCache& c = bias_cache_;
-  if (!c.value.defined() || c.version != ctx.weights_version || c.source != value.data() ||
-      c.value.dtype() != dtype || c.value.device() != value.device()) {
-    c.value = value.to(dtype).contiguous();
-    c.version = ctx.weights_version;
-    c.source = value.data();
-  }
-  return c.value;
+  weight_cache_.clear();
+  bias_cache_.clear();
 }
 
 Tensor Linear::forward_impl(Context& ctx, const Tensor& x) {  // (N..., in) -> (N..., out)

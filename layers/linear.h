@@ -17,6 +17,7 @@
 
 #include "layers/activations.h"
 #include "layers/layer.h"
+#include "layers/weight_cast_cache.h"
 
 namespace kiln {
 
@@ -47,20 +48,19 @@ class Linear : public Layer {
 
  private:
   // The weight (and bias) in `dtype`: the parameter itself, or a copy cached per weights_version.
-  const Tensor& weight_as(const Context& ctx, DType dtype);
-  const Tensor& bias_as(const Context& ctx, DType dtype);
+  const Tensor& weight_as(const Context& ctx, DType dtype) {
+    return weight_cache_.get(weight_->value, dtype, ctx.weights_version);
+  }
+  const Tensor& bias_as(const Context& ctx, DType dtype) {
+    return bias_cache_.get(bias_->value, dtype, ctx.weights_version);
+  }
 
   std::int64_t in_features_, out_features_;
   Activation activation_;
   Parameter* weight_ = nullptr;
   Parameter* bias_ = nullptr;
 
-  struct CastCache {
-    Tensor value;
-    std::uint64_t version = 0;
-    const void* source = nullptr;
-  };
-  CastCache weight_cache_, bias_cache_;
+  WeightCastCache weight_cache_, bias_cache_;
 
   // Saved by forward for backward.
   Shape input_shape_;

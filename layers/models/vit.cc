@@ -74,7 +74,7 @@ class PatchEmbedding : public Layer {
                    .view({n, k});
     Tensor y = Tensor::empty({n, hidden_}, act, x.device());
     ops::gemm(false, true, 1.0, patches_,
-              cache_.get(*weight_, mm, ctx.weights_version).view({hidden_, k}), 0.0, y);
+              cache_.get(weight_->value, mm, ctx.weights_version).view({hidden_, k}), 0.0, y);
     transformer_ops::add_bias(y, bias_->value);
     activation_ = act;
     return y.view({b, hp * wp, hidden_});
@@ -90,7 +90,8 @@ class PatchEmbedding : public Layer {
     transformer_ops::gemm_accumulate(true, false, dy_mm, patches_, grad2);
     Tensor dpatches = Tensor::empty({n, k}, activation_, dy.device());
     ops::gemm(false, false, 1.0, dy_mm,
-              cache_.get(*weight_, mm, ctx.weights_version).view({hidden_, k}), 0.0, dpatches);
+              cache_.get(weight_->value, mm, ctx.weights_version).view({hidden_, k}), 0.0,
+              dpatches);
     return dpatches.view({b, hp, wp, channels_, patch_, patch_})
         .permute({0, 3, 1, 4, 2, 5})
         .contiguous()
@@ -101,7 +102,7 @@ class PatchEmbedding : public Layer {
   std::int64_t channels_, hidden_, patch_;
   Parameter* weight_;
   Parameter* bias_;
-  transformer_ops::CastCache cache_;
+  WeightCastCache cache_;
   Tensor patches_;  // (N, C*P*P) in the matmul dtype
   Shape image_shape_;
   DType activation_ = DType::F32;
