@@ -27,27 +27,6 @@ DType activation_dtype(const Context& ctx, DType parameter_dtype) {
   return parameter_dtype == DType::F64 ? DType::F64 : ctx.precision.activation;
 }
 
-void accumulate(Tensor& grad, const Tensor& src) {
-  KILN_CHECK(grad.numel() == src.numel(),
-             "accumulate: gradient " + grad.str() + " and source " + src.str() + " differ");
-  Tensor s = src.to(grad.device(), grad.dtype()).contiguous().view(grad.shape());
-  ops::axpy(1.0, s, grad);
-}
-
-void gemm_accumulate(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, Tensor& grad,
-                     double alpha) {
-  bool direct = grad.is_contiguous() &&
-                (grad.dtype() == a.dtype() || (is_half(a.dtype()) && grad.dtype() == DType::F32));
-  if (direct) {
-    ops::gemm(trans_a, trans_b, alpha, a, b, 1.0, grad);
-    return;
-  }
-  DType wide = is_half(a.dtype()) ? DType::F32 : a.dtype();
-  Tensor tmp = Tensor::empty(grad.shape(), wide, grad.device());
-  ops::gemm(trans_a, trans_b, alpha, a, b, 0.0, tmp);
-  accumulate(grad, tmp);
-}
-
 void add_bias(Tensor& y, const Tensor& bias) {
   KILN_CHECK(y.dim() == 2 && y.is_contiguous() && bias.numel() == y.size(1),
              "add_bias: expected contiguous (rows, C) and (C), got " + y.str() + ", " + bias.str());
@@ -81,7 +60,7 @@ void accumulate_bias_grad(const Tensor& dy, Tensor& bias_grad) {
     return;
   }
   Tensor sums = ops::reduce_cols(d.view({-1, bias_grad.numel()}), ops::Reduction::Sum);
-  accumulate(bias_grad, sums);
+  ops::accumulate(bias_grad, sums);
 }
 
 }  // namespace transformer_ops
@@ -378,7 +357,7 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
 
   // Output projection.
   transformer_ops::accumulate_bias_grad(dy2, out_bias_->grad);
-  transformer_ops::gemm_accumulate(true, false, dy_mm, context_, out_weight_->grad);
+  ops::gemm_accumulate(true, false, dy_mm, context_, out_weight_->grad);
   Tensor dcontext = Tensor::empty({n, e}, mm, dev);
   ops::gemm(false, false, 1.0, dy_mm, out_cache_.get(out_weight_->value, mm, ctx.weights_version),
             0.0, dcontext);
@@ -407,7 +386,7 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
   Tensor dx = Tensor::empty({n, e}, activation_, dev);
   if (layout_ == QkvLayout::FusedQKV) {
     transformer_ops::accumulate_bias_grad(dqkv, qkv_biases_[0]->grad);
-    transformer_ops::gemm_accumulate(true, false, dqkv, x_mm_, qkv_weights_[0]->grad);
+    ops::gemm_accumulate(true, false, dqkv, x_mm_, qkv_weights_[0]->grad);
     ops::gemm(false, false, 1.0, dqkv,
               qkv_cache_[0].get(qkv_weights_[0]->value, mm, ctx.weights_version), 0.0, dx);
   } else {
@@ -416,8 +395,8 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
     for (std::size_t i = 0; i < 3; ++i) {
       std::int64_t lo = static_cast<std::int64_t>(i) * e;
       Tensor part = dqkv.slice(1, lo, lo + e);
-      transformer_ops::accumulate(qkv_biases_[i]->grad, bias_sums.slice(0, lo, lo + e));
-      transformer_ops::gemm_accumulate(true, false, part, x_mm_, qkv_weights_[i]->grad);
+      ops::accumulate(qkv_biases_[i]->grad, bias_sums.slice(0, lo, lo + e));
+      ops::gemm_accumulate(true, false, part, x_mm_, qkv_weights_[i]->grad);
       ops::gemm(false, false, 1.0, part,
                 qkv_cache_[i].get(qkv_weights_[i]->value, mm, ctx.weights_version),
                 i == 0 ? 0.0 : 1.0, dx);

@@ -45,12 +45,6 @@ DType matmul_dtype(const Context& ctx, DType activation);
 // input (token ids) or casts a floating input to: F64 for f64 parameters, else the policy's.
 DType activation_dtype(const Context& ctx, DType parameter_dtype);
 
-// grad += src (any floating dtypes, same number of elements).
-void accumulate(Tensor& grad, const Tensor& src);
-// Parameter gradient of a linear map: grad += alpha * op(a) op(b), straight into grad when its
-// dtype allows, else through a temporary.
-void gemm_accumulate(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, Tensor& grad,
-                     double alpha = 1.0);
 // y (rows, C) += bias (C) broadcast over rows.
 void add_bias(Tensor& y, const Tensor& bias);
 // bias_grad (C) += sum over rows of dy (rows, C), in a fixed order.

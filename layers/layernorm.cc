@@ -4,7 +4,6 @@
 
 #include "core/cpu/element.h"
 #include "core/ops.h"
-#include "layers/attention.h"
 
 namespace kiln {
 
@@ -132,8 +131,8 @@ Tensor LayerNorm::backward_impl(Context& ctx, const Tensor& dy) {
                           db.data<C>());
     });
   }
-  transformer_ops::accumulate(weight_->grad, dw);
-  transformer_ops::accumulate(bias_->grad, db);
+  ops::accumulate(weight_->grad, dw);
+  ops::accumulate(bias_->grad, db);
   return dx.view(dy.shape());
 }
 

@@ -8,11 +8,6 @@
 namespace kiln {
 namespace {
 
-// grad += value, casting value to grad's dtype where they differ.
-void accumulate_into(Tensor& grad, const Tensor& value) {
-  ops::axpy(1.0, value.dtype() == grad.dtype() ? value : value.to(grad.dtype()), grad);
-}
-
 // z (M, out) += bias (out), then act in place; host, contiguous, z in f32 or f64.
 template <typename C>
 void cpu_bias_activation(Tensor& z, const Tensor& bias, Activation act, Tensor& y) {
@@ -147,15 +142,8 @@ Tensor Linear::backward_impl(Context& ctx, const Tensor& dy) {
       cpu_activation_grad<float>(g, saved_activation_, activation_, dz);
   }
   // weight.grad += dz^T x: straight into the grad when it has the compute dtype.
-  Tensor& wg = weight_->grad;
-  if (wg.dtype() == compute && wg.is_contiguous()) {
-    ops::gemm(true, false, 1.0, dz, saved_input_, 1.0, wg);
-  } else {
-    Tensor tmp = Tensor::empty({out_features_, in_features_}, compute);
-    ops::gemm(true, false, 1.0, dz, saved_input_, 0.0, tmp);
-    accumulate_into(wg, tmp);
-  }
-  if (bias_) accumulate_into(bias_->grad, ops::reduce_cols(dz, ops::Reduction::Sum));
+  ops::gemm_accumulate(true, false, dz, saved_input_, weight_->grad);
+  if (bias_) ops::accumulate(bias_->grad, ops::reduce_cols(dz, ops::Reduction::Sum));
   Tensor w = weight_->value.to(compute).contiguous();
   Tensor dx = Tensor::empty({rows, in_features_}, compute);  // (M, in) = dz (M, out) W (out, in)
   ops::gemm(false, false, 1.0, dz, w, 0.0, dx);

@@ -115,7 +115,7 @@ class TiedDecoder : public Layer {
     Tensor dy2 = dy.contiguous().view({n, vocab_});
     Tensor dy_mm = dy2.to(mm);
     transformer_ops::accumulate_bias_grad(dy2, bias_->grad);
-    transformer_ops::gemm_accumulate(true, false, dy_mm, x_mm_, weight_->grad);
+    ops::gemm_accumulate(true, false, dy_mm, x_mm_, weight_->grad);
     Tensor dx = Tensor::empty({n, hidden_}, activation_, dy.device());  // mm, or f32 from half
     ops::gemm(false, false, 1.0, dy_mm, cache_.get(weight_->value, mm, ctx.weights_version), 0.0,
               dx);

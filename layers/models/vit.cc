@@ -87,7 +87,7 @@ class PatchEmbedding : public Layer {
     Tensor dy_mm = dy2.to(mm);
     transformer_ops::accumulate_bias_grad(dy2, bias_->grad);
     Tensor grad2 = weight_->grad.view({hidden_, k});
-    transformer_ops::gemm_accumulate(true, false, dy_mm, patches_, grad2);
+    ops::gemm_accumulate(true, false, dy_mm, patches_, grad2);
     Tensor dpatches = Tensor::empty({n, k}, activation_, dy.device());
     ops::gemm(false, false, 1.0, dy_mm,
               cache_.get(weight_->value, mm, ctx.weights_version).view({hidden_, k}), 0.0,
@@ -187,8 +187,8 @@ class VisionTransformer : public Layer {
     Tensor dtokens = dropout_->backward(ctx, dh).contiguous();  // (B, L+1, E)
     // pos_embedding gets the batch sum; the class token gets its row 0.
     Tensor sums = ops::reduce_cols(dtokens.view({batch_, tokens_ * hidden_}), ops::Reduction::Sum);
-    transformer_ops::accumulate(pos_embedding_->grad, sums);
-    transformer_ops::accumulate(class_token_->grad, sums.slice(0, 0, hidden_));
+    ops::accumulate(pos_embedding_->grad, sums);
+    ops::accumulate(class_token_->grad, sums.slice(0, 0, hidden_));
     return conv_proj_->backward(ctx, dtokens.slice(1, 1, tokens_).contiguous());
   }
 
