@@ -6,11 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define KILN_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define KILN_HOST_DEVICE inline
-#endif
+#include "core/host_device.h"
 
 namespace kiln {
 
@@ -18,15 +14,16 @@ struct Philox4x32 {
   std::uint32_t v[4];
 };
 
-KILN_HOST_DEVICE std::uint32_t philox_mulhilo(std::uint32_t a, std::uint32_t b, std::uint32_t* hi) {
+KILN_HOST_DEVICE_INLINE std::uint32_t philox_mulhilo(std::uint32_t a, std::uint32_t b,
+                                                     std::uint32_t* hi) {
   std::uint64_t p = static_cast<std::uint64_t>(a) * b;
   *hi = static_cast<std::uint32_t>(p >> 32);
   return static_cast<std::uint32_t>(p);
 }
 
 // Four 32-bit random words for `counter` under `key`.
-KILN_HOST_DEVICE Philox4x32 philox(std::uint64_t counter, std::uint64_t key,
-                                   std::uint64_t stream = 0) {
+KILN_HOST_DEVICE_INLINE Philox4x32 philox(std::uint64_t counter, std::uint64_t key,
+                                          std::uint64_t stream = 0) {
   std::uint32_t c0 = static_cast<std::uint32_t>(counter),
                 c1 = static_cast<std::uint32_t>(counter >> 32);
   std::uint32_t c2 = static_cast<std::uint32_t>(stream),
@@ -48,19 +45,20 @@ KILN_HOST_DEVICE Philox4x32 philox(std::uint64_t counter, std::uint64_t key,
 }
 
 // Uniform in (0, 1): never 0, so log() is safe.
-KILN_HOST_DEVICE double philox_uniform(std::uint32_t word) {
+KILN_HOST_DEVICE_INLINE double philox_uniform(std::uint32_t word) {
   return (static_cast<double>(word) + 0.5) * (1.0 / 4294967296.0);
 }
 
 // The 32-bit word for element i of a stream keyed by (seed, offset).
-KILN_HOST_DEVICE std::uint32_t philox_word(std::uint64_t seed, std::uint64_t offset,
-                                           std::uint64_t i) {
+KILN_HOST_DEVICE_INLINE std::uint32_t philox_word(std::uint64_t seed, std::uint64_t offset,
+                                                  std::uint64_t i) {
   Philox4x32 r = philox(offset + i / 4, seed);
   return r.v[i % 4];
 }
 
 // A standard normal for element i (Box-Muller over pairs of words of one Philox block).
-KILN_HOST_DEVICE double philox_normal(std::uint64_t seed, std::uint64_t offset, std::uint64_t i) {
+KILN_HOST_DEVICE_INLINE double philox_normal(std::uint64_t seed, std::uint64_t offset,
+                                             std::uint64_t i) {
   Philox4x32 r = philox(offset + i / 4, seed);
   unsigned pair = static_cast<unsigned>((i % 4) / 2);
   double u1 = philox_uniform(r.v[2 * pair]);

@@ -9,7 +9,7 @@
 #include <cmath>
 #include <string>
 
-#include "core/random.h"  // KILN_HOST_DEVICE
+#include "core/host_device.h"
 #include "layers/layer.h"
 
 namespace kiln {
@@ -28,18 +28,18 @@ enum class GeluForm { Erf, Tanh };
 // The normal CDF as erfc(-x / sqrt 2) / 2: 1 + erf(x / sqrt 2) cancels for negative x (3 digits
 // lost at x = -3), where CPU and GPU would then differ far beyond rounding.
 template <typename T>
-KILN_HOST_DEVICE T gelu_erf(T x) {
+KILN_HOST_DEVICE_INLINE T gelu_erf(T x) {
   return T(0.5) * x * ::erfc(x * T(-0.70710678118654752440));
 }
 template <typename T>
-KILN_HOST_DEVICE T gelu_erf_grad(T x) {
+KILN_HOST_DEVICE_INLINE T gelu_erf_grad(T x) {
   T cdf = T(0.5) * ::erfc(x * T(-0.70710678118654752440));
   T pdf = ::exp(T(-0.5) * x * x) * T(0.39894228040143267794);  // 1/sqrt(2 pi)
   return cdf + x * pdf;
 }
 // sigmoid(z) and 1 - sigmoid(z), each without cancellation (e = exp(-|z|) never overflows).
 template <typename T>
-KILN_HOST_DEVICE void sigmoid_pair(T z, T& s, T& one_minus_s) {
+KILN_HOST_DEVICE_INLINE void sigmoid_pair(T z, T& s, T& one_minus_s) {
   T e = ::exp(-::fabs(z));
   T r = T(1) / (T(1) + e);
   s = z >= T(0) ? r : e * r;
@@ -48,14 +48,14 @@ KILN_HOST_DEVICE void sigmoid_pair(T z, T& s, T& one_minus_s) {
 // The tanh form, computed as x * sigmoid(2u) (= x (1 + tanh u) / 2): the textbook 1 + tanh u
 // cancels for negative x, where CPU and GPU tanh would then differ in the last digits.
 template <typename T>
-KILN_HOST_DEVICE T gelu_tanh(T x) {
+KILN_HOST_DEVICE_INLINE T gelu_tanh(T x) {
   T inner = T(0.79788456080286535588) * (x + T(0.044715) * x * x * x);  // sqrt(2/pi)
   T s, one_minus_s;
   sigmoid_pair(T(2) * inner, s, one_minus_s);
   return x * s;
 }
 template <typename T>
-KILN_HOST_DEVICE T gelu_tanh_grad(T x) {
+KILN_HOST_DEVICE_INLINE T gelu_tanh_grad(T x) {
   T inner = T(0.79788456080286535588) * (x + T(0.044715) * x * x * x);
   T dinner = T(0.79788456080286535588) * (T(1) + T(3) * T(0.044715) * x * x);
   T s, one_minus_s;
@@ -66,7 +66,7 @@ KILN_HOST_DEVICE T gelu_tanh_grad(T x) {
 
 // act(z) and act'(z) for the epilogue activations (ReLU's derivative at 0 is 0, as PyTorch's).
 template <typename T>
-KILN_HOST_DEVICE T activation_apply(Activation a, T z) {
+KILN_HOST_DEVICE_INLINE T activation_apply(Activation a, T z) {
   switch (a) {
     case Activation::ReLU:
       return z > T(0) ? z : T(0);
@@ -79,7 +79,7 @@ KILN_HOST_DEVICE T activation_apply(Activation a, T z) {
   }
 }
 template <typename T>
-KILN_HOST_DEVICE T activation_grad(Activation a, T z) {
+KILN_HOST_DEVICE_INLINE T activation_grad(Activation a, T z) {
   switch (a) {
     case Activation::ReLU:
       return z > T(0) ? T(1) : T(0);

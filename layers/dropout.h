@@ -17,7 +17,7 @@
 
 namespace kiln {
 
-KILN_HOST_DEVICE std::uint64_t dropout_key(std::uint64_t seed, std::uint64_t layer_id) {
+KILN_HOST_DEVICE_INLINE std::uint64_t dropout_key(std::uint64_t seed, std::uint64_t layer_id) {
   // splitmix64 of the pair, so neighbouring layers and seeds get unrelated streams
   std::uint64_t z = seed + 0x9E3779B97F4A7C15ull * (layer_id + 1);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -26,8 +26,8 @@ KILN_HOST_DEVICE std::uint64_t dropout_key(std::uint64_t seed, std::uint64_t lay
 }
 
 // Whether element i is kept, for drop probability p.
-KILN_HOST_DEVICE bool dropout_keep(std::uint64_t key, std::uint64_t step, std::uint64_t i,
-                                   double p) {
+KILN_HOST_DEVICE_INLINE bool dropout_keep(std::uint64_t key, std::uint64_t step, std::uint64_t i,
+                                          double p) {
   Philox4x32 r = philox(i / 4, key, step);
   return philox_uniform(r.v[i % 4]) >= p;
 }
