@@ -3,6 +3,7 @@
 #include <cmath>
 #include <mutex>
 
+#include "core/gemm_algorithm.h"
 #include "core/ops.h"
 
 namespace kiln {
@@ -59,6 +60,10 @@ ConvAlgorithmOptions default_conv_algorithm_options() {
 void set_default_conv_algorithm_options(const ConvAlgorithmOptions& options) {
   std::lock_guard<std::mutex> lock(defaults_mutex());
   defaults() = options;
+  // GEMMs follow cudnn.benchmark's analogue until their own options are set.
+  follow_conv_algorithm_search(options.search == ConvAlgorithmSearch::Benchmark
+                                   ? GemmAlgorithmSearch::Benchmark
+                                   : GemmAlgorithmSearch::Heuristic);
 }
 
 Conv2d::Conv2d(std::int64_t in_channels, std::int64_t out_channels,
