@@ -8,6 +8,8 @@
 
 #include "core/cpu/element.h"
 #include "core/ops.h"
+#include "layers/cuda/attention_cuda.h"
+#include "layers/cuda/linear_cuda.h"
 #include "layers/dropout.h"
 #include "layers/linear.h"
 
@@ -32,10 +34,8 @@ void add_bias(Tensor& y, const Tensor& bias) {
              "add_bias: expected contiguous (rows, C) and (C), got " + y.str() + ", " + bias.str());
   Tensor b = bias.to(y.device()).contiguous();
   if (y.device().is_cuda()) {
-#if KILN_WITH_CUDA
     DeviceGuard guard(y.device());
     cuda::add_bias(y, b);
-#endif
     return;
   }
   std::int64_t rows = y.size(0), cols = y.size(1);
@@ -53,10 +53,8 @@ void add_bias(Tensor& y, const Tensor& bias) {
 void accumulate_bias_grad(const Tensor& dy, Tensor& bias_grad) {
   Tensor d = dy.contiguous();
   if (d.device().is_cuda() && bias_grad.is_contiguous() && bias_grad.device() == d.device()) {
-#if KILN_WITH_CUDA
     DeviceGuard guard(d.device());
     cuda::accumulate_bias_grad(d, bias_grad);
-#endif
     return;
   }
   Tensor sums = ops::reduce_cols(d.view({-1, bias_grad.numel()}), ops::Reduction::Sum);
@@ -124,10 +122,8 @@ Tensor to_heads(const Tensor& src, std::int64_t parts, std::int64_t b, std::int6
                 std::int64_t h, std::int64_t d) {
   Tensor out = Tensor::empty({parts, b * h, t, d}, src.dtype(), src.device());
   if (src.device().is_cuda()) {
-#if KILN_WITH_CUDA
     DeviceGuard guard(src.device());
     cuda::to_heads(src, parts, b, t, h, d, out);
-#endif
     return out;
   }
   out.view({parts, b, h, t, d}).copy_from(src.view({b, t, parts, h, d}).permute({2, 0, 3, 1, 4}));
@@ -138,10 +134,8 @@ Tensor from_heads(const Tensor& src, std::int64_t parts, std::int64_t b, std::in
                   std::int64_t h, std::int64_t d) {
   Tensor out = Tensor::empty({b * t, parts * h * d}, src.dtype(), src.device());
   if (src.device().is_cuda()) {
-#if KILN_WITH_CUDA
     DeviceGuard guard(src.device());
     cuda::from_heads(src, parts, b, t, h, d, out);
-#endif
     return out;
   }
   out.view({b, t, parts, h, d}).copy_from(src.view({parts, b, h, t, d}).permute({1, 3, 0, 2, 4}));
@@ -151,28 +145,20 @@ Tensor from_heads(const Tensor& src, std::int64_t parts, std::int64_t b, std::in
 // The fused kernel serves CUDA half activations with d = 64; KILN_ATTENTION_UNFUSED=1 forces
 // the unfused path, to compare the two.
 bool use_fused_attention(Device dev, DType mm, std::int64_t bh, std::int64_t d, std::int64_t t) {
-#if KILN_WITH_CUDA
   static const bool unfused = std::getenv("KILN_ATTENTION_UNFUSED") != nullptr;
   return dev.is_cuda() && !unfused && cuda::flash_attention_supported(mm, bh, d, t);
-#else
-  (void)dev, (void)mm, (void)bh, (void)d, (void)t;
-  return false;
-#endif
 }
 
 // y (rows, out) = x w^T + bias: on CUDA one cuBLASLt GEMM with the bias in its epilogue (the bias
 // cast to y's dtype once per weights version), elsewhere a GEMM and a bias pass.
 void project(const Context& ctx, const Tensor& x, const Tensor& w, const Parameter& bias,
              WeightCastCache& bias_cache, Tensor& y) {
-  (void)ctx, (void)bias_cache;  // used by the CUDA path only
   if (y.device().is_cuda()) {
-#if KILN_WITH_CUDA
     DeviceGuard guard(y.device());
     Tensor saved;
     std::int64_t saved_ld = 0;
     cuda::linear_forward(x, w, bias_cache.get(bias.value, y.dtype(), ctx.weights_version),
                          Activation::None, y, saved, saved_ld);
-#endif
     return;
   }
   ops::gemm(false, true, 1.0, x, w, 0.0, y);
@@ -281,7 +267,6 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
   mask_ = Tensor();
   qkv_ = Tensor();
   if (use_fused_attention(dev, mm, b * h, d, t)) {
-#if KILN_WITH_CUDA
     DeviceGuard guard(dev);
     qkv_ = qkv;
     q_ = k_ = v_ = probs_ = dropped_probs_ = Tensor();
@@ -293,7 +278,6 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
     if (!cudnn_fused_)
       cuda::flash_attention_forward(qkv_, b, h, mask, p, dropout_key_, dropout_stream_, context_,
                                     lse_);
-#endif
   } else {
     // (B, T, 3, H, d) -> (3, B*H, T, d)
     Tensor heads_major = to_heads(qkv, 3, b, t, h, d);
@@ -321,11 +305,9 @@ Tensor MultiHeadSelfAttention::unfused_forward(const Tensor& mask, double p) {
   probs_ = Tensor::empty({b * h, t, t}, mm, dev);
   dropped_probs_ = dropout_active_ ? Tensor::empty({b * h, t, t}, mm, dev) : Tensor();
   if (dev.is_cuda()) {
-#if KILN_WITH_CUDA
     DeviceGuard guard(dev);
     cuda::attention_softmax_forward(scores, mask, h, p, dropout_key_, dropout_stream_, probs_,
                                     dropped_probs_);
-#endif
   } else {
     KILN_DISPATCH_FLOATING(mm, T, {
       using S = typename cpu::Compute<T>::type;
@@ -364,7 +346,6 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
   double p = dropout_active_ ? dropout_ : 0.0;
   Tensor dqkv;  // (N, 3E)
   if (lse_.defined()) {
-#if KILN_WITH_CUDA
     DeviceGuard guard(dev);
     dqkv = Tensor::empty({n, 3 * e}, mm, dev);
     if (cudnn_fused_) {
@@ -373,7 +354,6 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
       cuda::flash_attention_backward(qkv_, context_, dcontext, lse_, mask_, b, h, p, dropout_key_,
                                      dropout_stream_, dqkv);
     }
-#endif
   } else {
     Tensor dcontext_heads = to_heads(dcontext, 1, b, t, h, d).view({b * h, t, d});
     Tensor dqkv_heads = Tensor::empty({3, b * h, t, d}, mm, dev);
@@ -419,10 +399,8 @@ void MultiHeadSelfAttention::unfused_backward(const Tensor& dcontext_heads, doub
   // Through dropout and softmax.
   Tensor dscores = Tensor::empty({b * h, t, t}, mm, dev);
   if (dev.is_cuda()) {
-#if KILN_WITH_CUDA
     DeviceGuard guard(dev);
     cuda::attention_softmax_backward(d_dropped, probs_, p, dropout_key_, dropout_stream_, dscores);
-#endif
   } else {
     KILN_DISPATCH_FLOATING(mm, T, {
       using S = typename cpu::Compute<T>::type;

@@ -5,6 +5,7 @@
 
 #include "core/gemm_algorithm.h"
 #include "core/ops.h"
+#include "layers/cuda/conv2d_cuda.h"
 
 namespace kiln {
 
@@ -350,8 +351,6 @@ Tensor Conv2d::backward_cpu(const Tensor& dy_nchw) {
 
 // ---- CUDA: cuDNN (layers/cuda/conv2d.cc) -------------------------------------------------------
 
-#if KILN_WITH_CUDA
-
 namespace {
 // GEMM-like work runs in the policy's matmul dtype (O1 casts fp32 activations to half).
 DType cuda_compute_dtype(const Context& ctx, DType input) {
@@ -424,19 +423,5 @@ Tensor Conv2d::backward_cuda(Context& ctx, const Tensor& dy) {
   if (!dxp.defined()) return dxp;
   return from_physical(dxp.to(saved_input_dtype_), cl);
 }
-
-#else
-
-Tensor Conv2d::compute_weight(const Context&, DType, bool) {
-  throw Error("Conv2d: this build has no CUDA backend");
-}
-Tensor Conv2d::forward_cuda(Context&, const Tensor&) {
-  throw Error("Conv2d: this build has no CUDA backend");
-}
-Tensor Conv2d::backward_cuda(Context&, const Tensor&) {
-  throw Error("Conv2d: this build has no CUDA backend");
-}
-
-#endif
 
 }  // namespace kiln

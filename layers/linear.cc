@@ -4,6 +4,7 @@
 
 #include "core/cpu/element.h"
 #include "core/ops.h"
+#include "layers/cuda/linear_cuda.h"
 
 namespace kiln {
 namespace {
@@ -80,7 +81,6 @@ Tensor Linear::forward_impl(Context& ctx, const Tensor& x) {  // (N..., in) -> (
   std::int64_t rows = x.numel() / in_features_;
   DType out_dtype = ctx.precision.activation;
   if (x.device().is_cuda()) {
-#if KILN_WITH_CUDA
     DType mm = ctx.precision.matmul;
     saved_input_ = x.to(mm).contiguous().view({rows, in_features_});         // (M, in)
     Tensor y = Tensor::empty({rows, out_features_}, out_dtype, x.device());  // (M, out)
@@ -88,9 +88,6 @@ Tensor Linear::forward_impl(Context& ctx, const Tensor& x) {  // (N..., in) -> (
     cuda::linear_forward(saved_input_, weight_as(ctx, mm), bias, activation_, y, saved_activation_,
                          saved_ld_);
     return y.view(out_shape);
-#else
-    KILN_CHECK(false, "CUDA tensor in a build without CUDA");
-#endif
   }
   // CPU: f64 when asked for, f32 otherwise (halves convert).
   DType compute = (out_dtype == DType::F64 || x.dtype() == DType::F64) ? DType::F64 : DType::F32;
@@ -120,16 +117,12 @@ Tensor Linear::backward_impl(Context& ctx, const Tensor& dy) {
   KILN_CHECK(dy.numel() == rows * out_features_ && dy.size(-1) == out_features_,
              "Linear " + name() + ": dy " + dy.str() + " for input " + shape_str(input_shape_));
   if (dy.device().is_cuda()) {
-#if KILN_WITH_CUDA
     Tensor g = dy.contiguous().view({rows, out_features_});                    // (M, out)
     Tensor dx = Tensor::empty({rows, in_features_}, dy.dtype(), dy.device());  // (M, in)
     cuda::linear_backward(saved_input_, weight_as(ctx, saved_input_.dtype()), g, activation_,
                           saved_activation_, saved_ld_, weight_->grad,
                           bias_ ? &bias_->grad : nullptr, dx);
     return dx.view(input_shape_);
-#else
-    KILN_CHECK(false, "CUDA tensor in a build without CUDA");
-#endif
   }
   DType compute = saved_input_.dtype();
   Tensor g = dy.to(compute).contiguous().view({rows, out_features_});  // (M, out)

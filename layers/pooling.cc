@@ -5,6 +5,7 @@
 
 #include "core/cpu/element.h"
 #include "layers/conv2d.h"
+#include "layers/cuda/pooling_cuda.h"
 
 namespace kiln {
 namespace {
@@ -87,9 +88,7 @@ Tensor MaxPool2d::forward_impl(Context& ctx, const Tensor& x) {
   Tensor yp = Tensor::empty(physical_shape(g, g.out_height, g.out_width), x.dtype(), x.device());
   argmax_ = Tensor::empty(yp.shape(), DType::I32, x.device());
   if (x.device().is_cuda()) {
-#if KILN_WITH_CUDA
     pooling_cuda::max_forward(g, xp, yp, argmax_);
-#endif
   } else {
     std::int32_t* am = argmax_.data<std::int32_t>();
     KILN_DISPATCH_FLOATING(x.dtype(), T, {
@@ -138,9 +137,7 @@ Tensor MaxPool2d::backward_impl(Context& ctx, const Tensor& dy) {
   Tensor dyp = to_physical(dy, g.channels_last).to(saved_dtype_);
   Tensor dxp = Tensor::empty(physical_shape(g, g.height, g.width), saved_dtype_, dy.device());
   if (dy.device().is_cuda()) {
-#if KILN_WITH_CUDA
     pooling_cuda::max_backward(g, dyp, argmax_, dxp);
-#endif
   } else {
     // On the CPU a sequential scatter to each window's maximum is exact and deterministic.
     const std::int32_t* am = argmax_.data<std::int32_t>();
@@ -182,9 +179,7 @@ Tensor AvgPool2d::forward_impl(Context& ctx, const Tensor& x) {
   Tensor xp = to_physical(x, g.channels_last);
   Tensor yp = Tensor::empty(physical_shape(g, g.out_height, g.out_width), x.dtype(), x.device());
   if (x.device().is_cuda()) {
-#if KILN_WITH_CUDA
     pooling_cuda::avg_forward(g, xp, yp);
-#endif
   } else {
     // count_include_pad: every window divides by kernel^2 (floor mode keeps windows in the pad).
     const double inv = 1.0 / static_cast<double>(g.kernel * g.kernel);
@@ -222,9 +217,7 @@ Tensor AvgPool2d::backward_impl(Context& ctx, const Tensor& dy) {
   Tensor dyp = to_physical(dy, g.channels_last).to(saved_dtype_);
   Tensor dxp = Tensor::empty(physical_shape(g, g.height, g.width), saved_dtype_, dy.device());
   if (dy.device().is_cuda()) {
-#if KILN_WITH_CUDA
     pooling_cuda::avg_backward(g, dyp, dxp);
-#endif
   } else {
     const double inv = 1.0 / static_cast<double>(g.kernel * g.kernel);
     KILN_DISPATCH_FLOATING(saved_dtype_, T, {
@@ -273,9 +266,7 @@ Tensor GlobalAvgPool::forward_impl(Context& ctx, const Tensor& x) {
   Tensor xp = to_physical(x, g.channels_last);
   Tensor y = Tensor::empty({g.batch, g.channels}, x.dtype(), x.device());  // (N, C)
   if (x.device().is_cuda()) {
-#if KILN_WITH_CUDA
     pooling_cuda::global_avg_forward(g, xp, y);
-#endif
   } else {
     const std::int64_t plane = g.height * g.width;
     KILN_DISPATCH_FLOATING(x.dtype(), T, {
@@ -304,9 +295,7 @@ Tensor GlobalAvgPool::backward_impl(Context& ctx, const Tensor& dy) {
   Tensor dyc = dy.contiguous().to(saved_dtype_);  // (N, C)
   Tensor dxp = Tensor::empty(physical_shape(g, g.height, g.width), saved_dtype_, dy.device());
   if (dy.device().is_cuda()) {
-#if KILN_WITH_CUDA
     pooling_cuda::global_avg_backward(g, dyc, dxp);
-#endif
   } else {
     const std::int64_t plane = g.height * g.width;
     KILN_DISPATCH_FLOATING(saved_dtype_, T, {

@@ -68,14 +68,4 @@ class GlobalAvgPool : public Layer {
   DType saved_dtype_ = DType::F32;
 };
 
-// CUDA launchers (layers/cuda/pooling.cu) on physical tensors; defined when KILN_WITH_CUDA.
-namespace pooling_cuda {
-void max_forward(const PoolGeometry& g, const Tensor& x, Tensor& y, Tensor& argmax);
-void max_backward(const PoolGeometry& g, const Tensor& dy, const Tensor& argmax, Tensor& dx);
-void avg_forward(const PoolGeometry& g, const Tensor& x, Tensor& y);
-void avg_backward(const PoolGeometry& g, const Tensor& dy, Tensor& dx);
-void global_avg_forward(const PoolGeometry& g, const Tensor& x, Tensor& y);     // y (N, C)
-void global_avg_backward(const PoolGeometry& g, const Tensor& dy, Tensor& dx);  // dy (N, C)
-}  // namespace pooling_cuda
-
 }  // namespace kiln

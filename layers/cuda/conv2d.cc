@@ -24,7 +24,7 @@
 #include "core/cuda/cudnn_descriptors.h"
 #include "core/cuda/cudnn_handle.h"
 #include "core/cuda/handles.h"
-#include "layers/conv2d.h"
+#include "layers/cuda/conv2d_cuda.h"
 #include "layers/cuda/conv2d_graph.h"
 
 namespace kiln::cudnn_conv {

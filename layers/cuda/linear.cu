@@ -14,7 +14,8 @@
 #include "core/cuda/element.cuh"
 #include "core/ops.h"
 #include "core/stream.h"
-#include "layers/linear.h"
+#include "layers/cuda/activations_cuda.h"
+#include "layers/cuda/linear_cuda.h"
 
 namespace kiln::cuda {
 namespace {

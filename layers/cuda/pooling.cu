@@ -5,7 +5,7 @@
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/element.cuh"
 #include "core/stream.h"
-#include "layers/pooling.h"
+#include "layers/cuda/pooling_cuda.h"
 
 namespace kiln::pooling_cuda {
 namespace {
