@@ -69,23 +69,49 @@ Shape physical_shape(const PoolGeometry& g, std::int64_t h, std::int64_t w) {
 
 }  // namespace
 
-// ---- MaxPool2d ---------------------------------------------------------------------------------
+// ---- WindowPool2d ------------------------------------------------------------------------------
 
-MaxPool2d::MaxPool2d(std::int64_t kernel, std::int64_t stride, std::int64_t padding)
+WindowPool2d::WindowPool2d(std::int64_t kernel, std::int64_t stride, std::int64_t padding,
+                           const char* type)
     : kernel_(kernel), stride_(stride == 0 ? kernel : stride), padding_(padding) {
-  check_window(kernel_, stride_, padding_, "MaxPool2d");
+  check_window(kernel_, stride_, padding_, type);
 }
 
-Shape MaxPool2d::output_shape(const Shape& input) const {
-  PoolGeometry g = pool_geometry(input, kernel_, stride_, padding_, false, "MaxPool2d " + name());
+PoolGeometry WindowPool2d::geometry(const Shape& input, bool channels_last) const {
+  return pool_geometry(input, kernel_, stride_, padding_, channels_last, type() + " " + name());
+}
+
+Shape WindowPool2d::output_shape(const Shape& input) const {
+  PoolGeometry g = geometry(input, false);
   return {g.batch, g.channels, g.out_height, g.out_width};
 }
 
+PoolGeometry WindowPool2d::begin_forward(const Context& ctx, const Tensor& x, Tensor& x_physical,
+                                         Tensor& y_physical) const {
+  PoolGeometry g = geometry(x.shape(), ctx.channels_last);
+  x_physical = to_physical(x, g.channels_last);
+  y_physical = Tensor::empty(physical_shape(g, g.out_height, g.out_width), x.dtype(), x.device());
+  return g;
+}
+
+Tensor WindowPool2d::end_forward(const PoolGeometry& g, const Tensor& x, const Tensor& y_physical) {
+  saved_ = g;
+  saved_dtype_ = x.dtype();
+  return from_physical(y_physical, g.channels_last);
+}
+
+void WindowPool2d::begin_backward(const Tensor& dy, Tensor& dy_physical,
+                                  Tensor& dx_physical) const {
+  const PoolGeometry& g = saved_;
+  dy_physical = to_physical(dy, g.channels_last).to(saved_dtype_);
+  dx_physical = Tensor::empty(physical_shape(g, g.height, g.width), saved_dtype_, dy.device());
+}
+
+// ---- MaxPool2d ---------------------------------------------------------------------------------
+
 Tensor MaxPool2d::forward_impl(Context& ctx, const Tensor& x) {
-  PoolGeometry g = pool_geometry(x.shape(), kernel_, stride_, padding_, ctx.channels_last,
-                                 "MaxPool2d " + name());
-  Tensor xp = to_physical(x, g.channels_last);
-  Tensor yp = Tensor::empty(physical_shape(g, g.out_height, g.out_width), x.dtype(), x.device());
+  Tensor xp, yp;
+  PoolGeometry g = begin_forward(ctx, x, xp, yp);
   argmax_ = Tensor::empty(yp.shape(), DType::I32, x.device());
   if (x.device().is_cuda()) {
     pooling_cuda::max_forward(g, xp, yp, argmax_);
@@ -125,17 +151,15 @@ Tensor MaxPool2d::forward_impl(Context& ctx, const Tensor& x) {
         }
     });
   }
-  saved_ = g;
-  saved_dtype_ = x.dtype();
-  return from_physical(yp, g.channels_last);
+  return end_forward(g, x, yp);
 }
 
 Tensor MaxPool2d::backward_impl(Context& ctx, const Tensor& dy) {
   (void)ctx;
   KILN_CHECK(argmax_.defined(), "MaxPool2d " + name() + ": backward without forward");
   const PoolGeometry& g = saved_;
-  Tensor dyp = to_physical(dy, g.channels_last).to(saved_dtype_);
-  Tensor dxp = Tensor::empty(physical_shape(g, g.height, g.width), saved_dtype_, dy.device());
+  Tensor dyp, dxp;
+  begin_backward(dy, dyp, dxp);
   if (dy.device().is_cuda()) {
     pooling_cuda::max_backward(g, dyp, argmax_, dxp);
   } else {
@@ -163,21 +187,9 @@ Tensor MaxPool2d::backward_impl(Context& ctx, const Tensor& dy) {
 
 // ---- AvgPool2d ---------------------------------------------------------------------------------
 
-AvgPool2d::AvgPool2d(std::int64_t kernel, std::int64_t stride, std::int64_t padding)
-    : kernel_(kernel), stride_(stride == 0 ? kernel : stride), padding_(padding) {
-  check_window(kernel_, stride_, padding_, "AvgPool2d");
-}
-
-Shape AvgPool2d::output_shape(const Shape& input) const {
-  PoolGeometry g = pool_geometry(input, kernel_, stride_, padding_, false, "AvgPool2d " + name());
-  return {g.batch, g.channels, g.out_height, g.out_width};
-}
-
 Tensor AvgPool2d::forward_impl(Context& ctx, const Tensor& x) {
-  PoolGeometry g = pool_geometry(x.shape(), kernel_, stride_, padding_, ctx.channels_last,
-                                 "AvgPool2d " + name());
-  Tensor xp = to_physical(x, g.channels_last);
-  Tensor yp = Tensor::empty(physical_shape(g, g.out_height, g.out_width), x.dtype(), x.device());
+  Tensor xp, yp;
+  PoolGeometry g = begin_forward(ctx, x, xp, yp);
   if (x.device().is_cuda()) {
     pooling_cuda::avg_forward(g, xp, yp);
   } else {
@@ -205,17 +217,15 @@ Tensor AvgPool2d::forward_impl(Context& ctx, const Tensor& x) {
             }
     });
   }
-  saved_ = g;
-  saved_dtype_ = x.dtype();
-  return from_physical(yp, g.channels_last);
+  return end_forward(g, x, yp);
 }
 
 Tensor AvgPool2d::backward_impl(Context& ctx, const Tensor& dy) {
   (void)ctx;
   const PoolGeometry& g = saved_;
   KILN_CHECK(g.batch > 0, "AvgPool2d " + name() + ": backward without forward");
-  Tensor dyp = to_physical(dy, g.channels_last).to(saved_dtype_);
-  Tensor dxp = Tensor::empty(physical_shape(g, g.height, g.width), saved_dtype_, dy.device());
+  Tensor dyp, dxp;
+  begin_backward(dy, dyp, dxp);
   if (dy.device().is_cuda()) {
     pooling_cuda::avg_backward(g, dyp, dxp);
   } else {

@@ -53,6 +53,19 @@ __device__ __forceinline__ void covering(I h, I k, I s, I p, I out, I* lo, I* hi
   *hi = last < out - 1 ? last : out - 1;
 }
 
+// The window's sizes in the index type I: (height, width, out_height, out_width, kernel, stride,
+// padding).
+template <typename I>
+struct WindowSizes {
+  I height, width, out_height, out_width, kernel, stride, padding;
+};
+template <typename I>
+__device__ __forceinline__ WindowSizes<I> window_in(const PoolGeometry& g) {
+  return {static_cast<I>(g.height),    static_cast<I>(g.width),  static_cast<I>(g.out_height),
+          static_cast<I>(g.out_width), static_cast<I>(g.kernel), static_cast<I>(g.stride),
+          static_cast<I>(g.padding)};
+}
+
 #define KILN_GRID_STRIDE(i, n)                                               \
   for (I i = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<I>(gridDim.x) * blockDim.x)
@@ -60,10 +73,7 @@ __device__ __forceinline__ void covering(I h, I k, I s, I p, I out, I* lo, I* hi
 template <typename T, typename I>
 __global__ void max_forward_kernel(PoolGeometry g, const T* x, T* y, std::int32_t* argmax,
                                    I total) {
-  const I height = static_cast<I>(g.height), width = static_cast<I>(g.width);
-  const I out_height = static_cast<I>(g.out_height), out_width = static_cast<I>(g.out_width);
-  const I kernel = static_cast<I>(g.kernel), stride = static_cast<I>(g.stride);
-  const I padding = static_cast<I>(g.padding);
+  const auto [height, width, out_height, out_width, kernel, stride, padding] = window_in<I>(g);
   KILN_GRID_STRIDE(i, total) {
     Index<I> o = split(g, i, out_height, out_width);
     float best = -INFINITY;
@@ -89,10 +99,7 @@ __global__ void max_forward_kernel(PoolGeometry g, const T* x, T* y, std::int32_
 template <typename T, typename I>
 __global__ void max_backward_kernel(PoolGeometry g, const T* dy, const std::int32_t* argmax, T* dx,
                                     I total) {
-  const I height = static_cast<I>(g.height), width = static_cast<I>(g.width);
-  const I out_height = static_cast<I>(g.out_height), out_width = static_cast<I>(g.out_width);
-  const I kernel = static_cast<I>(g.kernel), stride = static_cast<I>(g.stride);
-  const I padding = static_cast<I>(g.padding);
+  const auto [height, width, out_height, out_width, kernel, stride, padding] = window_in<I>(g);
   KILN_GRID_STRIDE(i, total) {
     Index<I> p = split(g, i, height, width);
     I oh_lo, oh_hi, ow_lo, ow_hi;
@@ -168,10 +175,7 @@ __global__ void max_backward_packed_kernel(PoolGeometry g, const cuda::Pack<T>* 
   constexpr int V = cuda::Pack<T>::kSize;
   using I = std::int32_t;
   const I packs = static_cast<I>(g.channels / V);
-  const I height = static_cast<I>(g.height), width = static_cast<I>(g.width);
-  const I out_height = static_cast<I>(g.out_height), out_width = static_cast<I>(g.out_width);
-  const I kernel = static_cast<I>(g.kernel), stride = static_cast<I>(g.stride);
-  const I padding = static_cast<I>(g.padding);
+  const auto [height, width, out_height, out_width, kernel, stride, padding] = window_in<I>(g);
   KILN_GRID_STRIDE(i, total_packs) {
     const I c = i % packs, pixel = i / packs;
     const I w = pixel % width, rest = pixel / width;
@@ -213,10 +217,7 @@ bool packed(const PoolGeometry& g, const Tensor& a, const Tensor& b, const Tenso
 template <typename T, typename I>
 __global__ void avg_forward_kernel(PoolGeometry g, const T* x, T* y, I total) {
   const float inv = 1.f / static_cast<float>(g.kernel * g.kernel);
-  const I height = static_cast<I>(g.height), width = static_cast<I>(g.width);
-  const I out_height = static_cast<I>(g.out_height), out_width = static_cast<I>(g.out_width);
-  const I kernel = static_cast<I>(g.kernel), stride = static_cast<I>(g.stride);
-  const I padding = static_cast<I>(g.padding);
+  const auto [height, width, out_height, out_width, kernel, stride, padding] = window_in<I>(g);
   KILN_GRID_STRIDE(i, total) {
     Index<I> o = split(g, i, out_height, out_width);
     float sum = 0.f;
@@ -237,10 +238,7 @@ __global__ void avg_forward_kernel(PoolGeometry g, const T* x, T* y, I total) {
 template <typename T, typename I>
 __global__ void avg_backward_kernel(PoolGeometry g, const T* dy, T* dx, I total) {
   const float inv = 1.f / static_cast<float>(g.kernel * g.kernel);
-  const I height = static_cast<I>(g.height), width = static_cast<I>(g.width);
-  const I out_height = static_cast<I>(g.out_height), out_width = static_cast<I>(g.out_width);
-  const I kernel = static_cast<I>(g.kernel), stride = static_cast<I>(g.stride);
-  const I padding = static_cast<I>(g.padding);
+  const auto [height, width, out_height, out_width, kernel, stride, padding] = window_in<I>(g);
   KILN_GRID_STRIDE(i, total) {
     Index<I> p = split(g, i, height, width);
     I oh_lo, oh_hi, ow_lo, ow_hi;
