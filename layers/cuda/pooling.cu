@@ -296,6 +296,15 @@ void check_dense(const Tensor& a, const Tensor& b, const char* who) {
              std::string(who) + ": " + a.str() + ", " + b.str());
 }
 
+// Calls launch(T{}, total) with T the storage type of `out` and total its element count; nothing
+// for an empty output. The operands were checked dense and of one dtype.
+template <typename F>
+void for_each_output(const Tensor& out, F&& launch) {
+  const std::int64_t total = out.numel();
+  if (total == 0) return;
+  KILN_CUDA_DISPATCH_FLOATING(out.dtype(), T, launch(T{}, total));
+}
+
 // Calls f(I{}) with I = int32 when every index of a and b fits (64-bit division is several times
 // slower on the GPU), else int64.
 template <typename F>
@@ -313,9 +322,8 @@ void with_index_type(const Tensor& a, const Tensor& b, F&& f) {
 void max_forward(const PoolGeometry& g, const Tensor& x, Tensor& y, Tensor& argmax) {
   check_dense(x, y, "pooling_cuda::max_forward");
   KILN_CHECK(argmax.dtype() == DType::I32 && argmax.numel() == y.numel(), "max_forward: argmax");
-  const std::int64_t total = y.numel();
-  if (total == 0) return;
-  KILN_CUDA_DISPATCH_FLOATING(x.dtype(), T, {
+  for_each_output(y, [&](auto tag, std::int64_t total) {
+    using T = decltype(tag);
     if (packed<T>(g, x, y, argmax)) {
       const std::int64_t packs = total / cuda::Pack<T>::kSize;
       max_forward_packed_kernel<T><<<cuda::grid_for(packs), 256, 0, stream_of(x)>>>(
@@ -336,9 +344,8 @@ void max_forward(const PoolGeometry& g, const Tensor& x, Tensor& y, Tensor& argm
 
 void max_backward(const PoolGeometry& g, const Tensor& dy, const Tensor& argmax, Tensor& dx) {
   check_dense(dy, dx, "pooling_cuda::max_backward");
-  const std::int64_t total = dx.numel();
-  if (total == 0) return;
-  KILN_CUDA_DISPATCH_FLOATING(dx.dtype(), T, {
+  for_each_output(dx, [&](auto tag, std::int64_t total) {
+    using T = decltype(tag);
     if (packed<T>(g, dx, dy, argmax)) {
       const std::int64_t packs = total / cuda::Pack<T>::kSize;
       max_backward_packed_kernel<T><<<cuda::grid_for(packs), 256, 0, stream_of(dx)>>>(
@@ -360,9 +367,8 @@ void max_backward(const PoolGeometry& g, const Tensor& dy, const Tensor& argmax,
 
 void avg_forward(const PoolGeometry& g, const Tensor& x, Tensor& y) {
   check_dense(x, y, "pooling_cuda::avg_forward");
-  const std::int64_t total = y.numel();
-  if (total == 0) return;
-  KILN_CUDA_DISPATCH_FLOATING(x.dtype(), T, {
+  for_each_output(y, [&](auto tag, std::int64_t total) {
+    using T = decltype(tag);
     with_index_type(x, y, [&](auto index) {
       using I = decltype(index);
       avg_forward_kernel<T, I><<<cuda::grid_for(total), 256, 0, stream_of(x)>>>(
@@ -374,9 +380,8 @@ void avg_forward(const PoolGeometry& g, const Tensor& x, Tensor& y) {
 
 void avg_backward(const PoolGeometry& g, const Tensor& dy, Tensor& dx) {
   check_dense(dy, dx, "pooling_cuda::avg_backward");
-  const std::int64_t total = dx.numel();
-  if (total == 0) return;
-  KILN_CUDA_DISPATCH_FLOATING(dx.dtype(), T, {
+  for_each_output(dx, [&](auto tag, std::int64_t total) {
+    using T = decltype(tag);
     with_index_type(dx, dy, [&](auto index) {
       using I = decltype(index);
       avg_backward_kernel<T, I><<<cuda::grid_for(total), 256, 0, stream_of(dx)>>>(
@@ -388,9 +393,8 @@ void avg_backward(const PoolGeometry& g, const Tensor& dy, Tensor& dx) {
 
 void global_avg_forward(const PoolGeometry& g, const Tensor& x, Tensor& y) {
   check_dense(x, y, "pooling_cuda::global_avg_forward");
-  const std::int64_t total = y.numel();
-  if (total == 0) return;
-  KILN_CUDA_DISPATCH_FLOATING(x.dtype(), T, {
+  for_each_output(y, [&](auto tag, std::int64_t total) {
+    using T = decltype(tag);
     global_avg_forward_kernel<T><<<cuda::grid_for(total), 256, 0, stream_of(x)>>>(
         g, static_cast<const T*>(x.data()), static_cast<T*>(y.data()), total);
     KILN_CUDA_LAUNCH_CHECK();
@@ -399,9 +403,8 @@ void global_avg_forward(const PoolGeometry& g, const Tensor& x, Tensor& y) {
 
 void global_avg_backward(const PoolGeometry& g, const Tensor& dy, Tensor& dx) {
   check_dense(dy, dx, "pooling_cuda::global_avg_backward");
-  const std::int64_t total = dx.numel();
-  if (total == 0) return;
-  KILN_CUDA_DISPATCH_FLOATING(dx.dtype(), T, {
+  for_each_output(dx, [&](auto tag, std::int64_t total) {
+    using T = decltype(tag);
     global_avg_backward_kernel<T><<<cuda::grid_for(total), 256, 0, stream_of(dx)>>>(
         g, static_cast<const T*>(dy.data()), static_cast<T*>(dx.data()), total);
     KILN_CUDA_LAUNCH_CHECK();
