@@ -1,6 +1,7 @@
 #include "core/dtype.h"
 
 #include "core/check.h"
+#include "core/enum_names.h"
 
 namespace kiln {
 
@@ -24,32 +25,18 @@ std::size_t dtype_size(DType t) {
   return 0;
 }
 
+namespace {
+constexpr EnumName<DType> kDTypeNames[] = {
+    {DType::F32, "f32"}, {DType::F64, "f64"}, {DType::F16, "f16"}, {DType::BF16, "bf16"},
+    {DType::I32, "i32"}, {DType::I64, "i64"}, {DType::U8, "u8"}};
+}  // namespace
+
 const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::F32:
-      return "f32";
-    case DType::F64:
-      return "f64";
-    case DType::F16:
-      return "f16";
-    case DType::BF16:
-      return "bf16";
-    case DType::I32:
-      return "i32";
-    case DType::I64:
-      return "i64";
-    case DType::U8:
-      return "u8";
-  }
-  return "?";
+  return enum_name(kDTypeNames, t);
 }
 
 DType dtype_from_name(const std::string& name) {
-  for (DType t :
-       {DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64, DType::U8}) {
-    if (name == dtype_name(t)) return t;
-  }
-  throw InputError("unknown dtype '" + name + "' (known: f32, f64, f16, bf16, i32, i64, u8)");
+  return parse_enum(kDTypeNames, name, "dtype");
 }
 
 std::uint16_t float_to_half_bits(float f) {

@@ -179,6 +179,27 @@ void gemm_batched(bool ta, bool tb, double alpha, const Tensor& a, const Tensor&
       [&] { cuda::gemm(ta, tb, alpha, a, b, beta, c, batch); });
 }
 
+void accumulate(Tensor& grad, const Tensor& src) {
+  KILN_CHECK(grad.numel() == src.numel(),
+             "accumulate: gradient " + grad.str() + " and source " + src.str() + " differ");
+  Tensor s = src.to(grad.device(), grad.dtype()).contiguous().view(grad.shape());
+  axpy(1.0, s, grad);
+}
+
+void gemm_accumulate(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, Tensor& grad,
+                     double alpha) {
+  bool direct = grad.is_contiguous() &&
+                (grad.dtype() == a.dtype() || (is_half(a.dtype()) && grad.dtype() == DType::F32));
+  if (direct) {
+    gemm(trans_a, trans_b, alpha, a, b, 1.0, grad);
+    return;
+  }
+  DType wide = is_half(a.dtype()) ? DType::F32 : a.dtype();
+  Tensor tmp = Tensor::empty(grad.shape(), wide, grad.device());
+  gemm(trans_a, trans_b, alpha, a, b, 0.0, tmp);
+  accumulate(grad, tmp);
+}
+
 void fill_uniform(Tensor& x, double low, double high, std::uint64_t seed, std::uint64_t offset) {
   KILN_CHECK(x.is_contiguous(), "fill_uniform needs a contiguous tensor");
   floating(x, "fill_uniform");

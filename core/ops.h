@@ -32,6 +32,14 @@ void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tenso
 void gemm_batched(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b,
                   double beta, Tensor& c);
 
+// Parameter-gradient accumulation (the layers' "gradients +=" contract).
+// grad += src, src cast to grad's device and dtype (any floating dtypes, same number of elements).
+void accumulate(Tensor& grad, const Tensor& src);
+// grad += alpha * op(A) op(B): straight into grad when it is contiguous and has A's dtype (or f32
+// for half A), else through a temporary in A's dtype (f32 for half A) that is then accumulated.
+void gemm_accumulate(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, Tensor& grad,
+                     double alpha = 1.0);
+
 // Counter-based random numbers: element i of a contiguous tensor draws from Philox4x32-10 with
 // key `seed` and counter offset + i / 4, so CPU and GPU give the same values.
 void fill_uniform(Tensor& x, double low, double high, std::uint64_t seed, std::uint64_t offset = 0);

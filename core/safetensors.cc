@@ -8,40 +8,22 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/enum_names.h"
 #include "core/file_kind.h"
 
 namespace kiln {
 namespace {
 
+constexpr EnumName<DType> kSafetensorsDTypes[] = {
+    {DType::F32, "F32"}, {DType::F64, "F64"}, {DType::F16, "F16"}, {DType::BF16, "BF16"},
+    {DType::I32, "I32"}, {DType::I64, "I64"}, {DType::U8, "U8"}};
+
 const char* safetensors_dtype(DType t) {
-  switch (t) {
-    case DType::F32:
-      return "F32";
-    case DType::F64:
-      return "F64";
-    case DType::F16:
-      return "F16";
-    case DType::BF16:
-      return "BF16";
-    case DType::I32:
-      return "I32";
-    case DType::I64:
-      return "I64";
-    case DType::U8:
-      return "U8";
-  }
-  return "?";
+  return enum_name(kSafetensorsDTypes, t);
 }
 
 bool dtype_from_safetensors(const std::string& s, DType* out) {
-  for (DType t :
-       {DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64, DType::U8}) {
-    if (s == safetensors_dtype(t)) {
-      *out = t;
-      return true;
-    }
-  }
-  return false;
+  return find_enum(kSafetensorsDTypes, s, out);
 }
 
 std::string json_quote(const std::string& s) {

@@ -4,27 +4,22 @@
 #include <utility>
 
 #include "core/check.h"
+#include "core/enum_names.h"
 #include "core/random.h"
 
 namespace kiln::data {
 
+namespace {
+constexpr EnumName<ShardMode> kShardModeNames[] = {
+    {ShardMode::kPad, "pad"}, {ShardMode::kDropTail, "drop_tail"}, {ShardMode::kUneven, "uneven"}};
+}  // namespace
+
 const char* shard_mode_name(ShardMode mode) {
-  switch (mode) {
-    case ShardMode::kPad:
-      return "pad";
-    case ShardMode::kDropTail:
-      return "drop_tail";
-    case ShardMode::kUneven:
-      return "uneven";
-  }
-  return "?";
+  return enum_name(kShardModeNames, mode);
 }
 
 ShardMode parse_shard_mode(const std::string& name) {
-  for (ShardMode mode : {ShardMode::kPad, ShardMode::kDropTail, ShardMode::kUneven}) {
-    if (name == shard_mode_name(mode)) return mode;
-  }
-  throw InputError("unknown shard mode '" + name + "' (known: pad, drop_tail, uneven)");
+  return parse_enum(kShardModeNames, name, "shard mode");
 }
 
 std::vector<std::int64_t> shuffled_order(std::int64_t n, std::uint64_t seed, std::int64_t epoch) {

@@ -1,6 +1,7 @@
 #include "layers/activations.h"
 
 #include "core/cpu/element.h"
+#include "layers/cuda/activations_cuda.h"
 
 namespace kiln {
 
@@ -59,9 +60,7 @@ Tensor GELU::forward_impl(Context& ctx, const Tensor& x) {  // (...) -> (...)
   saved_input_ = x.contiguous();
   Tensor y = Tensor::empty(x.shape(), ctx.precision.activation, x.device());
   if (x.device().is_cuda()) {
-#if KILN_WITH_CUDA
     cuda::activation_forward(gelu_activation(form_), saved_input_, y);
-#endif
   } else {
     cpu_activation_forward(gelu_activation(form_), saved_input_, y);
   }
@@ -76,9 +75,7 @@ Tensor GELU::backward_impl(Context& ctx, const Tensor& dy) {
   Tensor g = dy.contiguous();
   Tensor dx = Tensor::empty(g.shape(), g.dtype(), g.device());
   if (g.device().is_cuda()) {
-#if KILN_WITH_CUDA
     cuda::activation_backward(gelu_activation(form_), saved_input_, g, dx);
-#endif
   } else {
     cpu_activation_backward(gelu_activation(form_), saved_input_, g, dx);
   }

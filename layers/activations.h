@@ -109,13 +109,4 @@ class GELU : public Layer {
   Tensor saved_input_;  // x, contiguous
 };
 
-#if KILN_WITH_CUDA
-namespace cuda {
-// y = act(x) / dx = dy * act'(x), elementwise over contiguous tensors of equal numel (any
-// floating dtypes each; fp32 math for halves).
-void activation_forward(Activation act, const Tensor& x, Tensor& y);
-void activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx);
-}  // namespace cuda
-#endif
-
 }  // namespace kiln

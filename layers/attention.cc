@@ -8,6 +8,8 @@
 
 #include "core/cpu/element.h"
 #include "core/ops.h"
+#include "layers/cuda/attention_cuda.h"
+#include "layers/cuda/linear_cuda.h"
 #include "layers/dropout.h"
 #include "layers/linear.h"
 
@@ -27,48 +29,13 @@ DType activation_dtype(const Context& ctx, DType parameter_dtype) {
   return parameter_dtype == DType::F64 ? DType::F64 : ctx.precision.activation;
 }
 
-const Tensor& CastCache::get(const Parameter& p, DType dtype, std::uint64_t weights_version) {
-  if (p.value.dtype() == dtype) return p.value;
-  if (!cast_.defined() || source_ != p.value.data() || version_ != weights_version ||
-      dtype_ != dtype || cast_.device() != p.value.device()) {
-    cast_ = p.value.to(dtype);
-    source_ = p.value.data();
-    version_ = weights_version;
-    dtype_ = dtype;
-  }
-  return cast_;
-}
-
-void accumulate(Tensor& grad, const Tensor& src) {
-  KILN_CHECK(grad.numel() == src.numel(),
-             "accumulate: gradient " + grad.str() + " and source " + src.str() + " differ");
-  Tensor s = src.to(grad.device(), grad.dtype()).contiguous().view(grad.shape());
-  ops::axpy(1.0, s, grad);
-}
-
-void gemm_accumulate(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, Tensor& grad,
-                     double alpha) {
-  bool direct = grad.is_contiguous() &&
-                (grad.dtype() == a.dtype() || (is_half(a.dtype()) && grad.dtype() == DType::F32));
-  if (direct) {
-    ops::gemm(trans_a, trans_b, alpha, a, b, 1.0, grad);
-    return;
-  }
-  DType wide = is_half(a.dtype()) ? DType::F32 : a.dtype();
-  Tensor tmp = Tensor::empty(grad.shape(), wide, grad.device());
-  ops::gemm(trans_a, trans_b, alpha, a, b, 0.0, tmp);
-  accumulate(grad, tmp);
-}
-
 void add_bias(Tensor& y, const Tensor& bias) {
   KILN_CHECK(y.dim() == 2 && y.is_contiguous() && bias.numel() == y.size(1),
              "add_bias: expected contiguous (rows, C) and (C), got " + y.str() + ", " + bias.str());
   Tensor b = bias.to(y.device()).contiguous();
   if (y.device().is_cuda()) {
-#if KILN_WITH_CUDA
     DeviceGuard guard(y.device());
     cuda::add_bias(y, b);
-#endif
     return;
   }
   std::int64_t rows = y.size(0), cols = y.size(1);
@@ -86,14 +53,12 @@ void add_bias(Tensor& y, const Tensor& bias) {
 void accumulate_bias_grad(const Tensor& dy, Tensor& bias_grad) {
   Tensor d = dy.contiguous();
   if (d.device().is_cuda() && bias_grad.is_contiguous() && bias_grad.device() == d.device()) {
-#if KILN_WITH_CUDA
     DeviceGuard guard(d.device());
     cuda::accumulate_bias_grad(d, bias_grad);
-#endif
     return;
   }
   Tensor sums = ops::reduce_cols(d.view({-1, bias_grad.numel()}), ops::Reduction::Sum);
-  accumulate(bias_grad, sums);
+  ops::accumulate(bias_grad, sums);
 }
 
 }  // namespace transformer_ops
@@ -157,10 +122,8 @@ Tensor to_heads(const Tensor& src, std::int64_t parts, std::int64_t b, std::int6
                 std::int64_t h, std::int64_t d) {
   Tensor out = Tensor::empty({parts, b * h, t, d}, src.dtype(), src.device());
   if (src.device().is_cuda()) {
-#if KILN_WITH_CUDA
     DeviceGuard guard(src.device());
     cuda::to_heads(src, parts, b, t, h, d, out);
-#endif
     return out;
   }
   out.view({parts, b, h, t, d}).copy_from(src.view({b, t, parts, h, d}).permute({2, 0, 3, 1, 4}));
@@ -171,10 +134,8 @@ Tensor from_heads(const Tensor& src, std::int64_t parts, std::int64_t b, std::in
                   std::int64_t h, std::int64_t d) {
   Tensor out = Tensor::empty({b * t, parts * h * d}, src.dtype(), src.device());
   if (src.device().is_cuda()) {
-#if KILN_WITH_CUDA
     DeviceGuard guard(src.device());
     cuda::from_heads(src, parts, b, t, h, d, out);
-#endif
     return out;
   }
   out.view({b, t, parts, h, d}).copy_from(src.view({parts, b, h, t, d}).permute({1, 3, 0, 2, 4}));
@@ -184,28 +145,20 @@ Tensor from_heads(const Tensor& src, std::int64_t parts, std::int64_t b, std::in
 // The fused kernel serves CUDA half activations with d = 64; KILN_ATTENTION_UNFUSED=1 forces
 // the unfused path, to compare the two.
 bool use_fused_attention(Device dev, DType mm, std::int64_t bh, std::int64_t d, std::int64_t t) {
-#if KILN_WITH_CUDA
   static const bool unfused = std::getenv("KILN_ATTENTION_UNFUSED") != nullptr;
   return dev.is_cuda() && !unfused && cuda::flash_attention_supported(mm, bh, d, t);
-#else
-  (void)dev, (void)mm, (void)bh, (void)d, (void)t;
-  return false;
-#endif
 }
 
 // y (rows, out) = x w^T + bias: on CUDA one cuBLASLt GEMM with the bias in its epilogue (the bias
 // cast to y's dtype once per weights version), elsewhere a GEMM and a bias pass.
 void project(const Context& ctx, const Tensor& x, const Tensor& w, const Parameter& bias,
-             transformer_ops::CastCache& bias_cache, Tensor& y) {
-  (void)ctx, (void)bias_cache;  // used by the CUDA path only
+             WeightCastCache& bias_cache, Tensor& y) {
   if (y.device().is_cuda()) {
-#if KILN_WITH_CUDA
     DeviceGuard guard(y.device());
     Tensor saved;
     std::int64_t saved_ld = 0;
-    cuda::linear_forward(x, w, bias_cache.get(bias, y.dtype(), ctx.weights_version),
+    cuda::linear_forward(x, w, bias_cache.get(bias.value, y.dtype(), ctx.weights_version),
                          Activation::None, y, saved, saved_ld);
-#endif
     return;
   }
   ops::gemm(false, true, 1.0, x, w, 0.0, y);
@@ -284,12 +237,12 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
   x_mm_ = x.contiguous().view({n, e}).to(mm);
   Tensor qkv = Tensor::empty({n, 3 * e}, mm, dev);
   if (layout_ == QkvLayout::FusedQKV) {
-    const Tensor& w = qkv_cache_[0].get(*qkv_weights_[0], mm, ctx.weights_version);
+    const Tensor& w = qkv_cache_[0].get(qkv_weights_[0]->value, mm, ctx.weights_version);
     project(ctx, x_mm_, w, *qkv_biases_[0], qkv_bias_cache_, qkv);
   } else {
     Tensor qkv_bias = Tensor::empty({3 * e}, qkv_biases_[0]->value.dtype(), dev);
     for (std::size_t i = 0; i < 3; ++i) {
-      const Tensor& w = qkv_cache_[i].get(*qkv_weights_[i], mm, ctx.weights_version);
+      const Tensor& w = qkv_cache_[i].get(qkv_weights_[i]->value, mm, ctx.weights_version);
       std::int64_t lo = static_cast<std::int64_t>(i) * e;
       Tensor part = qkv.slice(1, lo, lo + e);
       ops::gemm(false, true, 1.0, x_mm_, w, 0.0, part);
@@ -314,7 +267,6 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
   mask_ = Tensor();
   qkv_ = Tensor();
   if (use_fused_attention(dev, mm, b * h, d, t)) {
-#if KILN_WITH_CUDA
     DeviceGuard guard(dev);
     qkv_ = qkv;
     q_ = k_ = v_ = probs_ = dropped_probs_ = Tensor();
@@ -326,7 +278,6 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
     if (!cudnn_fused_)
       cuda::flash_attention_forward(qkv_, b, h, mask, p, dropout_key_, dropout_stream_, context_,
                                     lse_);
-#endif
   } else {
     // (B, T, 3, H, d) -> (3, B*H, T, d)
     Tensor heads_major = to_heads(qkv, 3, b, t, h, d);
@@ -338,7 +289,7 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
 
   // y = ctx W_o^T + b_o
   Tensor y = Tensor::empty({n, e}, activation_, dev);
-  project(ctx, context_, out_cache_.get(*out_weight_, mm, ctx.weights_version), *out_bias_,
+  project(ctx, context_, out_cache_.get(out_weight_->value, mm, ctx.weights_version), *out_bias_,
           out_bias_cache_, y);
   return y.view({b, t, e});
 }
@@ -354,11 +305,9 @@ Tensor MultiHeadSelfAttention::unfused_forward(const Tensor& mask, double p) {
   probs_ = Tensor::empty({b * h, t, t}, mm, dev);
   dropped_probs_ = dropout_active_ ? Tensor::empty({b * h, t, t}, mm, dev) : Tensor();
   if (dev.is_cuda()) {
-#if KILN_WITH_CUDA
     DeviceGuard guard(dev);
     cuda::attention_softmax_forward(scores, mask, h, p, dropout_key_, dropout_stream_, probs_,
                                     dropped_probs_);
-#endif
   } else {
     KILN_DISPATCH_FLOATING(mm, T, {
       using S = typename cpu::Compute<T>::type;
@@ -390,14 +339,13 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
 
   // Output projection.
   transformer_ops::accumulate_bias_grad(dy2, out_bias_->grad);
-  transformer_ops::gemm_accumulate(true, false, dy_mm, context_, out_weight_->grad);
+  ops::gemm_accumulate(true, false, dy_mm, context_, out_weight_->grad);
   Tensor dcontext = Tensor::empty({n, e}, mm, dev);
-  ops::gemm(false, false, 1.0, dy_mm, out_cache_.get(*out_weight_, mm, ctx.weights_version), 0.0,
-            dcontext);
+  ops::gemm(false, false, 1.0, dy_mm, out_cache_.get(out_weight_->value, mm, ctx.weights_version),
+            0.0, dcontext);
   double p = dropout_active_ ? dropout_ : 0.0;
   Tensor dqkv;  // (N, 3E)
   if (lse_.defined()) {
-#if KILN_WITH_CUDA
     DeviceGuard guard(dev);
     dqkv = Tensor::empty({n, 3 * e}, mm, dev);
     if (cudnn_fused_) {
@@ -406,7 +354,6 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
       cuda::flash_attention_backward(qkv_, context_, dcontext, lse_, mask_, b, h, p, dropout_key_,
                                      dropout_stream_, dqkv);
     }
-#endif
   } else {
     Tensor dcontext_heads = to_heads(dcontext, 1, b, t, h, d).view({b * h, t, d});
     Tensor dqkv_heads = Tensor::empty({3, b * h, t, d}, mm, dev);
@@ -419,20 +366,20 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
   Tensor dx = Tensor::empty({n, e}, activation_, dev);
   if (layout_ == QkvLayout::FusedQKV) {
     transformer_ops::accumulate_bias_grad(dqkv, qkv_biases_[0]->grad);
-    transformer_ops::gemm_accumulate(true, false, dqkv, x_mm_, qkv_weights_[0]->grad);
-    ops::gemm(false, false, 1.0, dqkv, qkv_cache_[0].get(*qkv_weights_[0], mm, ctx.weights_version),
-              0.0, dx);
+    ops::gemm_accumulate(true, false, dqkv, x_mm_, qkv_weights_[0]->grad);
+    ops::gemm(false, false, 1.0, dqkv,
+              qkv_cache_[0].get(qkv_weights_[0]->value, mm, ctx.weights_version), 0.0, dx);
   } else {
     Tensor bias_sums = Tensor::zeros({3 * e}, sd, dev);  // (3E)
     transformer_ops::accumulate_bias_grad(dqkv, bias_sums);
     for (std::size_t i = 0; i < 3; ++i) {
       std::int64_t lo = static_cast<std::int64_t>(i) * e;
       Tensor part = dqkv.slice(1, lo, lo + e);
-      transformer_ops::accumulate(qkv_biases_[i]->grad, bias_sums.slice(0, lo, lo + e));
-      transformer_ops::gemm_accumulate(true, false, part, x_mm_, qkv_weights_[i]->grad);
+      ops::accumulate(qkv_biases_[i]->grad, bias_sums.slice(0, lo, lo + e));
+      ops::gemm_accumulate(true, false, part, x_mm_, qkv_weights_[i]->grad);
       ops::gemm(false, false, 1.0, part,
-                qkv_cache_[i].get(*qkv_weights_[i], mm, ctx.weights_version), i == 0 ? 0.0 : 1.0,
-                dx);
+                qkv_cache_[i].get(qkv_weights_[i]->value, mm, ctx.weights_version),
+                i == 0 ? 0.0 : 1.0, dx);
     }
   }
   return dx.view({b, t, e});
@@ -452,10 +399,8 @@ void MultiHeadSelfAttention::unfused_backward(const Tensor& dcontext_heads, doub
   // Through dropout and softmax.
   Tensor dscores = Tensor::empty({b * h, t, t}, mm, dev);
   if (dev.is_cuda()) {
-#if KILN_WITH_CUDA
     DeviceGuard guard(dev);
     cuda::attention_softmax_backward(d_dropped, probs_, p, dropout_key_, dropout_stream_, dscores);
-#endif
   } else {
     KILN_DISPATCH_FLOATING(mm, T, {
       using S = typename cpu::Compute<T>::type;

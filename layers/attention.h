@@ -31,6 +31,7 @@
 #include <cstdint>
 
 #include "layers/layer.h"
+#include "layers/weight_cast_cache.h"
 
 namespace kiln {
 
@@ -44,25 +45,6 @@ DType matmul_dtype(const Context& ctx, DType activation);
 // input (token ids) or casts a floating input to: F64 for f64 parameters, else the policy's.
 DType activation_dtype(const Context& ctx, DType parameter_dtype);
 
-// p's value cast to `dtype`, recast only when the weights version, the storage or the dtype
-// changed (O1 casts fp32 weights to half once per optimizer step, not once per use).
-class CastCache {
- public:
-  const Tensor& get(const Parameter& p, DType dtype, std::uint64_t weights_version);
-
- private:
-  Tensor cast_;
-  const void* source_ = nullptr;
-  std::uint64_t version_ = 0;
-  DType dtype_ = DType::F32;
-};
-
-// grad += src (any floating dtypes, same number of elements).
-void accumulate(Tensor& grad, const Tensor& src);
-// Parameter gradient of a linear map: grad += alpha * op(a) op(b), straight into grad when its
-// dtype allows, else through a temporary.
-void gemm_accumulate(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, Tensor& grad,
-                     double alpha = 1.0);
 // y (rows, C) += bias (C) broadcast over rows.
 void add_bias(Tensor& y, const Tensor& bias);
 // bias_grad (C) += sum over rows of dy (rows, C), in a fixed order.
@@ -116,9 +98,9 @@ class MultiHeadSelfAttention : public Layer {
   QkvLayout layout_;
   // SeparateQKV: three weights and biases; FusedQKV: one (3E, E) weight and one (3E) bias.
   std::vector<Parameter*> qkv_weights_, qkv_biases_;
-  std::vector<transformer_ops::CastCache> qkv_cache_;
-  transformer_ops::CastCache out_cache_;
-  transformer_ops::CastCache qkv_bias_cache_, out_bias_cache_;  // CUDA bias epilogues
+  std::vector<WeightCastCache> qkv_cache_;
+  WeightCastCache out_cache_;
+  WeightCastCache qkv_bias_cache_, out_bias_cache_;  // CUDA bias epilogues
   Parameter* out_weight_;
   Parameter* out_bias_;
   // Saved by forward for backward.
@@ -138,55 +120,5 @@ class MultiHeadSelfAttention : public Layer {
   std::uint64_t dropout_key_ = 0, dropout_stream_ = 0;
   bool dropout_active_ = false;
 };
-
-namespace cuda {
-// Launchers (layers/cuda/attention.cu).
-void add_bias(Tensor& y, const Tensor& bias);
-// src (N, parts*E) -> out (parts, B*H, T, d), N = B*T (the unfused path's layout).
-void to_heads(const Tensor& src, std::int64_t parts, std::int64_t b, std::int64_t t, std::int64_t h,
-              std::int64_t d, Tensor& out);
-// src (parts, B*H, T, d) -> out (N, parts*E).
-void from_heads(const Tensor& src, std::int64_t parts, std::int64_t b, std::int64_t t,
-                std::int64_t h, std::int64_t d, Tensor& out);
-// bias_grad (C) += column sums of dy (rows, C), contiguous; two passes in a fixed order.
-void accumulate_bias_grad(const Tensor& dy, Tensor& bias_grad);
-// scores (BH, T, T) fp32 (f64), mask (B, T) fp32 or undefined -> probs, dropped_probs (BH, T, T)
-// in the matmul dtype (dropped_probs undefined when p == 0).
-void attention_softmax_forward(const Tensor& scores, const Tensor& mask, std::int64_t heads,
-                               double p, std::uint64_t key, std::uint64_t stream, Tensor& probs,
-                               Tensor& dropped_probs);
-// d_dropped (BH, T, T) fp32 (f64), probs -> dscores in the matmul dtype.
-void attention_softmax_backward(const Tensor& d_dropped, const Tensor& probs, double p,
-                                std::uint64_t key, std::uint64_t stream, Tensor& dscores);
-// The most bytes a fused attention backward takes for its (B*H, T, T) workspace (dS^T in the
-// flash kernels, dP in cuDNN's deterministic backward): KILN_ATTENTION_WORKSPACE_MB, default 256.
-// The flash backward runs in chunks of (batch * head) rows that fit; cuDNN's declines beyond it.
-std::int64_t attention_workspace_limit_bytes();
-// Fused attention (layers/cuda/flash_attention.cu): whether it serves this dtype, number of
-// (batch * head) rows, head dimension and length.
-bool flash_attention_supported(DType dtype, std::int64_t batch_heads, std::int64_t head_dim,
-                               std::int64_t tokens);
-// It reads the input projection's packed rows qkv (B*T, 3E) = [q | k | v], head h at columns
-// h*d.. of each part, contiguous and 16-byte aligned; no head-layout copies.
-// out (B*T, E) = dropout(softmax(q k^T / sqrt(d) + mask)) v per head, without the (T, T) scores
-// in memory; lse (B*H, T) fp32, what backward recomputes the probabilities from.
-void flash_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t heads,
-                             const Tensor& mask, double p, std::uint64_t key, std::uint64_t stream,
-                             Tensor& out, Tensor& lse);
-// dqkv (B*T, 3E) written (=) from dout (B*T, E) and the forward's out and lse.
-void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
-                              const Tensor& lse, const Tensor& mask, std::int64_t batch,
-                              std::int64_t heads, double p, std::uint64_t key, std::uint64_t stream,
-                              Tensor& dqkv);
-// cuDNN's fused attention (layers/cuda/cudnn_attention.cc) for the same packed layout, without
-// mask or dropout: true when it ran (lse then holds cuDNN's natural-log statistics, which only
-// cudnn_attention_backward reads), false when cuDNN declines the shape or KILN_ATTENTION_CUDNN=0.
-bool cudnn_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t heads, Tensor& out,
-                             Tensor& lse);
-// dqkv (B*T, 3E) written (=); only after a cudnn_attention_forward of this shape returned true.
-void cudnn_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
-                              const Tensor& lse, std::int64_t batch, std::int64_t heads,
-                              Tensor& dqkv);
-}  // namespace cuda
 
 }  // namespace kiln

@@ -5,6 +5,7 @@
 
 #include "core/ops.h"
 #include "layers/conv2d.h"
+#include "layers/cuda/batchnorm_cuda.h"
 #include "layers/relu.h"
 
 namespace kiln {
@@ -94,7 +95,6 @@ Tensor BatchNorm2d::forward_impl(Context& ctx, const Tensor& x) {
   Tensor& nbt = num_batches_tracked_->value;
 
   if (x.device().is_cuda()) {
-#if KILN_WITH_CUDA
     KILN_CHECK(x.dtype() != DType::F64, "BatchNorm2d on CUDA runs in f32, f16 or bf16");
     Tensor xp = to_physical(x, cl);
     Tensor yp = Tensor::empty(xp.shape(), xp.dtype(), xp.device());
@@ -116,7 +116,6 @@ Tensor BatchNorm2d::forward_impl(Context& ctx, const Tensor& x) {
     }
     saved_x_ = xp;
     return from_physical(yp, cl);
-#endif
   }
 
   // CPU: halves compute in f32, statistics in f64.
@@ -187,14 +186,12 @@ Tensor BatchNorm2d::backward_impl(Context& ctx, const Tensor& dy) {
   KILN_CHECK(saved_x_.defined(), "BatchNorm2d " + name() + ": backward without forward");
   const bool cl = saved_channels_last_;
   if (dy.device().is_cuda()) {
-#if KILN_WITH_CUDA
     Tensor dyp = to_physical(dy, cl).to(saved_x_.dtype());
     Tensor dxp = Tensor::empty(saved_x_.shape(), saved_x_.dtype(), dy.device());
     batchnorm_cuda::backward(saved_x_, dyp, weight_->value, bias_->value, saved_mean_,
                              saved_invstd_, cl, saved_batch_stats_, fused_relu_, dxp, weight_->grad,
                              bias_->grad);
     return from_physical(dxp, cl);
-#endif
   }
   const DType cd = saved_x_.dtype();
   Tensor dyp = to_physical(dy, cl);

@@ -3,7 +3,9 @@
 #include <cmath>
 #include <mutex>
 
+#include "core/gemm_algorithm.h"
 #include "core/ops.h"
+#include "layers/cuda/conv2d_cuda.h"
 
 namespace kiln {
 
@@ -59,6 +61,10 @@ ConvAlgorithmOptions default_conv_algorithm_options() {
 void set_default_conv_algorithm_options(const ConvAlgorithmOptions& options) {
   std::lock_guard<std::mutex> lock(defaults_mutex());
   defaults() = options;
+  // GEMMs follow cudnn.benchmark's analogue until their own options are set.
+  follow_conv_algorithm_search(options.search == ConvAlgorithmSearch::Benchmark
+                                   ? GemmAlgorithmSearch::Benchmark
+                                   : GemmAlgorithmSearch::Heuristic);
 }
 
 Conv2d::Conv2d(std::int64_t in_channels, std::int64_t out_channels,
@@ -345,8 +351,6 @@ Tensor Conv2d::backward_cpu(const Tensor& dy_nchw) {
 
 // ---- CUDA: cuDNN (layers/cuda/conv2d.cc) -------------------------------------------------------
 
-#if KILN_WITH_CUDA
-
 namespace {
 // GEMM-like work runs in the policy's matmul dtype (O1 casts fp32 activations to half).
 DType cuda_compute_dtype(const Context& ctx, DType input) {
@@ -362,16 +366,7 @@ Tensor Conv2d::compute_weight(const Context& ctx, DType dtype, bool channels_las
     return channels_last ? w.permute({0, 2, 3, 1}).contiguous() : w.contiguous();
   }
   // A cast to half: once per optimizer update, as Apex O1 does.
-  if (!cached_weight_.defined() || cached_weights_version_ != ctx.weights_version ||
-      cached_dtype_ != dtype || cached_channels_last_ != channels_last ||
-      cached_source_ != w.data() || cached_weight_.device() != w.device()) {
-    cached_weight_ = (channels_last ? w.permute({0, 2, 3, 1}) : w).to(dtype);
-    cached_weights_version_ = ctx.weights_version;
-    cached_dtype_ = dtype;
-    cached_channels_last_ = channels_last;
-    cached_source_ = w.data();
-  }
-  return cached_weight_;
+  return weight_cache_.get(w, dtype, ctx.weights_version, channels_last);
 }
 
 Tensor Conv2d::forward_cuda(Context& ctx, const Tensor& x) {
@@ -428,19 +423,5 @@ Tensor Conv2d::backward_cuda(Context& ctx, const Tensor& dy) {
   if (!dxp.defined()) return dxp;
   return from_physical(dxp.to(saved_input_dtype_), cl);
 }
-
-#else
-
-Tensor Conv2d::compute_weight(const Context&, DType, bool) {
-  throw Error("Conv2d: this build has no CUDA backend");
-}
-Tensor Conv2d::forward_cuda(Context&, const Tensor&) {
-  throw Error("Conv2d: this build has no CUDA backend");
-}
-Tensor Conv2d::backward_cuda(Context&, const Tensor&) {
-  throw Error("Conv2d: this build has no CUDA backend");
-}
-
-#endif
 
 }  // namespace kiln

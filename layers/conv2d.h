@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "layers/layer.h"
+#include "layers/weight_cast_cache.h"
 
 namespace kiln {
 
@@ -132,30 +133,7 @@ class Conv2d : public Layer {
   DType saved_input_dtype_ = DType::F32;
   Conv2dGeometry saved_geometry_;
 
-  Tensor cached_weight_;
-  std::uint64_t cached_weights_version_ = 0;
-  DType cached_dtype_ = DType::F32;
-  bool cached_channels_last_ = false;
-  const void* cached_source_ = nullptr;
+  WeightCastCache weight_cache_;
 };
-
-// The CUDA implementation (layers/cuda/conv2d.cc), following the lifecycle
-// can_implement -> workspace size and setup (choose algorithms, cached per geometry) -> run.
-// Tensors are physical (NCHW or NHWC contiguous per geometry.channels_last); the filter is
-// (K, C/g, R, S) or, when channels_last, (K, R, S, C/g). Defined only when KILN_WITH_CUDA.
-namespace cudnn_conv {
-bool can_implement(const Conv2dGeometry& g, std::string* why);
-ConvAlgorithmChoice setup(const Conv2dGeometry& g, const ConvAlgorithmOptions& options);
-void forward(const Conv2dGeometry& g, const ConvAlgorithmChoice& algos, const Tensor& x,
-             const Tensor& w, Tensor& y);
-void backward_data(const Conv2dGeometry& g, const ConvAlgorithmChoice& algos, const Tensor& dy,
-                   const Tensor& w, Tensor& dx);
-// dw = beta * dw + (gradient); beta 1 accumulates.
-void backward_filter(const Conv2dGeometry& g, const ConvAlgorithmChoice& algos, const Tensor& x,
-                     const Tensor& dy, Tensor& dw, double beta);
-// y (physical) += bias per channel; bias has y's dtype.
-void add_bias(Tensor& y, const Tensor& bias, bool channels_last);
-std::size_t cached_plans();  // how many geometries have been set up (for tests)
-}  // namespace cudnn_conv
 
 }  // namespace kiln

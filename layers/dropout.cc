@@ -1,6 +1,7 @@
 #include "layers/dropout.h"
 
 #include "core/cpu/element.h"
+#include "layers/cuda/dropout_cuda.h"
 
 namespace kiln {
 namespace {
@@ -25,9 +26,7 @@ void cpu_dropout_apply(const Tensor& in, Tensor& out, std::uint64_t key, std::ui
 void dropout_apply(const Tensor& in, Tensor& out, std::uint64_t key, std::uint64_t step, double p,
                    double scale) {
   if (in.device().is_cuda()) {
-#if KILN_WITH_CUDA
     cuda::dropout_apply(in, out, key, step, p, scale);
-#endif
   } else {
     cpu_dropout_apply(in, out, key, step, p, scale);
   }

@@ -51,12 +51,4 @@ class Dropout : public Layer {
   Shape input_shape_;
 };
 
-#if KILN_WITH_CUDA
-namespace cuda {
-// out = in * keep(i) * scale over contiguous tensors of equal numel (forward and backward alike).
-void dropout_apply(const Tensor& in, Tensor& out, std::uint64_t key, std::uint64_t step, double p,
-                   double scale);
-}  // namespace cuda
-#endif
-
 }  // namespace kiln

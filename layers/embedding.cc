@@ -5,6 +5,7 @@
 #include "core/cpu/element.h"
 #include "core/ops.h"
 #include "layers/attention.h"
+#include "layers/cuda/embedding_cuda.h"
 
 namespace kiln {
 
@@ -38,10 +39,8 @@ Tensor Embedding::forward_impl(Context& ctx, const Tensor& ids) {
   DType out_dtype = transformer_ops::activation_dtype(ctx, weight_->value.dtype());
   Tensor y = Tensor::empty({n, dim_}, out_dtype, ids.device());
   if (ids.device().is_cuda()) {
-#if KILN_WITH_CUDA
     DeviceGuard guard(ids.device());
     cuda::embedding_forward(flat, weight_->value, y);
-#endif
   } else {
     const std::int64_t* id = flat.data<std::int64_t>();
     for (std::int64_t i = 0; i < n; ++i) {
@@ -71,10 +70,8 @@ Tensor Embedding::backward_impl(Context& ctx, const Tensor& dy) {
              "Embedding " + name() + ": dy " + dy.str() + " for " + std::to_string(n) + " ids");
   Tensor dyc = dy.contiguous().view({n, dim_});
   if (dy.device().is_cuda()) {
-#if KILN_WITH_CUDA
     DeviceGuard guard(dy.device());
     cuda::embedding_backward(saved_ids_, dyc, padding_idx_, weight_->grad);
-#endif
   } else {
     // Positions in order: the sum for a repeated id is formed in the same order as on CUDA.
     const std::int64_t* id = saved_ids_.data<std::int64_t>();

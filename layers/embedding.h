@@ -38,11 +38,4 @@ class Embedding : public Layer {
   Tensor saved_ids_;  // (N) I64
 };
 
-namespace cuda {
-// Launchers (layers/cuda/embedding.cu). ids (N) I64; y (N, dim); weight_grad (num, dim) +=.
-void embedding_forward(const Tensor& ids, const Tensor& weight, Tensor& y);
-void embedding_backward(const Tensor& ids, const Tensor& dy, std::int64_t padding_idx,
-                        Tensor& weight_grad);
-}  // namespace cuda
-
 }  // namespace kiln

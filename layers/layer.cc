@@ -4,7 +4,6 @@
 #include <unordered_set>
 
 #include "core/nvtx.h"
-#include "core/ops.h"
 
 namespace kiln {
 
@@ -151,44 +150,6 @@ Tensor Sequential::backward_impl(Context& ctx, const Tensor& dy) {
   Tensor g = dy;
   for (auto it = order_.rbegin(); it != order_.rend(); ++it) g = (*it)->backward(ctx, g);
   return g;
-}
-
-Residual::Residual(std::unique_ptr<Layer> body, std::unique_ptr<Layer> shortcut,
-                   const std::string& body_name, const std::string& shortcut_name) {
-  body_ = &add_child(body_name, std::move(body));
-  if (shortcut) shortcut_ = &add_child(shortcut_name, std::move(shortcut));
-}
-
-Shape Residual::output_shape(const Shape& input) const {
-  return body_->output_shape(input);
-}
-
-double Residual::forward_flops(const Shape& input) const {
-  double f =
-      body_->forward_flops(input) + static_cast<double>(shape_numel(body_->output_shape(input)));
-  if (shortcut_) f += shortcut_->forward_flops(input);
-  return f;
-}
-
-Tensor Residual::forward_impl(Context& ctx, const Tensor& x) {
-  Tensor y = body_->forward(ctx, x);
-  Tensor s = shortcut_ ? shortcut_->forward(ctx, x) : x;
-  KILN_CHECK(y.shape() == s.shape(),
-             "Residual " + name() + ": body gives " + y.str() + " but shortcut gives " + s.str());
-  Tensor out = Tensor::empty(y.shape(), y.dtype(), y.device());
-  ops::add(y.contiguous(), s.dtype() == y.dtype() ? s.contiguous() : s.to(y.dtype()), out);
-  return out;
-}
-
-Tensor Residual::backward_impl(Context& ctx, const Tensor& dy) {
-  Tensor dx_body = body_->backward(ctx, dy);
-  Tensor dx_short = shortcut_ ? shortcut_->backward(ctx, dy) : dy;
-  Tensor dx = Tensor::empty(dx_body.shape(), dx_body.dtype(), dx_body.device());
-  ops::add(
-      dx_body.contiguous(),
-      dx_short.dtype() == dx_body.dtype() ? dx_short.contiguous() : dx_short.to(dx_body.dtype()),
-      dx);
-  return dx;
 }
 
 }  // namespace kiln

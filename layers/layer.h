@@ -160,22 +160,4 @@ class Sequential : public Layer {
   std::vector<Layer*> order_;
 };
 
-// y = body(x) + shortcut(x), where a null shortcut is the identity.
-class Residual : public Layer {
- public:
-  Residual(std::unique_ptr<Layer> body, std::unique_ptr<Layer> shortcut = nullptr,
-           const std::string& body_name = "body", const std::string& shortcut_name = "shortcut");
-  std::string type() const override { return "Residual"; }
-  Shape output_shape(const Shape& input) const override;
-  double forward_flops(const Shape& input) const override;
-
- protected:
-  Tensor forward_impl(Context& ctx, const Tensor& x) override;
-  Tensor backward_impl(Context& ctx, const Tensor& dy) override;
-
- private:
-  Layer* body_;
-  Layer* shortcut_ = nullptr;
-};
-
 }  // namespace kiln

@@ -4,7 +4,7 @@
 
 #include "core/cpu/element.h"
 #include "core/ops.h"
-#include "layers/attention.h"
+#include "layers/cuda/layernorm_cuda.h"
 
 namespace kiln {
 
@@ -93,10 +93,8 @@ Tensor LayerNorm::forward_impl(Context& ctx, const Tensor& x) {
   saved_mean_ = Tensor::empty({rows}, sd, x.device());
   saved_rstd_ = Tensor::empty({rows}, sd, x.device());
   if (x.device().is_cuda()) {
-#if KILN_WITH_CUDA
     DeviceGuard guard(x.device());
     cuda::layernorm_forward(xc, w, b, eps_, y, saved_mean_, saved_rstd_);
-#endif
   } else {
     KILN_DISPATCH_FLOATING(x.dtype(), T, {
       using C = typename cpu::Compute<T>::type;
@@ -120,10 +118,8 @@ Tensor LayerNorm::backward_impl(Context& ctx, const Tensor& dy) {
   Tensor dx = Tensor::empty({rows, size_}, saved_x_.dtype(), dy.device());
   Tensor dw = Tensor::empty({size_}, sd, dy.device()), db = Tensor::empty({size_}, sd, dy.device());
   if (dy.device().is_cuda()) {
-#if KILN_WITH_CUDA
     DeviceGuard guard(dy.device());
     cuda::layernorm_backward(dyc, saved_x_, w, saved_mean_, saved_rstd_, dx, dw, db);
-#endif
   } else {
     KILN_DISPATCH_FLOATING(saved_x_.dtype(), T, {
       using C = typename cpu::Compute<T>::type;
@@ -132,8 +128,8 @@ Tensor LayerNorm::backward_impl(Context& ctx, const Tensor& dy) {
                           db.data<C>());
     });
   }
-  transformer_ops::accumulate(weight_->grad, dw);
-  transformer_ops::accumulate(bias_->grad, db);
+  ops::accumulate(weight_->grad, dw);
+  ops::accumulate(bias_->grad, db);
   return dx.view(dy.shape());
 }
 

@@ -44,13 +44,4 @@ class LayerNorm : public Layer {
   Tensor saved_rstd_;  // (rows)
 };
 
-namespace cuda {
-// Launchers (layers/cuda/layernorm.cu). x, y, dy, dx (rows, C) contiguous, one dtype; weight,
-// bias, mean, rstd fp32 (f64 when x is f64); dweight/dbias (C) in that type, overwritten.
-void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
-                       Tensor& y, Tensor& mean, Tensor& rstd);
-void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                        const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias);
-}  // namespace cuda
-
 }  // namespace kiln

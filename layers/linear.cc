@@ -4,14 +4,10 @@
 
 #include "core/cpu/element.h"
 #include "core/ops.h"
+#include "layers/cuda/linear_cuda.h"
 
 namespace kiln {
 namespace {
-
-// grad += value, casting value to grad's dtype where they differ.
-void accumulate_into(Tensor& grad, const Tensor& value) {
-  ops::axpy(1.0, value.dtype() == grad.dtype() ? value : value.to(grad.dtype()), grad);
-}
 
 // z (M, out) += bias (out), then act in place; host, contiguous, z in f32 or f64.
 template <typename C>
@@ -72,34 +68,8 @@ void Linear::reset_parameters(std::uint64_t seed) {
   std::uint64_t base = seed * 0x9E3779B97F4A7C15ull + 0x1234567ull;
   ops::fill_uniform(weight_->value, -bound, bound, base);
   if (bias_) ops::fill_uniform(bias_->value, -bound, bound, base + 1);
-  weight_cache_ = CastCache{};
-  bias_cache_ = CastCache{};
-}
-
-const Tensor& Linear::weight_as(const Context& ctx, DType dtype) {
-  const Tensor& value = weight_->value;
-  if (value.dtype() == dtype) return value;
-  CastCache& c = weight_cache_;
-  if (!c.value.defined() || c.version != ctx.weights_version || c.source != value.data() ||
-      c.value.dtype() != dtype || c.value.device() != value.device()) {
-    c.value = value.to(dtype).contiguous();
-    c.version = ctx.weights_version;
-    c.source = value.data();
-  }
-  return c.value;
-}
-
-const Tensor& Linear::bias_as(const Context& ctx, DType dtype) {
-  const Tensor& value = bias_->value;
-  if (value.dtype() == dtype) return value;
-  CastCache& c = bias_cache_;
-  if (!c.value.defined() || c.version != ctx.weights_version || c.source != value.data() ||
-      c.value.dtype() != dtype || c.value.device() != value.device()) {
-    c.value = value.to(dtype).contiguous();
-    c.version = ctx.weights_version;
-    c.source = value.data();
-  }
-  return c.value;
+  weight_cache_.clear();
+  bias_cache_.clear();
 }
 
 Tensor Linear::forward_impl(Context& ctx, const Tensor& x) {  // (N..., in) -> (N..., out)
@@ -111,7 +81,6 @@ Tensor Linear::forward_impl(Context& ctx, const Tensor& x) {  // (N..., in) -> (
   std::int64_t rows = x.numel() / in_features_;
   DType out_dtype = ctx.precision.activation;
   if (x.device().is_cuda()) {
-#if KILN_WITH_CUDA
     DType mm = ctx.precision.matmul;
     saved_input_ = x.to(mm).contiguous().view({rows, in_features_});         // (M, in)
     Tensor y = Tensor::empty({rows, out_features_}, out_dtype, x.device());  // (M, out)
@@ -119,9 +88,6 @@ Tensor Linear::forward_impl(Context& ctx, const Tensor& x) {  // (N..., in) -> (
     cuda::linear_forward(saved_input_, weight_as(ctx, mm), bias, activation_, y, saved_activation_,
                          saved_ld_);
     return y.view(out_shape);
-#else
-    KILN_CHECK(false, "CUDA tensor in a build without CUDA");
-#endif
   }
   // CPU: f64 when asked for, f32 otherwise (halves convert).
   DType compute = (out_dtype == DType::F64 || x.dtype() == DType::F64) ? DType::F64 : DType::F32;
@@ -151,16 +117,12 @@ Tensor Linear::backward_impl(Context& ctx, const Tensor& dy) {
   KILN_CHECK(dy.numel() == rows * out_features_ && dy.size(-1) == out_features_,
              "Linear " + name() + ": dy " + dy.str() + " for input " + shape_str(input_shape_));
   if (dy.device().is_cuda()) {
-#if KILN_WITH_CUDA
     Tensor g = dy.contiguous().view({rows, out_features_});                    // (M, out)
     Tensor dx = Tensor::empty({rows, in_features_}, dy.dtype(), dy.device());  // (M, in)
     cuda::linear_backward(saved_input_, weight_as(ctx, saved_input_.dtype()), g, activation_,
                           saved_activation_, saved_ld_, weight_->grad,
                           bias_ ? &bias_->grad : nullptr, dx);
     return dx.view(input_shape_);
-#else
-    KILN_CHECK(false, "CUDA tensor in a build without CUDA");
-#endif
   }
   DType compute = saved_input_.dtype();
   Tensor g = dy.to(compute).contiguous().view({rows, out_features_});  // (M, out)
@@ -173,15 +135,8 @@ Tensor Linear::backward_impl(Context& ctx, const Tensor& dy) {
       cpu_activation_grad<float>(g, saved_activation_, activation_, dz);
   }
   // weight.grad += dz^T x: straight into the grad when it has the compute dtype.
-  Tensor& wg = weight_->grad;
-  if (wg.dtype() == compute && wg.is_contiguous()) {
-    ops::gemm(true, false, 1.0, dz, saved_input_, 1.0, wg);
-  } else {
-    Tensor tmp = Tensor::empty({out_features_, in_features_}, compute);
-    ops::gemm(true, false, 1.0, dz, saved_input_, 0.0, tmp);
-    accumulate_into(wg, tmp);
-  }
-  if (bias_) accumulate_into(bias_->grad, ops::reduce_cols(dz, ops::Reduction::Sum));
+  ops::gemm_accumulate(true, false, dz, saved_input_, weight_->grad);
+  if (bias_) ops::accumulate(bias_->grad, ops::reduce_cols(dz, ops::Reduction::Sum));
   Tensor w = weight_->value.to(compute).contiguous();
   Tensor dx = Tensor::empty({rows, in_features_}, compute);  // (M, in) = dz (M, out) W (out, in)
   ops::gemm(false, false, 1.0, dz, w, 0.0, dx);

@@ -17,6 +17,7 @@
 
 #include "layers/activations.h"
 #include "layers/layer.h"
+#include "layers/weight_cast_cache.h"
 
 namespace kiln {
 
@@ -47,20 +48,19 @@ class Linear : public Layer {
 
  private:
   // The weight (and bias) in `dtype`: the parameter itself, or a copy cached per weights_version.
-  const Tensor& weight_as(const Context& ctx, DType dtype);
-  const Tensor& bias_as(const Context& ctx, DType dtype);
+  const Tensor& weight_as(const Context& ctx, DType dtype) {
+    return weight_cache_.get(weight_->value, dtype, ctx.weights_version);
+  }
+  const Tensor& bias_as(const Context& ctx, DType dtype) {
+    return bias_cache_.get(bias_->value, dtype, ctx.weights_version);
+  }
 
   std::int64_t in_features_, out_features_;
   Activation activation_;
   Parameter* weight_ = nullptr;
   Parameter* bias_ = nullptr;
 
-  struct CastCache {
-    Tensor value;
-    std::uint64_t version = 0;
-    const void* source = nullptr;
-  };
-  CastCache weight_cache_, bias_cache_;
+  WeightCastCache weight_cache_, bias_cache_;
 
   // Saved by forward for backward.
   Shape input_shape_;
@@ -68,20 +68,5 @@ class Linear : public Layer {
   Tensor saved_activation_;    // ReLU: y (M, out); GELU: z = x W^T + b (M, ld >= out); else empty
   std::int64_t saved_ld_ = 0;  // leading dimension of saved_activation_
 };
-
-#if KILN_WITH_CUDA
-namespace cuda {
-// Forward on CUDA: y (M, out) = act(x W^T + b). x (M, in) and w (out, in) share a dtype; bias
-// may be undefined. Returns what backward needs (y for ReLU, z for GELU, empty otherwise) and
-// its leading dimension.
-void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act, Tensor& y,
-                    Tensor& saved, std::int64_t& saved_ld);
-// Backward on CUDA: dz = dy * act'(saved); weight_grad += dz^T x; bias_grad += sum_rows dz
-// (undefined: none); dx (M, in) = dz W (undefined: not computed).
-void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Activation act,
-                     const Tensor& saved, std::int64_t saved_ld, Tensor& weight_grad,
-                     Tensor* bias_grad, Tensor& dx);
-}  // namespace cuda
-#endif
 
 }  // namespace kiln

@@ -5,6 +5,7 @@
 
 #include "core/cpu/element.h"
 #include "layers/conv2d.h"
+#include "layers/cuda/pooling_cuda.h"
 
 namespace kiln {
 namespace {
@@ -68,28 +69,52 @@ Shape physical_shape(const PoolGeometry& g, std::int64_t h, std::int64_t w) {
 
 }  // namespace
 
-// ---- MaxPool2d ---------------------------------------------------------------------------------
+// ---- WindowPool2d ------------------------------------------------------------------------------
 
-MaxPool2d::MaxPool2d(std::int64_t kernel, std::int64_t stride, std::int64_t padding)
+WindowPool2d::WindowPool2d(std::int64_t kernel, std::int64_t stride, std::int64_t padding,
+                           const char* type)
     : kernel_(kernel), stride_(stride == 0 ? kernel : stride), padding_(padding) {
-  check_window(kernel_, stride_, padding_, "MaxPool2d");
+  check_window(kernel_, stride_, padding_, type);
 }
 
-Shape MaxPool2d::output_shape(const Shape& input) const {
-  PoolGeometry g = pool_geometry(input, kernel_, stride_, padding_, false, "MaxPool2d " + name());
+PoolGeometry WindowPool2d::geometry(const Shape& input, bool channels_last) const {
+  return pool_geometry(input, kernel_, stride_, padding_, channels_last, type() + " " + name());
+}
+
+Shape WindowPool2d::output_shape(const Shape& input) const {
+  PoolGeometry g = geometry(input, false);
   return {g.batch, g.channels, g.out_height, g.out_width};
 }
 
+PoolGeometry WindowPool2d::begin_forward(const Context& ctx, const Tensor& x, Tensor& x_physical,
+                                         Tensor& y_physical) const {
+  PoolGeometry g = geometry(x.shape(), ctx.channels_last);
+  x_physical = to_physical(x, g.channels_last);
+  y_physical = Tensor::empty(physical_shape(g, g.out_height, g.out_width), x.dtype(), x.device());
+  return g;
+}
+
+Tensor WindowPool2d::end_forward(const PoolGeometry& g, const Tensor& x, const Tensor& y_physical) {
+  saved_ = g;
+  saved_dtype_ = x.dtype();
+  return from_physical(y_physical, g.channels_last);
+}
+
+void WindowPool2d::begin_backward(const Tensor& dy, Tensor& dy_physical,
+                                  Tensor& dx_physical) const {
+  const PoolGeometry& g = saved_;
+  dy_physical = to_physical(dy, g.channels_last).to(saved_dtype_);
+  dx_physical = Tensor::empty(physical_shape(g, g.height, g.width), saved_dtype_, dy.device());
+}
+
+// ---- MaxPool2d ---------------------------------------------------------------------------------
+
 Tensor MaxPool2d::forward_impl(Context& ctx, const Tensor& x) {
-  PoolGeometry g = pool_geometry(x.shape(), kernel_, stride_, padding_, ctx.channels_last,
-                                 "MaxPool2d " + name());
-  Tensor xp = to_physical(x, g.channels_last);
-  Tensor yp = Tensor::empty(physical_shape(g, g.out_height, g.out_width), x.dtype(), x.device());
+  Tensor xp, yp;
+  PoolGeometry g = begin_forward(ctx, x, xp, yp);
   argmax_ = Tensor::empty(yp.shape(), DType::I32, x.device());
   if (x.device().is_cuda()) {
-#if KILN_WITH_CUDA
     pooling_cuda::max_forward(g, xp, yp, argmax_);
-#endif
   } else {
     std::int32_t* am = argmax_.data<std::int32_t>();
     KILN_DISPATCH_FLOATING(x.dtype(), T, {
@@ -126,21 +151,17 @@ Tensor MaxPool2d::forward_impl(Context& ctx, const Tensor& x) {
         }
     });
   }
-  saved_ = g;
-  saved_dtype_ = x.dtype();
-  return from_physical(yp, g.channels_last);
+  return end_forward(g, x, yp);
 }
 
 Tensor MaxPool2d::backward_impl(Context& ctx, const Tensor& dy) {
   (void)ctx;
   KILN_CHECK(argmax_.defined(), "MaxPool2d " + name() + ": backward without forward");
   const PoolGeometry& g = saved_;
-  Tensor dyp = to_physical(dy, g.channels_last).to(saved_dtype_);
-  Tensor dxp = Tensor::empty(physical_shape(g, g.height, g.width), saved_dtype_, dy.device());
+  Tensor dyp, dxp;
+  begin_backward(dy, dyp, dxp);
   if (dy.device().is_cuda()) {
-#if KILN_WITH_CUDA
     pooling_cuda::max_backward(g, dyp, argmax_, dxp);
-#endif
   } else {
     // On the CPU a sequential scatter to each window's maximum is exact and deterministic.
     const std::int32_t* am = argmax_.data<std::int32_t>();
@@ -166,25 +187,11 @@ Tensor MaxPool2d::backward_impl(Context& ctx, const Tensor& dy) {
 
 // ---- AvgPool2d ---------------------------------------------------------------------------------
 
-AvgPool2d::AvgPool2d(std::int64_t kernel, std::int64_t stride, std::int64_t padding)
-    : kernel_(kernel), stride_(stride == 0 ? kernel : stride), padding_(padding) {
-  check_window(kernel_, stride_, padding_, "AvgPool2d");
-}
-
-Shape AvgPool2d::output_shape(const Shape& input) const {
-  PoolGeometry g = pool_geometry(input, kernel_, stride_, padding_, false, "AvgPool2d " + name());
-  return {g.batch, g.channels, g.out_height, g.out_width};
-}
-
 Tensor AvgPool2d::forward_impl(Context& ctx, const Tensor& x) {
-  PoolGeometry g = pool_geometry(x.shape(), kernel_, stride_, padding_, ctx.channels_last,
-                                 "AvgPool2d " + name());
-  Tensor xp = to_physical(x, g.channels_last);
-  Tensor yp = Tensor::empty(physical_shape(g, g.out_height, g.out_width), x.dtype(), x.device());
+  Tensor xp, yp;
+  PoolGeometry g = begin_forward(ctx, x, xp, yp);
   if (x.device().is_cuda()) {
-#if KILN_WITH_CUDA
     pooling_cuda::avg_forward(g, xp, yp);
-#endif
   } else {
     // count_include_pad: every window divides by kernel^2 (floor mode keeps windows in the pad).
     const double inv = 1.0 / static_cast<double>(g.kernel * g.kernel);
@@ -210,21 +217,17 @@ Tensor AvgPool2d::forward_impl(Context& ctx, const Tensor& x) {
             }
     });
   }
-  saved_ = g;
-  saved_dtype_ = x.dtype();
-  return from_physical(yp, g.channels_last);
+  return end_forward(g, x, yp);
 }
 
 Tensor AvgPool2d::backward_impl(Context& ctx, const Tensor& dy) {
   (void)ctx;
   const PoolGeometry& g = saved_;
   KILN_CHECK(g.batch > 0, "AvgPool2d " + name() + ": backward without forward");
-  Tensor dyp = to_physical(dy, g.channels_last).to(saved_dtype_);
-  Tensor dxp = Tensor::empty(physical_shape(g, g.height, g.width), saved_dtype_, dy.device());
+  Tensor dyp, dxp;
+  begin_backward(dy, dyp, dxp);
   if (dy.device().is_cuda()) {
-#if KILN_WITH_CUDA
     pooling_cuda::avg_backward(g, dyp, dxp);
-#endif
   } else {
     const double inv = 1.0 / static_cast<double>(g.kernel * g.kernel);
     KILN_DISPATCH_FLOATING(saved_dtype_, T, {
@@ -273,9 +276,7 @@ Tensor GlobalAvgPool::forward_impl(Context& ctx, const Tensor& x) {
   Tensor xp = to_physical(x, g.channels_last);
   Tensor y = Tensor::empty({g.batch, g.channels}, x.dtype(), x.device());  // (N, C)
   if (x.device().is_cuda()) {
-#if KILN_WITH_CUDA
     pooling_cuda::global_avg_forward(g, xp, y);
-#endif
   } else {
     const std::int64_t plane = g.height * g.width;
     KILN_DISPATCH_FLOATING(x.dtype(), T, {
@@ -304,9 +305,7 @@ Tensor GlobalAvgPool::backward_impl(Context& ctx, const Tensor& dy) {
   Tensor dyc = dy.contiguous().to(saved_dtype_);  // (N, C)
   Tensor dxp = Tensor::empty(physical_shape(g, g.height, g.width), saved_dtype_, dy.device());
   if (dy.device().is_cuda()) {
-#if KILN_WITH_CUDA
     pooling_cuda::global_avg_backward(g, dyc, dxp);
-#endif
   } else {
     const std::int64_t plane = g.height * g.width;
     KILN_DISPATCH_FLOATING(saved_dtype_, T, {

@@ -18,12 +18,35 @@ struct PoolGeometry {
   bool channels_last = false;
 };
 
-class MaxPool2d : public Layer {
+// What MaxPool2d and AvgPool2d share: a square window with its stride and padding, and the
+// geometry and dtype of the last forward.
+class WindowPool2d : public Layer {
  public:
-  // stride 0 means stride = kernel.
-  explicit MaxPool2d(std::int64_t kernel, std::int64_t stride = 0, std::int64_t padding = 0);
-  std::string type() const override { return "MaxPool2d"; }
   Shape output_shape(const Shape& input) const override;
+
+ protected:
+  // stride 0 means stride = kernel; `type` names the layer in the error for a bad window.
+  WindowPool2d(std::int64_t kernel, std::int64_t stride, std::int64_t padding, const char* type);
+  // The geometry of an input of this shape (an InputError when the window does not fit).
+  PoolGeometry geometry(const Shape& input, bool channels_last) const;
+  // Forward's start: x's geometry under ctx, x's physical memory and y's (empty).
+  PoolGeometry begin_forward(const Context& ctx, const Tensor& x, Tensor& x_physical,
+                             Tensor& y_physical) const;
+  // Forward's end: remembers g and x's dtype for backward; returns y's logical view.
+  Tensor end_forward(const PoolGeometry& g, const Tensor& x, const Tensor& y_physical);
+  // Backward's start: dy's physical memory in forward's dtype, and dx's (empty).
+  void begin_backward(const Tensor& dy, Tensor& dy_physical, Tensor& dx_physical) const;
+
+  std::int64_t kernel_, stride_, padding_;
+  PoolGeometry saved_;
+  DType saved_dtype_ = DType::F32;
+};
+
+class MaxPool2d : public WindowPool2d {
+ public:
+  explicit MaxPool2d(std::int64_t kernel, std::int64_t stride = 0, std::int64_t padding = 0)
+      : WindowPool2d(kernel, stride, padding, "MaxPool2d") {}
+  std::string type() const override { return "MaxPool2d"; }
 
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& x) override;
@@ -31,26 +54,18 @@ class MaxPool2d : public Layer {
   void release_saved() override { argmax_ = Tensor(); }
 
  private:
-  std::int64_t kernel_, stride_, padding_;
-  PoolGeometry saved_;
-  DType saved_dtype_ = DType::F32;
   Tensor argmax_;  // I32, y's physical shape: h * W + w of each window's maximum
 };
 
-class AvgPool2d : public Layer {
+class AvgPool2d : public WindowPool2d {
  public:
-  explicit AvgPool2d(std::int64_t kernel, std::int64_t stride = 0, std::int64_t padding = 0);
+  explicit AvgPool2d(std::int64_t kernel, std::int64_t stride = 0, std::int64_t padding = 0)
+      : WindowPool2d(kernel, stride, padding, "AvgPool2d") {}
   std::string type() const override { return "AvgPool2d"; }
-  Shape output_shape(const Shape& input) const override;
 
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& x) override;
   Tensor backward_impl(Context& ctx, const Tensor& dy) override;
-
- private:
-  std::int64_t kernel_, stride_, padding_;
-  PoolGeometry saved_;
-  DType saved_dtype_ = DType::F32;
 };
 
 // Mean over H and W: (N, C, H, W) -> (N, C), PyTorch's AdaptiveAvgPool2d(1) + flatten(1).
@@ -67,15 +82,5 @@ class GlobalAvgPool : public Layer {
   PoolGeometry saved_;
   DType saved_dtype_ = DType::F32;
 };
-
-// CUDA launchers (layers/cuda/pooling.cu) on physical tensors; defined when KILN_WITH_CUDA.
-namespace pooling_cuda {
-void max_forward(const PoolGeometry& g, const Tensor& x, Tensor& y, Tensor& argmax);
-void max_backward(const PoolGeometry& g, const Tensor& dy, const Tensor& argmax, Tensor& dx);
-void avg_forward(const PoolGeometry& g, const Tensor& x, Tensor& y);
-void avg_backward(const PoolGeometry& g, const Tensor& dy, Tensor& dx);
-void global_avg_forward(const PoolGeometry& g, const Tensor& x, Tensor& y);     // y (N, C)
-void global_avg_backward(const PoolGeometry& g, const Tensor& dy, Tensor& dx);  // dy (N, C)
-}  // namespace pooling_cuda
 
 }  // namespace kiln

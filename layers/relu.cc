@@ -3,6 +3,7 @@
 #include "core/cpu/element.h"
 #include "core/ops.h"
 #include "layers/conv2d.h"
+#include "layers/cuda/relu_cuda.h"
 
 namespace kiln {
 
@@ -50,13 +51,11 @@ Tensor ReLU::forward_impl(Context& ctx, const Tensor& x) {
     residual_ = Tensor();
   }
   if (xd.device().is_cuda()) {
-#if KILN_WITH_CUDA
     if (rd.defined()) {
       relu_cuda::forward_add(xd, rd, yd);
     } else {
       relu_cuda::forward(xd, yd);
     }
-#endif
   } else {
     if (rd.defined()) {
       Tensor sum = Tensor::empty(xd.shape(), xd.dtype(), xd.device());
@@ -77,9 +76,7 @@ Tensor ReLU::backward_impl(Context& ctx, const Tensor& dy) {
   if (dyd.dtype() != saved_y_.dtype()) dyd = dyd.to(saved_y_.dtype());
   Tensor dx = Tensor::empty(dyd.shape(), dyd.dtype(), dyd.device());
   if (dyd.device().is_cuda()) {
-#if KILN_WITH_CUDA
     relu_cuda::backward(saved_y_, dyd, dx);
-#endif
   } else {
     relu_cpu::backward(saved_y_, dyd, dx);
   }

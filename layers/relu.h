@@ -34,13 +34,6 @@ void forward(const Tensor& x, Tensor& y);                      // y may be x
 void backward(const Tensor& y, const Tensor& dy, Tensor& dx);  // dx may be dy
 }  // namespace relu_cpu
 
-// CUDA launchers (layers/cuda/relu.cu) on dense tensors of one dtype; defined when KILN_WITH_CUDA.
-namespace relu_cuda {
-void forward(const Tensor& x, Tensor& y);                       // y may be x
-void forward_add(const Tensor& x, const Tensor& r, Tensor& y);  // y = relu(x + r); y may be x
-void backward(const Tensor& y, const Tensor& dy, Tensor& dx);   // dx may be dy
-}  // namespace relu_cuda
-
 // The dense memory of x in its own order: contiguous, or the (N, H, W, C) tensor behind an NHWC
 // view. `channels_last` tells which, for from_physical (layers/conv2d.h).
 Tensor dense_memory(const Tensor& x, bool* channels_last);

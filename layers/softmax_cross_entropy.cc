@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "core/cpu/element.h"
+#include "layers/cuda/softmax_cross_entropy_cuda.h"
 
 namespace kiln {
 
@@ -29,7 +30,6 @@ Tensor SoftmaxCrossEntropy::forward(Context& ctx, const Tensor& logits, const Te
   logits_ = logits.contiguous().view({rows, classes});                  // (N, C)
   targets_ = targets.to(device, DType::I64).contiguous().view({rows});  // (N)
   if (device.is_cuda()) {
-#if KILN_WITH_CUDA
     row_lse_ = Tensor::empty({rows}, DType::F32, device);
     Tensor loss = Tensor::empty({}, DType::F32, device);
     counted_ = Tensor::empty({}, DType::F32, device);
@@ -40,7 +40,6 @@ Tensor SoftmaxCrossEntropy::forward(Context& ctx, const Tensor& logits, const Te
     cuda::softmax_cross_entropy_forward(logits_, targets_, label_smoothing_, ignore_index_,
                                         row_lse_, loss, counted_, correct_, invalid_);
     return loss;
-#endif
   }
   row_lse_ = Tensor::empty({rows}, DType::F64);
   double* lse_out = row_lse_.data<double>();
@@ -89,12 +88,10 @@ Tensor SoftmaxCrossEntropy::backward(Context& ctx, double scale) {
   std::int64_t rows = logits_.size(0), classes = logits_.size(1);
   Tensor dlogits = Tensor::empty({rows, classes}, logits_.dtype(), logits_.device());  // (N, C)
   if (logits_.device().is_cuda()) {
-#if KILN_WITH_CUDA
     cuda::softmax_cross_entropy_backward(logits_, targets_, label_smoothing_, ignore_index_,
                                          row_lse_, counted_, scale, dlogits);
     release_saved();
     return dlogits.view(logits_shape_);
-#endif
   }
   const double* lse = row_lse_.data<double>();
   const std::int64_t* t = targets_.data<std::int64_t>();

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/enum_names.h"
 #include "core/stream.h"
 
 namespace kiln::optim {
@@ -88,23 +89,17 @@ double unscaled_global_norm(const std::vector<Tensor>& tensors, float unscale) {
 
 }  // namespace
 
+namespace {
+constexpr EnumName<OptimizerKind> kOptimizerKindNames[] = {
+    {OptimizerKind::SGD, "sgd"}, {OptimizerKind::AdamW, "adamw"}, {OptimizerKind::LAMB, "lamb"}};
+}  // namespace
+
 const char* optimizer_kind_name(OptimizerKind kind) {
-  switch (kind) {
-    case OptimizerKind::SGD:
-      return "sgd";
-    case OptimizerKind::AdamW:
-      return "adamw";
-    case OptimizerKind::LAMB:
-      return "lamb";
-  }
-  return "?";
+  return enum_name(kOptimizerKindNames, kind);
 }
 
 OptimizerKind optimizer_kind_from_name(const std::string& name) {
-  for (OptimizerKind k : {OptimizerKind::SGD, OptimizerKind::AdamW, OptimizerKind::LAMB}) {
-    if (name == optimizer_kind_name(k)) return k;
-  }
-  throw InputError("unknown optimizer '" + name + "' (known: sgd, adamw, lamb)");
+  return parse_enum(kOptimizerKindNames, name, "optimizer");
 }
 
 std::pair<double, double> resolve_group(const std::string& name, bool no_weight_decay,

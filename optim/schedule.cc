@@ -6,34 +6,26 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "core/enum_names.h"
 
 namespace kiln::optim {
 
 constexpr double kPi = 3.14159265358979323846;
 
+namespace {
+constexpr EnumName<ScheduleKind> kScheduleKindNames[] = {{ScheduleKind::Constant, "constant"},
+                                                         {ScheduleKind::Cosine, "cosine"},
+                                                         {ScheduleKind::Linear, "linear"},
+                                                         {ScheduleKind::Polynomial, "polynomial"},
+                                                         {ScheduleKind::Step, "step"}};
+}  // namespace
+
 const char* schedule_kind_name(ScheduleKind kind) {
-  switch (kind) {
-    case ScheduleKind::Constant:
-      return "constant";
-    case ScheduleKind::Cosine:
-      return "cosine";
-    case ScheduleKind::Linear:
-      return "linear";
-    case ScheduleKind::Polynomial:
-      return "polynomial";
-    case ScheduleKind::Step:
-      return "step";
-  }
-  return "?";
+  return enum_name(kScheduleKindNames, kind);
 }
 
 ScheduleKind schedule_kind_from_name(const std::string& name) {
-  for (ScheduleKind k : {ScheduleKind::Constant, ScheduleKind::Cosine, ScheduleKind::Linear,
-                         ScheduleKind::Polynomial, ScheduleKind::Step}) {
-    if (name == schedule_kind_name(k)) return k;
-  }
-  throw InputError("unknown lr schedule '" + name +
-                   "' (known: constant, cosine, linear, polynomial, step)");
+  return parse_enum(kScheduleKindNames, name, "lr schedule");
 }
 
 LrSchedule::LrSchedule(const ScheduleOptions& options) : options_(options) {

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "core/check.h"
+#include "core/dispatch.h"
 #include "core/dtype.h"
 
 namespace kiln::cpu {
@@ -79,69 +80,8 @@ inline T store_float(float v) {
 
 }  // namespace kiln::cpu
 
-// Runs `...` with T bound to the C++ type of `dtype` (floating types only).
-#define KILN_DISPATCH_FLOATING(dtype, T, ...)               \
-  switch (dtype) {                                          \
-    case ::kiln::DType::F32: {                              \
-      using T = float;                                      \
-      __VA_ARGS__;                                          \
-      break;                                                \
-    }                                                       \
-    case ::kiln::DType::F64: {                              \
-      using T = double;                                     \
-      __VA_ARGS__;                                          \
-      break;                                                \
-    }                                                       \
-    case ::kiln::DType::F16: {                              \
-      using T = ::kiln::Half;                               \
-      __VA_ARGS__;                                          \
-      break;                                                \
-    }                                                       \
-    case ::kiln::DType::BF16: {                             \
-      using T = ::kiln::BFloat16;                           \
-      __VA_ARGS__;                                          \
-      break;                                                \
-    }                                                       \
-    default:                                                \
-      KILN_CHECK(false, "expected a floating-point dtype"); \
-  }
-
-// Runs `...` with T bound to the C++ type of `dtype` (every dtype).
+// Runs `...` with T bound to the C++ type of `dtype` (floating types only; every dtype).
+#define KILN_DISPATCH_FLOATING(dtype, T, ...) \
+  KILN_DISPATCH_FLOATING_AS(dtype, T, ::kiln::Half, ::kiln::BFloat16, __VA_ARGS__)
 #define KILN_DISPATCH_ALL(dtype, T, ...) \
-  switch (dtype) {                       \
-    case ::kiln::DType::F32: {           \
-      using T = float;                   \
-      __VA_ARGS__;                       \
-      break;                             \
-    }                                    \
-    case ::kiln::DType::F64: {           \
-      using T = double;                  \
-      __VA_ARGS__;                       \
-      break;                             \
-    }                                    \
-    case ::kiln::DType::F16: {           \
-      using T = ::kiln::Half;            \
-      __VA_ARGS__;                       \
-      break;                             \
-    }                                    \
-    case ::kiln::DType::BF16: {          \
-      using T = ::kiln::BFloat16;        \
-      __VA_ARGS__;                       \
-      break;                             \
-    }                                    \
-    case ::kiln::DType::I32: {           \
-      using T = std::int32_t;            \
-      __VA_ARGS__;                       \
-      break;                             \
-    }                                    \
-    case ::kiln::DType::I64: {           \
-      using T = std::int64_t;            \
-      __VA_ARGS__;                       \
-      break;                             \
-    }                                    \
-    case ::kiln::DType::U8: {            \
-      using T = std::uint8_t;            \
-      __VA_ARGS__;                       \
-      break;                             \
-    }                                    \
-  }
+  KILN_DISPATCH_ALL_AS(dtype, T, ::kiln::Half, ::kiln::BFloat16, __VA_ARGS__)

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "core/dispatch.h"
 #include "core/dtype.h"
 
 namespace kiln::cuda {
@@ -165,67 +166,9 @@ inline unsigned grid_for(std::int64_t n, unsigned block = 256, unsigned max_bloc
 
 }  // namespace kiln::cuda
 
-#define KILN_CUDA_DISPATCH_FLOATING(dtype, T, ...)          \
-  switch (dtype) {                                          \
-    case ::kiln::DType::F32: {                              \
-      using T = float;                                      \
-      __VA_ARGS__;                                          \
-      break;                                                \
-    }                                                       \
-    case ::kiln::DType::F64: {                              \
-      using T = double;                                     \
-      __VA_ARGS__;                                          \
-      break;                                                \
-    }                                                       \
-    case ::kiln::DType::F16: {                              \
-      using T = __half;                                     \
-      __VA_ARGS__;                                          \
-      break;                                                \
-    }                                                       \
-    case ::kiln::DType::BF16: {                             \
-      using T = __nv_bfloat16;                              \
-      __VA_ARGS__;                                          \
-      break;                                                \
-    }                                                       \
-    default:                                                \
-      KILN_CHECK(false, "expected a floating-point dtype"); \
-  }
-
+// Runs `...` with T bound to the device storage type of `dtype` (floating types only; every
+// dtype).
+#define KILN_CUDA_DISPATCH_FLOATING(dtype, T, ...) \
+  KILN_DISPATCH_FLOATING_AS(dtype, T, __half, __nv_bfloat16, __VA_ARGS__)
 #define KILN_CUDA_DISPATCH_ALL(dtype, T, ...) \
-  switch (dtype) {                            \
-    case ::kiln::DType::F32: {                \
-      using T = float;                        \
-      __VA_ARGS__;                            \
-      break;                                  \
-    }                                         \
-    case ::kiln::DType::F64: {                \
-      using T = double;                       \
-      __VA_ARGS__;                            \
-      break;                                  \
-    }                                         \
-    case ::kiln::DType::F16: {                \
-      using T = __half;                       \
-      __VA_ARGS__;                            \
-      break;                                  \
-    }                                         \
-    case ::kiln::DType::BF16: {               \
-      using T = __nv_bfloat16;                \
-      __VA_ARGS__;                            \
-      break;                                  \
-    }                                         \
-    case ::kiln::DType::I32: {                \
-      using T = std::int32_t;                 \
-      __VA_ARGS__;                            \
-      break;                                  \
-    }                                         \
-    case ::kiln::DType::I64: {                \
-      using T = std::int64_t;                 \
-      __VA_ARGS__;                            \
-      break;                                  \
-    }                                         \
-    case ::kiln::DType::U8: {                 \
-      using T = std::uint8_t;                 \
-      __VA_ARGS__;                            \
-      break;                                  \
-    }                                         \
-  }
+  KILN_DISPATCH_ALL_AS(dtype, T, __half, __nv_bfloat16, __VA_ARGS__)

@@ -6,7 +6,7 @@
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/element.cuh"
 #include "core/stream.h"
-#include "layers/activations.h"
+#include "layers/cuda/activations_cuda.h"
 
 namespace kiln::cuda {
 namespace {

@@ -8,7 +8,7 @@
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/element.cuh"
 #include "core/stream.h"
-#include "layers/attention.h"
+#include "layers/cuda/attention_cuda.h"
 #include "layers/cuda/column_sums.cuh"
 #include "layers/dropout.h"
 

@@ -12,7 +12,7 @@
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/element.cuh"
 #include "core/stream.h"
-#include "layers/batchnorm.h"
+#include "layers/cuda/batchnorm_cuda.h"
 #include "layers/cuda/column_sums.cuh"
 
 namespace kiln::batchnorm_cuda {

@@ -21,9 +21,10 @@
 
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/cudnn_check.h"
+#include "core/cuda/cudnn_descriptors.h"
 #include "core/cuda/cudnn_handle.h"
 #include "core/cuda/handles.h"
-#include "layers/conv2d.h"
+#include "layers/cuda/conv2d_cuda.h"
 #include "layers/cuda/conv2d_graph.h"
 
 namespace kiln::cudnn_conv {
@@ -45,54 +46,9 @@ cudnnDataType_t cudnn_dtype(DType t) {
   return CUDNN_DATA_FLOAT;
 }
 
-void report_destroy(cudnnStatus_t status, const char* what) {
-  if (status != CUDNN_STATUS_SUCCESS) {
-    std::fprintf(stderr, "kiln: %s failed: %s\n", what, cudnnGetErrorString(status));
-  }
-}
-
-// RAII owners of the cuDNN descriptors. Destructors report, never throw.
-class TensorDescriptor {
- public:
-  TensorDescriptor() { KILN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&desc_)); }
-  ~TensorDescriptor() {
-    report_destroy(cudnnDestroyTensorDescriptor(desc_), "cudnnDestroyTensorDescriptor");
-  }
-  TensorDescriptor(const TensorDescriptor&) = delete;
-  TensorDescriptor& operator=(const TensorDescriptor&) = delete;
-  cudnnTensorDescriptor_t get() const { return desc_; }
-
- private:
-  cudnnTensorDescriptor_t desc_ = nullptr;
-};
-
-class FilterDescriptor {
- public:
-  FilterDescriptor() { KILN_CUDNN_CHECK(cudnnCreateFilterDescriptor(&desc_)); }
-  ~FilterDescriptor() {
-    report_destroy(cudnnDestroyFilterDescriptor(desc_), "cudnnDestroyFilterDescriptor");
-  }
-  FilterDescriptor(const FilterDescriptor&) = delete;
-  FilterDescriptor& operator=(const FilterDescriptor&) = delete;
-  cudnnFilterDescriptor_t get() const { return desc_; }
-
- private:
-  cudnnFilterDescriptor_t desc_ = nullptr;
-};
-
-class ConvolutionDescriptor {
- public:
-  ConvolutionDescriptor() { KILN_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&desc_)); }
-  ~ConvolutionDescriptor() {
-    report_destroy(cudnnDestroyConvolutionDescriptor(desc_), "cudnnDestroyConvolutionDescriptor");
-  }
-  ConvolutionDescriptor(const ConvolutionDescriptor&) = delete;
-  ConvolutionDescriptor& operator=(const ConvolutionDescriptor&) = delete;
-  cudnnConvolutionDescriptor_t get() const { return desc_; }
-
- private:
-  cudnnConvolutionDescriptor_t desc_ = nullptr;
-};
+using cuda::ConvolutionDescriptor;
+using cuda::FilterDescriptor;
+using cuda::TensorDescriptor;
 
 // The descriptors of one geometry. Set-up failures come back as a status, not an exception, so
 // that can_implement can ask.

@@ -3,7 +3,7 @@
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/element.cuh"
 #include "core/stream.h"
-#include "layers/conv2d.h"
+#include "layers/cuda/conv2d_cuda.h"
 
 namespace kiln::cudnn_conv {
 namespace {

@@ -18,6 +18,7 @@
 
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/cudnn_check.h"
+#include "core/cuda/cudnn_descriptors.h"
 #include "core/cuda/cudnn_handle.h"
 #include "core/stream.h"
 #include "core/tensor.h"
@@ -25,42 +26,7 @@
 namespace kiln::cudnn_conv::graph {
 namespace {
 
-// RAII owner of one backend descriptor. Destruction reports, never throws.
-class Descriptor {
- public:
-  explicit Descriptor(cudnnBackendDescriptorType_t type) {
-    KILN_CUDNN_CHECK(cudnnBackendCreateDescriptor(type, &desc_));
-  }
-  ~Descriptor() {
-    if (desc_ == nullptr) return;
-    cudnnStatus_t s = cudnnBackendDestroyDescriptor(desc_);
-    if (s != CUDNN_STATUS_SUCCESS) {
-      std::fprintf(stderr, "kiln: cudnnBackendDestroyDescriptor failed: %s\n",
-                   cudnnGetErrorString(s));
-    }
-  }
-  Descriptor(const Descriptor&) = delete;
-  Descriptor& operator=(const Descriptor&) = delete;
-  cudnnBackendDescriptor_t get() const { return desc_; }
-  cudnnBackendDescriptor_t* address() { return &desc_; }
-
-  template <typename T>
-  void set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, const T* values,
-           std::int64_t count = 1) {
-    KILN_CUDNN_CHECK(cudnnBackendSetAttribute(desc_, name, type, count, values));
-  }
-  void set(cudnnBackendAttributeName_t name, const Descriptor& d) {
-    cudnnBackendDescriptor_t v = d.get();
-    KILN_CUDNN_CHECK(cudnnBackendSetAttribute(desc_, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v));
-  }
-  void finalize() { KILN_CUDNN_CHECK(cudnnBackendFinalize(desc_)); }
-  // Finalize where failing is an answer (an engine that cannot run this graph), not an error.
-  bool try_finalize() { return cudnnBackendFinalize(desc_) == CUDNN_STATUS_SUCCESS; }
-
- private:
-  cudnnBackendDescriptor_t desc_ = nullptr;
-};
-
+using Descriptor = cuda::BackendDescriptor;
 using DescriptorPtr = std::unique_ptr<Descriptor>;
 
 DescriptorPtr make(cudnnBackendDescriptorType_t type) {
@@ -331,10 +297,8 @@ std::unique_ptr<Plan> build(const Conv2dGeometry& g, const ConvAlgorithmOptions&
         pointers[0] = tx.data(), pointers[1] = ty.data(), pointers[2] = tw.data();
         break;
     }
-    cudaStream_t stream = static_cast<cudaStream_t>(current_stream(dev));
-    cudaEvent_t start, stop;
-    KILN_CUDA_CHECK(cudaEventCreate(&start));
-    KILN_CUDA_CHECK(cudaEventCreate(&stop));
+    void* stream = current_stream(dev);
+    Event start(dev, /*timing=*/true), stop(dev, /*timing=*/true);
     float best_ms = 0;
     std::string log;
     for (std::size_t c = 0; c < candidates.size(); ++c) {
@@ -342,12 +306,11 @@ std::unique_ptr<Plan> build(const Conv2dGeometry& g, const ConvAlgorithmOptions&
           Tensor::empty({std::max<std::int64_t>(candidates[c].workspace, 1)}, DType::U8, dev);
       float ms = 1e30f;
       for (int rep = 0; rep < 4; ++rep) {
-        KILN_CUDA_CHECK(cudaEventRecord(start, stream));
+        start.record(stream);
         run(*candidates[c].plan, pointers, ws.data());
-        KILN_CUDA_CHECK(cudaEventRecord(stop, stream));
-        KILN_CUDA_CHECK(cudaEventSynchronize(stop));
-        float t = 0;
-        KILN_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+        stop.record(stream);
+        stop.synchronize();
+        float t = start.elapsed_ms(stop);
         if (rep > 0) ms = std::min(ms, t);
       }
       if (c == 0 || ms < best_ms) best = c, best_ms = ms;
@@ -356,8 +319,6 @@ std::unique_ptr<Plan> build(const Conv2dGeometry& g, const ConvAlgorithmOptions&
                     static_cast<double>(ms), candidates[c].workspace / 1048576.0);
       log += item;
     }
-    KILN_CUDA_CHECK(cudaEventDestroy(start));
-    KILN_CUDA_CHECK(cudaEventDestroy(stop));
     if (std::getenv("KILN_CONV_LOG")) {
       std::fprintf(stderr, "kiln conv graph: %s %s beta %g: chose config %zu;%s\n", g.str().c_str(),
                    direction_name(direction), beta, candidates[best].config, log.c_str());

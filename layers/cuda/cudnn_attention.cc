@@ -24,7 +24,7 @@
 #include "core/cuda/cudnn_handle.h"
 #include "core/device.h"
 #include "core/tensor.h"
-#include "layers/attention.h"
+#include "layers/cuda/attention_cuda.h"
 
 namespace kiln::cuda {
 namespace {

@@ -3,7 +3,7 @@
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/element.cuh"
 #include "core/stream.h"
-#include "layers/dropout.h"
+#include "layers/cuda/dropout_cuda.h"
 
 namespace kiln::cuda {
 namespace {

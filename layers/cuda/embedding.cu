@@ -10,7 +10,7 @@
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/element.cuh"
 #include "core/stream.h"
-#include "layers/embedding.h"
+#include "layers/cuda/embedding_cuda.h"
 
 namespace kiln::cuda {
 namespace {

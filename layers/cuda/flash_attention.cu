@@ -27,7 +27,7 @@
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/element.cuh"
 #include "core/stream.h"
-#include "layers/attention.h"
+#include "layers/cuda/attention_cuda.h"
 #include "layers/dropout.h"
 
 namespace kiln::cuda {

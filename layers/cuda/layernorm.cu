@@ -9,7 +9,7 @@
 #include "core/cuda/element.cuh"
 #include "core/stream.h"
 #include "layers/cuda/column_sums.cuh"
-#include "layers/layernorm.h"
+#include "layers/cuda/layernorm_cuda.h"
 
 namespace kiln::cuda {
 namespace {

@@ -5,7 +5,7 @@
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/element.cuh"
 #include "core/stream.h"
-#include "layers/pooling.h"
+#include "layers/cuda/pooling_cuda.h"
 
 namespace kiln::pooling_cuda {
 namespace {
@@ -53,6 +53,19 @@ __device__ __forceinline__ void covering(I h, I k, I s, I p, I out, I* lo, I* hi
   *hi = last < out - 1 ? last : out - 1;
 }
 
+// The window's sizes in the index type I: (height, width, out_height, out_width, kernel, stride,
+// padding).
+template <typename I>
+struct WindowSizes {
+  I height, width, out_height, out_width, kernel, stride, padding;
+};
+template <typename I>
+__device__ __forceinline__ WindowSizes<I> window_in(const PoolGeometry& g) {
+  return {static_cast<I>(g.height),    static_cast<I>(g.width),  static_cast<I>(g.out_height),
+          static_cast<I>(g.out_width), static_cast<I>(g.kernel), static_cast<I>(g.stride),
+          static_cast<I>(g.padding)};
+}
+
 #define KILN_GRID_STRIDE(i, n)                                               \
   for (I i = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<I>(gridDim.x) * blockDim.x)
@@ -60,10 +73,7 @@ __device__ __forceinline__ void covering(I h, I k, I s, I p, I out, I* lo, I* hi
 template <typename T, typename I>
 __global__ void max_forward_kernel(PoolGeometry g, const T* x, T* y, std::int32_t* argmax,
                                    I total) {
-  const I height = static_cast<I>(g.height), width = static_cast<I>(g.width);
-  const I out_height = static_cast<I>(g.out_height), out_width = static_cast<I>(g.out_width);
-  const I kernel = static_cast<I>(g.kernel), stride = static_cast<I>(g.stride);
-  const I padding = static_cast<I>(g.padding);
+  const auto [height, width, out_height, out_width, kernel, stride, padding] = window_in<I>(g);
   KILN_GRID_STRIDE(i, total) {
     Index<I> o = split(g, i, out_height, out_width);
     float best = -INFINITY;
@@ -89,10 +99,7 @@ __global__ void max_forward_kernel(PoolGeometry g, const T* x, T* y, std::int32_
 template <typename T, typename I>
 __global__ void max_backward_kernel(PoolGeometry g, const T* dy, const std::int32_t* argmax, T* dx,
                                     I total) {
-  const I height = static_cast<I>(g.height), width = static_cast<I>(g.width);
-  const I out_height = static_cast<I>(g.out_height), out_width = static_cast<I>(g.out_width);
-  const I kernel = static_cast<I>(g.kernel), stride = static_cast<I>(g.stride);
-  const I padding = static_cast<I>(g.padding);
+  const auto [height, width, out_height, out_width, kernel, stride, padding] = window_in<I>(g);
   KILN_GRID_STRIDE(i, total) {
     Index<I> p = split(g, i, height, width);
     I oh_lo, oh_hi, ow_lo, ow_hi;
@@ -168,10 +175,7 @@ __global__ void max_backward_packed_kernel(PoolGeometry g, const cuda::Pack<T>* 
   constexpr int V = cuda::Pack<T>::kSize;
   using I = std::int32_t;
   const I packs = static_cast<I>(g.channels / V);
-  const I height = static_cast<I>(g.height), width = static_cast<I>(g.width);
-  const I out_height = static_cast<I>(g.out_height), out_width = static_cast<I>(g.out_width);
-  const I kernel = static_cast<I>(g.kernel), stride = static_cast<I>(g.stride);
-  const I padding = static_cast<I>(g.padding);
+  const auto [height, width, out_height, out_width, kernel, stride, padding] = window_in<I>(g);
   KILN_GRID_STRIDE(i, total_packs) {
     const I c = i % packs, pixel = i / packs;
     const I w = pixel % width, rest = pixel / width;
@@ -213,10 +217,7 @@ bool packed(const PoolGeometry& g, const Tensor& a, const Tensor& b, const Tenso
 template <typename T, typename I>
 __global__ void avg_forward_kernel(PoolGeometry g, const T* x, T* y, I total) {
   const float inv = 1.f / static_cast<float>(g.kernel * g.kernel);
-  const I height = static_cast<I>(g.height), width = static_cast<I>(g.width);
-  const I out_height = static_cast<I>(g.out_height), out_width = static_cast<I>(g.out_width);
-  const I kernel = static_cast<I>(g.kernel), stride = static_cast<I>(g.stride);
-  const I padding = static_cast<I>(g.padding);
+  const auto [height, width, out_height, out_width, kernel, stride, padding] = window_in<I>(g);
   KILN_GRID_STRIDE(i, total) {
     Index<I> o = split(g, i, out_height, out_width);
     float sum = 0.f;
@@ -237,10 +238,7 @@ __global__ void avg_forward_kernel(PoolGeometry g, const T* x, T* y, I total) {
 template <typename T, typename I>
 __global__ void avg_backward_kernel(PoolGeometry g, const T* dy, T* dx, I total) {
   const float inv = 1.f / static_cast<float>(g.kernel * g.kernel);
-  const I height = static_cast<I>(g.height), width = static_cast<I>(g.width);
-  const I out_height = static_cast<I>(g.out_height), out_width = static_cast<I>(g.out_width);
-  const I kernel = static_cast<I>(g.kernel), stride = static_cast<I>(g.stride);
-  const I padding = static_cast<I>(g.padding);
+  const auto [height, width, out_height, out_width, kernel, stride, padding] = window_in<I>(g);
   KILN_GRID_STRIDE(i, total) {
     Index<I> p = split(g, i, height, width);
     I oh_lo, oh_hi, ow_lo, ow_hi;
@@ -298,6 +296,15 @@ void check_dense(const Tensor& a, const Tensor& b, const char* who) {
              std::string(who) + ": " + a.str() + ", " + b.str());
 }
 
+// Calls launch(T{}, total) with T the storage type of `out` and total its element count; nothing
+// for an empty output. The operands were checked dense and of one dtype.
+template <typename F>
+void for_each_output(const Tensor& out, F&& launch) {
+  const std::int64_t total = out.numel();
+  if (total == 0) return;
+  KILN_CUDA_DISPATCH_FLOATING(out.dtype(), T, launch(T{}, total));
+}
+
 // Calls f(I{}) with I = int32 when every index of a and b fits (64-bit division is several times
 // slower on the GPU), else int64.
 template <typename F>
@@ -315,9 +322,8 @@ void with_index_type(const Tensor& a, const Tensor& b, F&& f) {
 void max_forward(const PoolGeometry& g, const Tensor& x, Tensor& y, Tensor& argmax) {
   check_dense(x, y, "pooling_cuda::max_forward");
   KILN_CHECK(argmax.dtype() == DType::I32 && argmax.numel() == y.numel(), "max_forward: argmax");
-  const std::int64_t total = y.numel();
-  if (total == 0) return;
-  KILN_CUDA_DISPATCH_FLOATING(x.dtype(), T, {
+  for_each_output(y, [&](auto tag, std::int64_t total) {
+    using T = decltype(tag);
     if (packed<T>(g, x, y, argmax)) {
       const std::int64_t packs = total / cuda::Pack<T>::kSize;
       max_forward_packed_kernel<T><<<cuda::grid_for(packs), 256, 0, stream_of(x)>>>(
@@ -338,9 +344,8 @@ void max_forward(const PoolGeometry& g, const Tensor& x, Tensor& y, Tensor& argm
 
 void max_backward(const PoolGeometry& g, const Tensor& dy, const Tensor& argmax, Tensor& dx) {
   check_dense(dy, dx, "pooling_cuda::max_backward");
-  const std::int64_t total = dx.numel();
-  if (total == 0) return;
-  KILN_CUDA_DISPATCH_FLOATING(dx.dtype(), T, {
+  for_each_output(dx, [&](auto tag, std::int64_t total) {
+    using T = decltype(tag);
     if (packed<T>(g, dx, dy, argmax)) {
       const std::int64_t packs = total / cuda::Pack<T>::kSize;
       max_backward_packed_kernel<T><<<cuda::grid_for(packs), 256, 0, stream_of(dx)>>>(
@@ -362,9 +367,8 @@ void max_backward(const PoolGeometry& g, const Tensor& dy, const Tensor& argmax,
 
 void avg_forward(const PoolGeometry& g, const Tensor& x, Tensor& y) {
   check_dense(x, y, "pooling_cuda::avg_forward");
-  const std::int64_t total = y.numel();
-  if (total == 0) return;
-  KILN_CUDA_DISPATCH_FLOATING(x.dtype(), T, {
+  for_each_output(y, [&](auto tag, std::int64_t total) {
+    using T = decltype(tag);
     with_index_type(x, y, [&](auto index) {
       using I = decltype(index);
       avg_forward_kernel<T, I><<<cuda::grid_for(total), 256, 0, stream_of(x)>>>(
@@ -376,9 +380,8 @@ void avg_forward(const PoolGeometry& g, const Tensor& x, Tensor& y) {
 
 void avg_backward(const PoolGeometry& g, const Tensor& dy, Tensor& dx) {
   check_dense(dy, dx, "pooling_cuda::avg_backward");
-  const std::int64_t total = dx.numel();
-  if (total == 0) return;
-  KILN_CUDA_DISPATCH_FLOATING(dx.dtype(), T, {
+  for_each_output(dx, [&](auto tag, std::int64_t total) {
+    using T = decltype(tag);
     with_index_type(dx, dy, [&](auto index) {
       using I = decltype(index);
       avg_backward_kernel<T, I><<<cuda::grid_for(total), 256, 0, stream_of(dx)>>>(
@@ -390,9 +393,8 @@ void avg_backward(const PoolGeometry& g, const Tensor& dy, Tensor& dx) {
 
 void global_avg_forward(const PoolGeometry& g, const Tensor& x, Tensor& y) {
   check_dense(x, y, "pooling_cuda::global_avg_forward");
-  const std::int64_t total = y.numel();
-  if (total == 0) return;
-  KILN_CUDA_DISPATCH_FLOATING(x.dtype(), T, {
+  for_each_output(y, [&](auto tag, std::int64_t total) {
+    using T = decltype(tag);
     global_avg_forward_kernel<T><<<cuda::grid_for(total), 256, 0, stream_of(x)>>>(
         g, static_cast<const T*>(x.data()), static_cast<T*>(y.data()), total);
     KILN_CUDA_LAUNCH_CHECK();
@@ -401,9 +403,8 @@ void global_avg_forward(const PoolGeometry& g, const Tensor& x, Tensor& y) {
 
 void global_avg_backward(const PoolGeometry& g, const Tensor& dy, Tensor& dx) {
   check_dense(dy, dx, "pooling_cuda::global_avg_backward");
-  const std::int64_t total = dx.numel();
-  if (total == 0) return;
-  KILN_CUDA_DISPATCH_FLOATING(dx.dtype(), T, {
+  for_each_output(dx, [&](auto tag, std::int64_t total) {
+    using T = decltype(tag);
     global_avg_backward_kernel<T><<<cuda::grid_for(total), 256, 0, stream_of(dx)>>>(
         g, static_cast<const T*>(dy.data()), static_cast<T*>(dx.data()), total);
     KILN_CUDA_LAUNCH_CHECK();

@@ -8,7 +8,7 @@
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/element.cuh"
 #include "core/stream.h"
-#include "layers/relu.h"
+#include "layers/cuda/relu_cuda.h"
 
 namespace kiln::relu_cuda {
 namespace {

@@ -8,7 +8,7 @@
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/element.cuh"
 #include "core/stream.h"
-#include "layers/softmax_cross_entropy.h"
+#include "layers/cuda/softmax_cross_entropy_cuda.h"
 
 namespace kiln::cuda {
 namespace {

@@ -105,7 +105,7 @@ class TiedDecoder : public Layer {
     input_shape_ = x.shape();
     x_mm_ = x.contiguous().view({n, hidden_}).to(mm);
     Tensor y = Tensor::empty({n, vocab_}, act, x.device());
-    ops::gemm(false, true, 1.0, x_mm_, cache_.get(*weight_, mm, ctx.weights_version), 0.0, y);
+    ops::gemm(false, true, 1.0, x_mm_, cache_.get(weight_->value, mm, ctx.weights_version), 0.0, y);
     transformer_ops::add_bias(y, bias_->value);
     return y.view(output_shape(x.shape()));
   }
@@ -115,9 +115,10 @@ class TiedDecoder : public Layer {
     Tensor dy2 = dy.contiguous().view({n, vocab_});
     Tensor dy_mm = dy2.to(mm);
     transformer_ops::accumulate_bias_grad(dy2, bias_->grad);
-    transformer_ops::gemm_accumulate(true, false, dy_mm, x_mm_, weight_->grad);
+    ops::gemm_accumulate(true, false, dy_mm, x_mm_, weight_->grad);
     Tensor dx = Tensor::empty({n, hidden_}, activation_, dy.device());  // mm, or f32 from half
-    ops::gemm(false, false, 1.0, dy_mm, cache_.get(*weight_, mm, ctx.weights_version), 0.0, dx);
+    ops::gemm(false, false, 1.0, dy_mm, cache_.get(weight_->value, mm, ctx.weights_version), 0.0,
+              dx);
     return dx.view(input_shape_);
   }
 
@@ -125,7 +126,7 @@ class TiedDecoder : public Layer {
   Parameter* weight_;
   Parameter* bias_;
   std::int64_t vocab_, hidden_;
-  transformer_ops::CastCache cache_;
+  WeightCastCache cache_;
   Tensor x_mm_;  // (N, E)
   Shape input_shape_;
   DType activation_ = DType::F32;

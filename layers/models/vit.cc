@@ -74,7 +74,7 @@ class PatchEmbedding : public Layer {
                    .view({n, k});
     Tensor y = Tensor::empty({n, hidden_}, act, x.device());
     ops::gemm(false, true, 1.0, patches_,
-              cache_.get(*weight_, mm, ctx.weights_version).view({hidden_, k}), 0.0, y);
+              cache_.get(weight_->value, mm, ctx.weights_version).view({hidden_, k}), 0.0, y);
     transformer_ops::add_bias(y, bias_->value);
     activation_ = act;
     return y.view({b, hp * wp, hidden_});
@@ -87,10 +87,11 @@ class PatchEmbedding : public Layer {
     Tensor dy_mm = dy2.to(mm);
     transformer_ops::accumulate_bias_grad(dy2, bias_->grad);
     Tensor grad2 = weight_->grad.view({hidden_, k});
-    transformer_ops::gemm_accumulate(true, false, dy_mm, patches_, grad2);
+    ops::gemm_accumulate(true, false, dy_mm, patches_, grad2);
     Tensor dpatches = Tensor::empty({n, k}, activation_, dy.device());
     ops::gemm(false, false, 1.0, dy_mm,
-              cache_.get(*weight_, mm, ctx.weights_version).view({hidden_, k}), 0.0, dpatches);
+              cache_.get(weight_->value, mm, ctx.weights_version).view({hidden_, k}), 0.0,
+              dpatches);
     return dpatches.view({b, hp, wp, channels_, patch_, patch_})
         .permute({0, 3, 1, 4, 2, 5})
         .contiguous()
@@ -101,7 +102,7 @@ class PatchEmbedding : public Layer {
   std::int64_t channels_, hidden_, patch_;
   Parameter* weight_;
   Parameter* bias_;
-  transformer_ops::CastCache cache_;
+  WeightCastCache cache_;
   Tensor patches_;  // (N, C*P*P) in the matmul dtype
   Shape image_shape_;
   DType activation_ = DType::F32;
@@ -186,8 +187,8 @@ class VisionTransformer : public Layer {
     Tensor dtokens = dropout_->backward(ctx, dh).contiguous();  // (B, L+1, E)
     // pos_embedding gets the batch sum; the class token gets its row 0.
     Tensor sums = ops::reduce_cols(dtokens.view({batch_, tokens_ * hidden_}), ops::Reduction::Sum);
-    transformer_ops::accumulate(pos_embedding_->grad, sums);
-    transformer_ops::accumulate(class_token_->grad, sums.slice(0, 0, hidden_));
+    ops::accumulate(pos_embedding_->grad, sums);
+    ops::accumulate(class_token_->grad, sums.slice(0, 0, hidden_));
     return conv_proj_->backward(ctx, dtokens.slice(1, 1, tokens_).contiguous());
   }
 

@@ -5,29 +5,26 @@
 #include <cmath>
 #include <sstream>
 
+#include "core/enum_names.h"
 #include "core/stream.h"
 
 namespace kiln::optim {
 
+namespace {
+constexpr EnumName<OptLevel> kOptLevelNames[] = {
+    {OptLevel::O0, "O0"}, {OptLevel::O1, "O1"}, {OptLevel::O2, "O2"}, {OptLevel::O3, "O3"}};
+constexpr EnumName<LossScaleMode> kLossScaleModeNames[] = {{LossScaleMode::Auto, "auto"},
+                                                           {LossScaleMode::Dynamic, "dynamic"},
+                                                           {LossScaleMode::Static, "static"},
+                                                           {LossScaleMode::None, "none"}};
+}  // namespace
+
 const char* opt_level_name(OptLevel level) {
-  switch (level) {
-    case OptLevel::O0:
-      return "O0";
-    case OptLevel::O1:
-      return "O1";
-    case OptLevel::O2:
-      return "O2";
-    case OptLevel::O3:
-      return "O3";
-  }
-  return "?";
+  return enum_name(kOptLevelNames, level);
 }
 
 OptLevel opt_level_from_name(const std::string& name) {
-  for (OptLevel l : {OptLevel::O0, OptLevel::O1, OptLevel::O2, OptLevel::O3}) {
-    if (name == opt_level_name(l)) return l;
-  }
-  throw InputError("unknown opt level '" + name + "' (known: O0, O1, O2, O3)");
+  return parse_enum(kOptLevelNames, name, "opt level");
 }
 
 const char* half_type_name(HalfType half) {
@@ -41,25 +38,11 @@ HalfType half_type_from_name(const std::string& name) {
 }
 
 const char* loss_scale_mode_name(LossScaleMode mode) {
-  switch (mode) {
-    case LossScaleMode::Auto:
-      return "auto";
-    case LossScaleMode::Dynamic:
-      return "dynamic";
-    case LossScaleMode::Static:
-      return "static";
-    case LossScaleMode::None:
-      return "none";
-  }
-  return "?";
+  return enum_name(kLossScaleModeNames, mode);
 }
 
 LossScaleMode loss_scale_mode_from_name(const std::string& name) {
-  for (LossScaleMode m :
-       {LossScaleMode::Auto, LossScaleMode::Dynamic, LossScaleMode::Static, LossScaleMode::None}) {
-    if (name == loss_scale_mode_name(m)) return m;
-  }
-  throw InputError("unknown loss scale mode '" + name + "' (known: auto, dynamic, static, none)");
+  return parse_enum(kLossScaleModeNames, name, "loss scale mode");
 }
 
 DType half_dtype(HalfType half) {

@@ -42,6 +42,20 @@ TEST(DType, SizesAndNames) {
   EXPECT_THROW(dtype_from_name("f8"), InputError);
 }
 
+// The name table serves both directions and the error's list of known names.
+TEST(DType, EveryNameParsesBack) {
+  for (DType t :
+       {DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64, DType::U8}) {
+    EXPECT_EQ(dtype_from_name(dtype_name(t)), t);
+  }
+  try {
+    dtype_from_name("f8");
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_STREQ(e.what(), "unknown dtype 'f8' (known: f32, f64, f16, bf16, i32, i64, u8)");
+  }
+}
+
 TEST(DType, HalfRoundTripIsExactForEveryHalf) {
   for (std::uint32_t h = 0; h < 0x10000u; ++h) {
     auto bits = static_cast<std::uint16_t>(h);

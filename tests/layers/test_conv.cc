@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "core/gemm_algorithm.h"
 #include "core/ops.h"
 #include "layers/batchnorm.h"
 #include "layers/conv2d.h"
@@ -26,6 +27,31 @@ Tensor random_tensor(const Shape& shape, std::uint64_t seed, DType dtype = DType
   Tensor t = Tensor::empty(shape, dtype);
   ops::fill_uniform(t, -1.0, 1.0, seed);
   return t;
+}
+
+// ---- Algorithm options
+// ---------------------------------------------------------------------------
+
+// GEMMs have their own search switch; until it is set they follow the convolutions' (one
+// cudnn.benchmark-like switch served both before).
+TEST(GemmAlgorithmOptions, FollowConvolutionsUntilSet) {
+  clear_default_gemm_algorithm_options();
+  ConvAlgorithmOptions conv;
+  conv.search = ConvAlgorithmSearch::Benchmark;
+  set_default_conv_algorithm_options(conv);
+  EXPECT_EQ(default_gemm_algorithm_options().search, GemmAlgorithmSearch::Benchmark);
+
+  GemmAlgorithmOptions gemm;
+  gemm.search = GemmAlgorithmSearch::Heuristic;
+  set_default_gemm_algorithm_options(gemm);
+  EXPECT_EQ(default_gemm_algorithm_options().search, GemmAlgorithmSearch::Heuristic);
+  set_default_conv_algorithm_options(ConvAlgorithmOptions());
+  gemm.search = GemmAlgorithmSearch::Benchmark;
+  set_default_gemm_algorithm_options(gemm);
+  EXPECT_EQ(default_gemm_algorithm_options().search, GemmAlgorithmSearch::Benchmark);
+
+  clear_default_gemm_algorithm_options();
+  EXPECT_EQ(default_gemm_algorithm_options().search, GemmAlgorithmSearch::Heuristic);
 }
 
 // ---- Conv2d ------------------------------------------------------------------------------------

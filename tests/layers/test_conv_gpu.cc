@@ -16,6 +16,7 @@
 #include "core/stream.h"
 #include "layers/batchnorm.h"
 #include "layers/conv2d.h"
+#include "layers/cuda/conv2d_cuda.h"
 #include "layers/models/model.h"
 #include "layers/pooling.h"
 #include "layers/relu.h"

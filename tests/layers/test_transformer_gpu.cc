@@ -17,6 +17,8 @@
 #include "core/ops.h"
 #include "core/stream.h"
 #include "layers/attention.h"
+#include "layers/cuda/embedding_cuda.h"
+#include "layers/cuda/layernorm_cuda.h"
 #include "layers/embedding.h"
 #include "layers/layernorm.h"
 #include "layers/models/model.h"

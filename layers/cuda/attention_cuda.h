@@ -1,0 +1,60 @@
+#pragma once
+// MultiHeadSelfAttention: the CUDA entry points (layers/cuda/attention.cu, flash_attention.cu and
+// cudnn_attention.cc). Layer sources call them on CUDA tensors without #if: a build without CUDA
+// links layers/cuda_stubs.cc, whose definitions throw.
+
+#include "layers/attention.h"
+
+namespace kiln {
+
+namespace cuda {
+// Launchers (layers/cuda/attention.cu).
+void add_bias(Tensor& y, const Tensor& bias);
+// src (N, parts*E) -> out (parts, B*H, T, d), N = B*T (the unfused path's layout).
+void to_heads(const Tensor& src, std::int64_t parts, std::int64_t b, std::int64_t t, std::int64_t h,
+              std::int64_t d, Tensor& out);
+// src (parts, B*H, T, d) -> out (N, parts*E).
+void from_heads(const Tensor& src, std::int64_t parts, std::int64_t b, std::int64_t t,
+                std::int64_t h, std::int64_t d, Tensor& out);
+// bias_grad (C) += column sums of dy (rows, C), contiguous; two passes in a fixed order.
+void accumulate_bias_grad(const Tensor& dy, Tensor& bias_grad);
+// scores (BH, T, T) fp32 (f64), mask (B, T) fp32 or undefined -> probs, dropped_probs (BH, T, T)
+// in the matmul dtype (dropped_probs undefined when p == 0).
+void attention_softmax_forward(const Tensor& scores, const Tensor& mask, std::int64_t heads,
+                               double p, std::uint64_t key, std::uint64_t stream, Tensor& probs,
+                               Tensor& dropped_probs);
+// d_dropped (BH, T, T) fp32 (f64), probs -> dscores in the matmul dtype.
+void attention_softmax_backward(const Tensor& d_dropped, const Tensor& probs, double p,
+                                std::uint64_t key, std::uint64_t stream, Tensor& dscores);
+// The most bytes a fused attention backward takes for its (B*H, T, T) workspace (dS^T in the
+// flash kernels, dP in cuDNN's deterministic backward): KILN_ATTENTION_WORKSPACE_MB, default 256.
+// The flash backward runs in chunks of (batch * head) rows that fit; cuDNN's declines beyond it.
+std::int64_t attention_workspace_limit_bytes();
+// Fused attention (layers/cuda/flash_attention.cu): whether it serves this dtype, number of
+// (batch * head) rows, head dimension and length.
+bool flash_attention_supported(DType dtype, std::int64_t batch_heads, std::int64_t head_dim,
+                               std::int64_t tokens);
+// It reads the input projection's packed rows qkv (B*T, 3E) = [q | k | v], head h at columns
+// h*d.. of each part, contiguous and 16-byte aligned; no head-layout copies.
+// out (B*T, E) = dropout(softmax(q k^T / sqrt(d) + mask)) v per head, without the (T, T) scores
+// in memory; lse (B*H, T) fp32, what backward recomputes the probabilities from.
+void flash_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t heads,
+                             const Tensor& mask, double p, std::uint64_t key, std::uint64_t stream,
+                             Tensor& out, Tensor& lse);
+// dqkv (B*T, 3E) written (=) from dout (B*T, E) and the forward's out and lse.
+void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
+                              const Tensor& lse, const Tensor& mask, std::int64_t batch,
+                              std::int64_t heads, double p, std::uint64_t key, std::uint64_t stream,
+                              Tensor& dqkv);
+// cuDNN's fused attention (layers/cuda/cudnn_attention.cc) for the same packed layout, without
+// mask or dropout: true when it ran (lse then holds cuDNN's natural-log statistics, which only
+// cudnn_attention_backward reads), false when cuDNN declines the shape or KILN_ATTENTION_CUDNN=0.
+bool cudnn_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t heads, Tensor& out,
+                             Tensor& lse);
+// dqkv (B*T, 3E) written (=); only after a cudnn_attention_forward of this shape returned true.
+void cudnn_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
+                              const Tensor& lse, std::int64_t batch, std::int64_t heads,
+                              Tensor& dqkv);
+}  // namespace cuda
+
+}  // namespace kiln

@@ -1,0 +1,16 @@
+#pragma once
+// Dropout: the CUDA entry points (layers/cuda/dropout.cu). Layer sources call them
+// on CUDA tensors without #if: a build without CUDA links layers/cuda_stubs.cc, whose definitions
+// throw.
+
+#include "layers/dropout.h"
+
+namespace kiln {
+
+namespace cuda {
+// out = in * keep(i) * scale over contiguous tensors of equal numel (forward and backward alike).
+void dropout_apply(const Tensor& in, Tensor& out, std::uint64_t key, std::uint64_t step, double p,
+                   double scale);
+}  // namespace cuda
+
+}  // namespace kiln

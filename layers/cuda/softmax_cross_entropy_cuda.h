@@ -1,0 +1,23 @@
+#pragma once
+// SoftmaxCrossEntropy: the CUDA entry points (layers/cuda/softmax_cross_entropy.cu). Layer sources
+// call them on CUDA tensors without #if: a build without CUDA links layers/cuda_stubs.cc, whose
+// definitions throw.
+
+#include "layers/softmax_cross_entropy.h"
+
+namespace kiln {
+
+namespace cuda {
+// One block per row: row_lse, row_loss and row_flags (1 counted, 2 correct, 4 invalid target);
+// then one block reduces the rows in a fixed order into loss, counted, correct and adds the
+// batch's invalid rows to `invalid`.
+void softmax_cross_entropy_forward(const Tensor& logits, const Tensor& targets, double smoothing,
+                                   std::int64_t ignore_index, Tensor& row_lse, Tensor& loss,
+                                   Tensor& counted, Tensor& correct, Tensor& invalid);
+// One block per row: dlogits = scale / max(1, counted) * (softmax - (1 - eps) onehot - eps / C).
+void softmax_cross_entropy_backward(const Tensor& logits, const Tensor& targets, double smoothing,
+                                    std::int64_t ignore_index, const Tensor& row_lse,
+                                    const Tensor& counted, double scale, Tensor& dlogits);
+}  // namespace cuda
+
+}  // namespace kiln

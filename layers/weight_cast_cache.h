@@ -1,0 +1,30 @@
+#pragma once
+// The O1 weight cast: a layer whose fp32 weights feed half GEMMs or convolutions keeps one cast
+// copy and makes it again only when the weights may have changed (Apex O1 casts once per
+// optimizer step, not once per use).
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace kiln {
+
+class WeightCastCache {
+ public:
+  // `value` in `dtype` (in KRSC filter order when channels_last, for an NHWC convolution):
+  // `value` itself when nothing is to be done, else the cached copy, made again when the weights
+  // version, the storage, the device, the dtype or the order differs from the last call's.
+  const Tensor& get(const Tensor& value, DType dtype, std::uint64_t weights_version,
+                    bool channels_last = false);
+  // Forgets the copy (weights rewritten in place without a new version: reset_parameters).
+  void clear() { *this = WeightCastCache(); }
+
+ private:
+  Tensor cast_;
+  const void* source_ = nullptr;
+  std::uint64_t version_ = 0;
+  DType dtype_ = DType::F32;
+  bool channels_last_ = false;
+};
+
+}  // namespace kiln
