@@ -24,6 +24,10 @@ class MaxPool2d : public Layer {
   explicit MaxPool2d(std::int64_t kernel, std::int64_t stride = 0, std::int64_t padding = 0);
   std::string type() const override { return "MaxPool2d"; }
   Shape output_shape(const Shape& input) const override;
+  // The window (stride already resolved from 0), for exporters.
+  std::int64_t kernel() const { return kernel_; }
+  std::int64_t stride() const { return stride_; }
+  std::int64_t padding() const { return padding_; }
 
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& x) override;
@@ -42,6 +46,10 @@ class AvgPool2d : public Layer {
   explicit AvgPool2d(std::int64_t kernel, std::int64_t stride = 0, std::int64_t padding = 0);
   std::string type() const override { return "AvgPool2d"; }
   Shape output_shape(const Shape& input) const override;
+  // The window (stride already resolved from 0), for exporters.
+  std::int64_t kernel() const { return kernel_; }
+  std::int64_t stride() const { return stride_; }
+  std::int64_t padding() const { return padding_; }
 
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& x) override;
