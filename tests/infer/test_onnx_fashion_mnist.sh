@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The quick start's fashion_cnn, trained briefly (200 steps, 20 of warmup: the comparison is what
-# matters), on
-# the real Fashion-MNIST test set: ONNX Runtime on images read from the idx files and normalised
-# from the exported metadata alone reaches kiln eval's accuracy within 0.05 %.
+# matters), on the real Fashion-MNIST test set: ONNX Runtime on images read from the idx files and
+# normalised from the exported metadata alone reaches kiln eval's accuracy within 0.05 %.
 source "$(dirname "$0")/lib.sh"
 DATA=/usr/share/datasets/fashion-mnist
 [ -d "$DATA" ] || fail "$DATA missing: scripts/install-deps.sh installs dataset-fashion-mnist"
