@@ -14,12 +14,14 @@ install(TARGETS ${KILN_ALL_LIBRARIES} kiln_framework EXPORT KilnTargets
 if(TARGET kiln_cli)
   install(TARGETS kiln_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()
-foreach(dir core layers optim comm data train launch)
+foreach(dir core layers optim comm data train infer launch)
   install(DIRECTORY ${dir}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kiln/${dir}
           FILES_MATCHING PATTERN "*.h")
 endforeach()
 install(FILES ${PROJECT_BINARY_DIR}/configs/kiln.pb.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kiln/configs OPTIONAL)
+install(FILES ${PROJECT_BINARY_DIR}/third_party/onnx/onnx.pb.h
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kiln/third_party/onnx OPTIONAL)
 install(FILES configs/kiln.proto DESTINATION ${CMAKE_INSTALL_DATADIR}/kiln)
 install(DIRECTORY configs/ DESTINATION ${CMAKE_INSTALL_DATADIR}/kiln/configs
         FILES_MATCHING PATTERN "*.pbtxt")

@@ -24,6 +24,7 @@ struct ExperimentArgs {
   std::string resume;
   bool quiet = false;
   bool json = false;
+  po::variables_map vm;  // every option given, for a command's own options
 };
 
 // The options of both commands; `evaluate` picks the checkpoint option: train resumes from
@@ -68,6 +69,7 @@ bool parse(const Arguments& args, const po::options_description& options, const 
   }
   out->quiet = vm.count("quiet") > 0;
   out->json = vm.count("json") > 0;
+  out->vm = vm;
   return true;
 }
 
@@ -124,11 +126,18 @@ int run_train(const Arguments& args) {
 
 int run_eval(const Arguments& args) {
   auto options = experiment_options("kiln eval: evaluate a checkpoint on the eval split", true);
+  options.add_options()("dump-logits", po::value<std::string>(),
+                        "write the eval split's logits to this .npy (f32; one rank only)")(
+      "dump-inputs", po::value<std::string>(),
+      "write the inputs the model saw to this .npy (f32 images or i64 token ids)");
   ExperimentArgs a;
   if (!parse(args, options, "usage: kiln eval --config FILE [--checkpoint latest|DIR] [--set ...]",
              &a)) {
     return 0;
   }
+  train::EvalOptions eval_options;
+  if (a.vm.count("dump-logits")) eval_options.dump_logits = a.vm["dump-logits"].as<std::string>();
+  if (a.vm.count("dump-inputs")) eval_options.dump_inputs = a.vm["dump-inputs"].as<std::string>();
   return run_on_all_ranks("eval", [&](const World& world) {
     config::Experiment e = load_and_validate(a, world);
     train::TrainerOptions to;
@@ -137,7 +146,7 @@ int run_eval(const Arguments& args) {
     to.quiet = true;
     to.evaluate_only = true;
     train::Trainer trainer(e, world, to);
-    train::EvalResult r = trainer.evaluate();
+    train::EvalResult r = trainer.evaluate(eval_options);
     if (world.rank == 0) {
       if (a.json) {
         std::printf("{\"eval_loss\":%.6g,\"eval_accuracy\":%.6g,\"samples\":%lld}\n", r.loss,

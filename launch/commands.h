@@ -17,5 +17,6 @@ int run_eval(const Arguments& args);
 int run_bench(const Arguments& args);
 int run_autobatch(const Arguments& args);
 int run_replay(const Arguments& args);
+int run_export(const Arguments& args);
 
 }  // namespace kiln::launch

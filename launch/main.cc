@@ -28,6 +28,7 @@ const std::map<std::string, Command>& commands() {
       {"bench", {kiln::launch::run_bench, "training throughput on synthetic data"}},
       {"autobatch", {kiln::launch::run_autobatch, "the largest per-GPU batch that fits"}},
       {"replay", {kiln::launch::run_replay, "steps on a fixed batch (framework comparisons)"}},
+      {"export", {kiln::launch::run_export, "the eval-mode model as ONNX (docs/deploy.md)"}},
   };
   return table;
 }

@@ -23,6 +23,10 @@ struct PoolGeometry {
 class WindowPool2d : public Layer {
  public:
   Shape output_shape(const Shape& input) const override;
+  // The window (stride already resolved from 0), for exporters.
+  std::int64_t kernel() const { return kernel_; }
+  std::int64_t stride() const { return stride_; }
+  std::int64_t padding() const { return padding_; }
 
  protected:
   // stride 0 means stride = kernel; `type` names the layer in the error for a bad window.

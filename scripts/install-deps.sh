@@ -39,3 +39,10 @@ fi
 if ! python3 -c "import tensorboard" 2>/dev/null; then
   python3 -m pip install -q tensorboard || $SUDO python3 -m pip install -q --break-system-packages tensorboard
 fi
+
+# ONNX's checker and ONNX Runtime (CPU), pinned, for the export tests (tests/infer/): those tests
+# fail, never skip, when these are missing.
+ONNX_PINS=(onnx==1.17.0 onnxruntime==1.20.1)
+if ! python3 -c "import onnx, onnxruntime; assert (onnx.__version__, onnxruntime.__version__) == ('1.17.0', '1.20.1')" 2>/dev/null; then
+  python3 -m pip install -q "${ONNX_PINS[@]}" || $SUDO python3 -m pip install -q --break-system-packages "${ONNX_PINS[@]}"
+fi

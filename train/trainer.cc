@@ -4,9 +4,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
+#include "core/npy.h"
 #include "core/nvtx.h"
 #include "core/ops.h"
+#include "core/safetensors.h"
 #include "core/system_info.h"
 #include "data/factory.h"
 #include "train/model_options.h"
@@ -34,6 +37,22 @@ Tensor prepare_inputs(const Tensor& inputs, const PrecisionPolicy& policy) {
     return inputs.to(policy.activation);
   }
   return inputs;
+}
+
+// Host tensors of one dtype and trailing shape, stacked along dim 0 (evaluate()'s dumps).
+Tensor concat_rows(const std::vector<Tensor>& parts) {
+  if (parts.empty()) throw InputError("--dump-logits/--dump-inputs: the eval split is empty");
+  Shape shape = parts.front().shape();
+  shape[0] = 0;
+  for (const Tensor& p : parts) shape[0] += p.size(0);
+  Tensor out = Tensor::empty(shape, parts.front().dtype());
+  char* dst = static_cast<char*>(out.data());
+  for (const Tensor& p : parts) {
+    Tensor c = p.contiguous();
+    std::memcpy(dst, c.data(), c.nbytes());
+    dst += c.nbytes();
+  }
+  return out;
 }
 
 // Deterministic fp32 initialisation on the host (or model.init_from), before any device copy.
@@ -426,10 +445,21 @@ TrainResult Trainer::train() {
   return result;
 }
 
-EvalResult Trainer::evaluate() {
+EvalResult Trainer::evaluate(const EvalOptions& options) {
   State& s = *s_;
   EvalResult r;
-  if (!s.eval_set) return r;
+  const bool dump = !options.dump_logits.empty() || !options.dump_inputs.empty();
+  if (dump && s.world.size > 1) {
+    throw InputError(
+        "--dump-logits/--dump-inputs write the whole eval split from one process; "
+        "run kiln eval without mpirun (" +
+        std::to_string(s.world.size) + " ranks)");
+  }
+  if (!s.eval_set) {
+    if (dump) throw InputError("--dump-logits/--dump-inputs: no eval split (data.eval_split)");
+    return r;
+  }
+  std::vector<Tensor> dumped_logits, dumped_inputs;  // per batch, on the host
   if (s.dp) s.dp->broadcast_buffers();
   data::LoaderOptions lo = s.loader->options();
   lo.shuffle = false;
@@ -449,6 +479,8 @@ EvalResult Trainer::evaluate() {
   for (std::int64_t i = 0; i < batches; ++i) {
     data::Batch batch = loader.next();
     Tensor logits = s.model.net->forward(ctx, prepare_inputs(batch.inputs, ctx.precision));
+    if (!options.dump_logits.empty()) dumped_logits.push_back(logits.to(Device::cpu(), DType::F32));
+    if (!options.dump_inputs.empty()) dumped_inputs.push_back(batch.inputs.to(Device::cpu()));
     Tensor targets = batch.targets;
     flatten_for_loss(logits, targets);
     Tensor loss = loss_fn.forward(ctx, logits, targets);
@@ -460,6 +492,10 @@ EvalResult Trainer::evaluate() {
     ops::axpy(1.0, rows, counted);
   }
   loss_fn.check_targets();
+  if (!options.dump_logits.empty())
+    write_file_atomically(options.dump_logits, encode_npy(concat_rows(dumped_logits)));
+  if (!options.dump_inputs.empty())
+    write_file_atomically(options.dump_inputs, encode_npy(concat_rows(dumped_inputs)));
   std::vector<double> sums = {loss_total.item(), correct.item(), counted.item()};
   if (s.world.size > 1) s.comm->all_reduce_host(sums, HostReduceOp::Sum);
   r.samples = static_cast<std::int64_t>(sums[2]);

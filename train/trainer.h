@@ -23,6 +23,14 @@ struct EvalResult {
   std::int64_t samples = 0;
 };
 
+// What evaluate() writes besides its result (`kiln eval --dump-logits/--dump-inputs`), so that
+// another runtime (ONNX Runtime, tests/infer/) can be compared with Kiln on the same inputs.
+// One rank only: with several, each holds a shard of the eval split, and evaluate() refuses.
+struct EvalOptions {
+  std::string dump_logits;  // .npy of the model's f32 outputs: (N, classes) or (N, T, vocab)
+  std::string dump_inputs;  // .npy of the inputs the model saw: (N, C, H, W) f32 or (N, T) i64
+};
+
 struct TrainResult {
   std::int64_t steps = 0;          // optimizer steps completed in total
   std::int64_t skipped_steps = 0;  // skipped for inf/NaN gradients
@@ -78,7 +86,8 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   TrainResult train();
-  EvalResult evaluate();  // on the eval split, all ranks, without changing anything
+  // On the eval split, all ranks, without changing anything.
+  EvalResult evaluate(const EvalOptions& options = {});
   // Training steps for throughput: `warmup` untimed, then `steps` timed. With `profile`, the
   // forward and backward time of each top-level layer from CUDA events.
   BenchResult benchmark(int warmup, int steps, bool profile);
