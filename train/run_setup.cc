@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "core/allocator.h"
+#include "core/gemm_algorithm.h"
 #include "layers/conv2d.h"
 
 namespace kiln::train {
@@ -28,6 +29,9 @@ void configure_process(const config::Experiment& experiment, Device device,
   conv.search = t.deterministic() || heuristic_algorithms ? ConvAlgorithmSearch::Heuristic
                                                           : ConvAlgorithmSearch::Benchmark;
   set_default_conv_algorithm_options(conv);
+  set_default_gemm_algorithm_options({conv.search == ConvAlgorithmSearch::Heuristic
+                                          ? GemmAlgorithmSearch::Heuristic
+                                          : GemmAlgorithmSearch::Benchmark});
   if (t.max_memory_mb() > 0) {
     const std::size_t limit = static_cast<std::size_t>(t.max_memory_mb()) << 20;
     (device.is_cuda() ? cuda_allocator(device.index) : host_allocator()).set_memory_limit(limit);

@@ -6,7 +6,8 @@
 #
 # This machine has no GPU, no ImageNet and no CIFAR-10, and two cores, so each command runs in
 # its CPU-feasible form; the rewriting below is the whole list, and never touches the configs:
-#   train, eval   + --set train.device=CPU parallel.backend=AUTO (NCCL needs CUDA)
+#   train, eval,  + --set train.device=CPU parallel.backend=AUTO (NCCL needs CUDA)
+#   export          (export's --onnx FILE is written to the scratch directory)
 #                   precision.opt_level=O0 (fp16 O1-O3 need a GPU) train.steps=2
 #                   schedule.warmup_steps=0 (a 2-step run of a 10000-step warmup is not a valid
 #                   schedule) train.batch_per_gpu=2 train.global_batch=2*ranks
@@ -31,7 +32,7 @@ python3 - "$KILN" "$SRC" "$WORK" "${MPIEXEC:-mpirun}" <<'PY'
 import atexit, os, re, shlex, shutil, signal, subprocess, sys, tempfile, time
 
 kiln, src, work, mpiexec = sys.argv[1:5]
-SUBCOMMANDS = {"train", "eval", "config", "model", "bench", "autobatch", "info", "replay"}
+SUBCOMMANDS = {"train", "eval", "export", "config", "model", "bench", "autobatch", "info", "replay"}
 
 
 def code_blocks(path, only_after=None):
@@ -132,7 +133,10 @@ def cpu_form(kiln_args, ranks):
     args = [a.replace("/data/cifar-10-batches-bin", CIFAR) for a in args]
     stem = config_stem(args)
     sets = []
-    if sub in ("train", "eval"):
+    if sub == "export":  # the ONNX file goes to the scratch directory
+        args = [os.path.join(work, os.path.basename(a)) if i > 0 and args[i - 1] == "--onnx" else a
+                for i, a in enumerate(args)]
+    if sub in ("train", "eval", "export"):
         counter[0] += 1
         if sub == "train" or stem not in last_train_dir:
             run_dir = os.path.join(RUNS, "%s-%d" % (stem, counter[0]))
