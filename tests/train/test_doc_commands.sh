@@ -6,8 +6,7 @@
 #
 # This machine has no GPU, no ImageNet and no CIFAR-10, and two cores, so each command runs in
 # its CPU-feasible form; the rewriting below is the whole list, and never touches the configs:
-#   train, eval,  + --set train.device=CPU parallel.backend=AUTO (NCCL needs CUDA)
-#   export          (export's --onnx FILE is written to the scratch directory)
+#   train, eval, export + --set train.device=CPU parallel.backend=AUTO (NCCL needs CUDA)
 #                   precision.opt_level=O0 (fp16 O1-O3 need a GPU) train.steps=2
 #                   schedule.warmup_steps=0 (a 2-step run of a 10000-step warmup is not a valid
 #                   schedule) train.batch_per_gpu=2 train.global_batch=2*ranks
@@ -23,6 +22,7 @@
 #                 the same model shrinking
 #   mpirun, launch/kiln-mpirun: at most 2 ranks (-np 8 -> -np 2), --hostfile dropped
 #   data.path=/data/cifar-10-batches-bin: a CIFAR-10 directory of the real format written here
+#   --onnx, --dump-logits, --dump-inputs FILE: written to the scratch directory
 #   [--json]      optional parts run both without and with
 #   --resume      "continue from a checkpoint": when no documented train of the config ran
 #                 before, the same command without --resume runs first
@@ -133,9 +133,10 @@ def cpu_form(kiln_args, ranks):
     args = [a.replace("/data/cifar-10-batches-bin", CIFAR) for a in args]
     stem = config_stem(args)
     sets = []
-    if sub == "export":  # the ONNX file goes to the scratch directory
-        args = [os.path.join(work, os.path.basename(a)) if i > 0 and args[i - 1] == "--onnx" else a
-                for i, a in enumerate(args)]
+    # Files a command writes go to the scratch directory, not the source tree it runs in.
+    args = [os.path.join(work, os.path.basename(a))
+            if i > 0 and args[i - 1] in ("--onnx", "--dump-logits", "--dump-inputs") else a
+            for i, a in enumerate(args)]
     if sub in ("train", "eval", "export"):
         counter[0] += 1
         if sub == "train" or stem not in last_train_dir:
