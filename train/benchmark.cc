@@ -12,15 +12,6 @@
 #include "train/trainer_state.h"
 
 namespace kiln::train {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-}  // namespace
 
 BenchResult Trainer::benchmark(int warmup, int steps, bool profile) {
   State& s = *s_;

@@ -20,12 +20,6 @@
 namespace kiln::train {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
 // Logits and targets as the loss wants them: (N, C) and (N).
 void flatten_for_loss(Tensor& logits, Tensor& targets) {
   if (logits.dim() == 3) logits = logits.reshape({-1, logits.size(-1)});

@@ -2,6 +2,7 @@
 // The trainer's state, shared by its parts (trainer.cc: set-up, the step, train and evaluate;
 // benchmark.cc). Not part of the public interface.
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -21,6 +22,12 @@
 #include "train/trainer.h"
 
 namespace kiln::train {
+
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 struct Trainer::State {
   config::Experiment e;

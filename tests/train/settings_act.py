@@ -39,13 +39,13 @@ def run(overrides, env=None, mpi=0):
     return seen[key]
 
 
-def run_once(overrides, env, mpi, config=TINY, set_dir=True):
+def run_once(overrides, env, mpi):
     global runs
     runs += 1
     d = os.path.join(WORK, f"run{runs}")
     os.makedirs(d)
-    args = [KILN, "train", "--config", config]
-    sets = list(BASE) + ([f"logging.dir={d}/log"] if set_dir else []) + list(overrides)
+    args = [KILN, "train", "--config", TINY]
+    sets = list(BASE) + [f"logging.dir={d}/log"] + list(overrides)
     for s in sets:
         args += ["--set", s]
     if mpi:
@@ -63,7 +63,6 @@ def run_once(overrides, env, mpi, config=TINY, set_dir=True):
     shown["losses"] = [r["loss"] for r in train]
     shown["lr"] = [r["lr"] for r in train]
     shown["scale"] = [r["loss_scale"] for r in train]
-    shown["grad_norm"] = [r.get("grad_norm") for r in train]
     shown["eval"] = [(r["step"], r["eval_loss"]) for r in records if "eval_loss" in r]
     m = re.search(r"\((\d+) parameters\)", shown["out"])
     shown["parameters"] = m.group(1) if m else None
