@@ -8,6 +8,8 @@
 
 namespace kiln::config {
 
+bool is_gpt_model(const std::string& model_name) { return model_name.rfind("gpt2", 0) == 0; }
+
 void fill_defaults(Experiment& experiment, const std::string& config_path) {
   if (!experiment.has_name()) {
     const std::string stem = std::filesystem::path(config_path).stem().string();
@@ -27,6 +29,25 @@ void fill_defaults(Experiment& experiment, const std::string& config_path) {
   if (!model.has_image_channels() && fashion) model.set_image_channels(1);
   if (!model.has_dropout() && model.name() == "bert_base") model.set_dropout(0.1);
   if (model.name() == "mlp") apply_declared_default(model, "mlp_hidden");
+  if (is_gpt_model(model.name())) {
+    GptShape& gpt = *model.mutable_gpt();
+    fill_declared_defaults(gpt);
+    struct Size {
+      const char* name;
+      int layers, hidden, heads;
+    };
+    static constexpr Size kSizes[] = {{"gpt2", 12, 768, 12},
+                                      {"gpt2_medium", 24, 1024, 16},
+                                      {"gpt2_large", 36, 1280, 20},
+                                      {"gpt2_xl", 48, 1600, 25}};
+    for (const Size& size : kSizes) {
+      if (model.name() != size.name) continue;
+      if (!gpt.has_num_layers()) gpt.set_num_layers(size.layers);
+      if (!gpt.has_hidden_size()) gpt.set_hidden_size(size.hidden);
+      if (!gpt.has_num_heads()) gpt.set_num_heads(size.heads);
+    }
+    if (!gpt.has_intermediate_size()) gpt.set_intermediate_size(4 * gpt.hidden_size());
+  }
   if (model.name() == "bert_base") {
     BertShape& bert = *model.mutable_bert();
     fill_declared_defaults(bert);

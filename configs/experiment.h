@@ -53,6 +53,9 @@ Experiment parse_experiment_text(const std::string& text, const std::string& sou
 // Applies one `dotted.path=value` override (see docs/configs.md for the value syntax).
 void apply_override(Experiment& experiment, const std::string& assignment);
 
+// The GPT-2 family: gpt2, gpt2_medium, gpt2_large, gpt2_xl (causal language models).
+bool is_gpt_model(const std::string& model_name);
+
 // Writes the default into every field left unset: the defaults kiln.proto declares (one walk,
 // configs/schema.h) and the rules that depend on other fields (configs/defaults.cc).
 // `config_path` supplies the default experiment name (its file name without ".pbtxt").

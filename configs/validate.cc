@@ -168,21 +168,32 @@ class Validator {
 
   void check_model() const {
     const ModelConfig& model = experiment_.model();
-    if (model.name() != "bert_base") {
-      if (model.name() == "vit_b16") {
-        check(model.image_size() % 16 == 0, "model.image_size", std::to_string(model.image_size()),
-              "vit_b16 needs a multiple of the 16-pixel patch");
-      }
-      check(experiment_.data().kind() != DataConfig::TOKENS, "data.kind", "TOKENS",
-            "model " + model.name() + " takes images; TOKENS data needs model bert_base");
-    } else {
+    const DataConfig::Kind kind = experiment_.data().kind();
+    if (model.name() == "bert_base") {
       const BertShape& bert = model.bert();
       check(bert.hidden_size() % bert.num_heads() == 0, "model.bert.hidden_size",
             std::to_string(bert.hidden_size()),
             "must be a multiple of model.bert.num_heads = " + std::to_string(bert.num_heads()));
-      const DataConfig::Kind kind = experiment_.data().kind();
       check(kind == DataConfig::TOKENS || kind == DataConfig::SYNTHETIC, "data.kind",
             DataConfig::Kind_Name(kind), "bert_base needs TOKENS or SYNTHETIC data");
+    } else if (is_gpt_model(model.name())) {
+      const GptShape& gpt = model.gpt();
+      check(gpt.hidden_size() % gpt.num_heads() == 0, "model.gpt.hidden_size",
+            std::to_string(gpt.hidden_size()),
+            "must be a multiple of model.gpt.num_heads = " + std::to_string(gpt.num_heads()));
+      check(gpt.seq_len() <= gpt.max_positions(), "model.gpt.seq_len",
+            std::to_string(gpt.seq_len()),
+            "must be at most model.gpt.max_positions = " + std::to_string(gpt.max_positions()));
+      check(kind == DataConfig::TOKENS || kind == DataConfig::SYNTHETIC, "data.kind",
+            DataConfig::Kind_Name(kind), model.name() + " needs TOKENS or SYNTHETIC data");
+    } else {
+      if (model.name() == "vit_b16") {
+        check(model.image_size() % 16 == 0, "model.image_size", std::to_string(model.image_size()),
+              "vit_b16 needs a multiple of the 16-pixel patch");
+      }
+      check(kind != DataConfig::TOKENS, "data.kind", "TOKENS",
+            "model " + model.name() +
+                " takes images; TOKENS data needs a language model (bert_base, gpt2*)");
     }
     if (!model.init_from().empty()) {
       const std::string problem =

@@ -168,8 +168,10 @@ void project(const Context& ctx, const Tensor& x, const Tensor& w, const Paramet
 }  // namespace
 
 MultiHeadSelfAttention::MultiHeadSelfAttention(std::int64_t hidden, std::int64_t heads,
-                                               double attention_dropout, QkvLayout layout)
-    : hidden_(hidden), heads_(heads), dropout_(attention_dropout), layout_(layout) {
+                                               double attention_dropout, QkvLayout layout,
+                                               bool causal)
+    : hidden_(hidden), heads_(heads), dropout_(attention_dropout), layout_(layout),
+      causal_(causal) {
   KILN_CHECK(hidden > 0 && heads > 0 && hidden % heads == 0,
              "MultiHeadSelfAttention: hidden " + std::to_string(hidden) +
                  " must be a positive multiple of heads " + std::to_string(heads));
@@ -184,11 +186,18 @@ MultiHeadSelfAttention::MultiHeadSelfAttention(std::int64_t hidden, std::int64_t
     }
     out_weight_ = &add_parameter("output.dense.weight", {hidden, hidden});
     out_bias_ = &add_parameter("output.dense.bias", {hidden}, true);
-  } else {
+  } else if (layout == QkvLayout::FusedQKV) {
     qkv_weights_.push_back(&add_parameter("in_proj_weight", {3 * hidden, hidden}));
     qkv_biases_.push_back(&add_parameter("in_proj_bias", {3 * hidden}, true));
     out_weight_ = &add_parameter("out_proj.weight", {hidden, hidden});
     out_bias_ = &add_parameter("out_proj.bias", {hidden}, true);
+  } else {
+    qkv_weights_.push_back(&add_parameter("c_attn.weight", {3 * hidden, hidden}));
+    qkv_biases_.push_back(&add_parameter("c_attn.bias", {3 * hidden}, true));
+    out_weight_ = &add_parameter("c_proj.weight", {hidden, hidden});
+    out_bias_ = &add_parameter("c_proj.bias", {hidden}, true);
+    qkv_weights_[0]->stored_transposed = true;
+    out_weight_->stored_transposed = true;
   }
   qkv_cache_.resize(qkv_weights_.size());
   MultiHeadSelfAttention::reset_parameters(0);
@@ -236,7 +245,7 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
   // qkv = x W^T + b  (N, 3E)
   x_mm_ = x.contiguous().view({n, e}).to(mm);
   Tensor qkv = Tensor::empty({n, 3 * e}, mm, dev);
-  if (layout_ == QkvLayout::FusedQKV) {
+  if (layout_ != QkvLayout::SeparateQKV) {
     const Tensor& w = qkv_cache_[0].get(qkv_weights_[0]->value, mm, ctx.weights_version);
     project(ctx, x_mm_, w, *qkv_biases_[0], qkv_bias_cache_, qkv);
   } else {
@@ -364,7 +373,7 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
 
   // Input projections.
   Tensor dx = Tensor::empty({n, e}, activation_, dev);
-  if (layout_ == QkvLayout::FusedQKV) {
+  if (layout_ != QkvLayout::SeparateQKV) {
     transformer_ops::accumulate_bias_grad(dqkv, qkv_biases_[0]->grad);
     ops::gemm_accumulate(true, false, dqkv, x_mm_, qkv_weights_[0]->grad);
     ops::gemm(false, false, 1.0, dqkv,

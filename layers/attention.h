@@ -25,10 +25,15 @@
 //   FusedQKV (torch nn.MultiheadAttention, torchvision ViT's "self_attention."):
 //     in_proj_weight (3E, E) rows [q; k; v], in_proj_bias (3E), out_proj.weight (E, E),
 //     out_proj.bias (E)
+//   FusedConv1D (transformers' GPT-2, "attn."): c_attn.weight (3E, E) rows [q; k; v],
+//     c_attn.bias (3E), c_proj.weight (E, E), c_proj.bias (E); both weights stored_transposed.
+// Causal attention (GPT-2): query i attends keys j <= i only.
 // Mixed precision: the GEMMs run in ctx.precision.matmul (fp32 accumulation) when activations
 // are fp32, in the activation dtype when it is half; weights are cast once per weights_version.
 
 #include <cstdint>
+#include <unordered_map>
+#include <utility>
 
 #include "layers/layer.h"
 #include "layers/weight_cast_cache.h"
@@ -52,12 +57,23 @@ void accumulate_bias_grad(const Tensor& dy, Tensor& bias_grad);
 
 }  // namespace transformer_ops
 
-enum class QkvLayout { SeparateQKV, FusedQKV };
+enum class QkvLayout { SeparateQKV, FusedQKV, FusedConv1D };
+
+// Keys and values of the tokens generated so far, for decoding one token at a time (kiln sample).
+// A forward with Context::kv_cache set takes only the new tokens, at positions [past, past + T):
+// each causal attention layer writes their keys and values into its entry at those positions and
+// attends over positions [0, past + T), causally. The caller advances `past` after the forward.
+struct KvCache {
+  std::int64_t past = 0;      // tokens already in the cache
+  std::int64_t capacity = 0;  // positions each entry holds (the model's max positions)
+  // By attention layer id: keys and values, (B*H, capacity, d) each, in the matmul dtype.
+  std::unordered_map<std::uint64_t, std::pair<Tensor, Tensor>> entries;
+};
 
 class MultiHeadSelfAttention : public Layer {
  public:
   MultiHeadSelfAttention(std::int64_t hidden, std::int64_t heads, double attention_dropout = 0.0,
-                         QkvLayout layout = QkvLayout::SeparateQKV);
+                         QkvLayout layout = QkvLayout::SeparateQKV, bool causal = false);
   std::string type() const override { return "MultiHeadSelfAttention"; }
   Shape output_shape(const Shape& input) const override { return input; }
   // 4 projections (2 * B*T*E*E each) and the two attention matmuls (2 * B*H*T*T*d each).
@@ -69,6 +85,7 @@ class MultiHeadSelfAttention : public Layer {
   std::int64_t hidden() const { return hidden_; }
   std::int64_t heads() const { return heads_; }
   QkvLayout layout() const { return layout_; }
+  bool causal() const { return causal_; }
 
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& x) override;
@@ -96,6 +113,7 @@ class MultiHeadSelfAttention : public Layer {
   std::int64_t hidden_, heads_, head_dim_;
   double dropout_;
   QkvLayout layout_;
+  bool causal_ = false;
   // SeparateQKV: three weights and biases; FusedQKV: one (3E, E) weight and one (3E) bias.
   std::vector<Parameter*> qkv_weights_, qkv_biases_;
   std::vector<WeightCastCache> qkv_cache_;

@@ -28,6 +28,9 @@ struct Parameter {
   Tensor grad;                   // same shape and dtype as value; accumulated into
   bool no_weight_decay = false;  // biases and norm parameters
   bool fp32_in_half = false;     // norm parameters stay fp32 in O2
+  // A 2-D weight that files hold transposed, (in, out): transformers' Conv1D (GPT-2). Kiln keeps
+  // it as (out, in) like every Linear; checkpoints and model.init_from transpose at the boundary.
+  bool stored_transposed = false;
 };
 
 struct Buffer {
@@ -43,6 +46,7 @@ struct PrecisionPolicy {
 };
 
 class Layer;
+struct KvCache;  // layers/attention.h
 
 struct Context {
   Device device = Device::cpu();
@@ -53,6 +57,9 @@ struct Context {
   std::uint64_t weights_version = 0;  // bumped by the optimizer after each update
   bool channels_last = false;         // NHWC activations for convolutional models
   Tensor attention_mask;              // (B, T) of 1 (attend) / 0 (padding), optional
+  // Generation (kiln sample): causal attention layers append the new tokens' keys and values to
+  // this cache and attend over everything in it; the input holds only the new tokens.
+  KvCache* kv_cache = nullptr;
   std::function<void(Parameter&)> on_grad_ready;
   std::function<void(Layer& layer, bool forward, bool begin)> on_layer;  // profiling
 };

@@ -1,6 +1,6 @@
-# Transformer family: layernorm, embedding, attention, transformer blocks, BERT and ViT.
+# Transformer family: layernorm, embedding, attention, transformer blocks, BERT, ViT and GPT-2.
 list(APPEND KILN_LAYERS_SOURCES layernorm.cc embedding.cc attention.cc transformer_block.cc
-     models/bert.cc models/vit.cc)
+     tied_decoder.cc models/bert.cc models/vit.cc models/gpt2.cc)
 list(APPEND KILN_LAYERS_CUDA_SOURCES cuda/layernorm.cu cuda/embedding.cu cuda/attention.cu
      cuda/flash_attention.cu cuda/cudnn_attention.cc)
 # cuDNN's attention is built through the cuDNN frontend (header-only, vendored in third_party/);

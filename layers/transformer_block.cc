@@ -35,6 +35,27 @@ TransformerBlockConfig TransformerBlockConfig::vit(std::int64_t hidden, std::int
   return c;
 }
 
+TransformerBlockConfig TransformerBlockConfig::gpt2(std::int64_t hidden, std::int64_t heads,
+                                                    std::int64_t intermediate, double dropout) {
+  TransformerBlockConfig c;
+  c.hidden = hidden;
+  c.heads = heads;
+  c.intermediate = intermediate;
+  c.dropout = dropout;
+  c.attention_dropout = dropout;
+  c.layer_norm_eps = 1e-5;
+  c.pre_norm = true;
+  c.qkv_layout = QkvLayout::FusedConv1D;
+  c.causal = true;
+  c.mlp_activation = Activation::GELU;
+  c.attention_name = "attn";
+  c.attention_norm_name = "ln_1";
+  c.mlp_in_name = "mlp.c_fc";
+  c.mlp_out_name = "mlp.c_proj";
+  c.mlp_norm_name = "ln_2";
+  return c;
+}
+
 TransformerBlock::TransformerBlock(const TransformerBlockConfig& config) : config_(config) {
   const auto& c = config_;
   auto norm = [&] { return std::make_unique<LayerNorm>(c.hidden, c.layer_norm_eps); };
@@ -42,12 +63,17 @@ TransformerBlock::TransformerBlock(const TransformerBlockConfig& config) : confi
   if (c.pre_norm) norm1_ = &add_child(c.attention_norm_name, norm());
   attention_ =
       &add_child(c.attention_name, std::make_unique<MultiHeadSelfAttention>(
-                                       c.hidden, c.heads, c.attention_dropout, c.qkv_layout));
+                                       c.hidden, c.heads, c.attention_dropout, c.qkv_layout,
+                                       c.causal));
   if (!c.pre_norm) norm1_ = &add_child(c.attention_norm_name, norm());
   if (c.pre_norm) norm2_ = &add_child(c.mlp_norm_name, norm());
-  mlp_in_ = &add_child(
-      c.mlp_in_name, std::make_unique<Linear>(c.hidden, c.intermediate, true, Activation::GELUErf));
+  mlp_in_ = &add_child(c.mlp_in_name,
+                       std::make_unique<Linear>(c.hidden, c.intermediate, true, c.mlp_activation));
   mlp_out_ = &add_child(c.mlp_out_name, std::make_unique<Linear>(c.intermediate, c.hidden));
+  if (c.qkv_layout == QkvLayout::FusedConv1D) {
+    mlp_in_->weight().stored_transposed = true;
+    mlp_out_->weight().stored_transposed = true;
+  }
   if (!c.pre_norm) norm2_ = &add_child(c.mlp_norm_name, norm());
   attention_output_dropout_ =
       &add_child("attention_output_dropout", std::make_unique<Dropout>(c.dropout));

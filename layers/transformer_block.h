@@ -28,6 +28,8 @@ struct TransformerBlockConfig {
   bool pre_norm = false;
   bool mlp_inner_dropout = false;
   QkvLayout qkv_layout = QkvLayout::SeparateQKV;
+  bool causal = false;                                // query i attends keys j <= i (GPT)
+  Activation mlp_activation = Activation::GELUErf;  // GPT-2: GELU's tanh form
   // Child names: the prefixes of their parameters.
   std::string attention_name = "attention";
   std::string attention_norm_name = "attention.output.LayerNorm";
@@ -42,6 +44,11 @@ struct TransformerBlockConfig {
   // in_proj, mlp.0 / mlp.3, no attention dropout.
   static TransformerBlockConfig vit(std::int64_t hidden, std::int64_t heads,
                                     std::int64_t intermediate, double dropout);
+  // transformers' GPT2Block: pre-LN (ln_1, ln_2), eps 1e-5, causal attention with Conv1D c_attn
+  // and c_proj, mlp.c_fc / mlp.c_proj (weights stored_transposed), GELU tanh, dropout everywhere
+  // (resid_pdrop = attn_pdrop).
+  static TransformerBlockConfig gpt2(std::int64_t hidden, std::int64_t heads,
+                                     std::int64_t intermediate, double dropout);
 };
 
 class TransformerBlock : public Layer {

@@ -37,6 +37,16 @@ ModelOptions model_options_from(const config::Experiment& experiment) {
     o.num_heads = b.num_heads();
     o.intermediate_size = b.intermediate_size();
   }
+  if (config::is_gpt_model(m.name())) {
+    const config::GptShape& g = m.gpt();
+    o.vocab_size = g.vocab_size();
+    o.seq_len = g.seq_len();
+    o.hidden_size = g.hidden_size();
+    o.num_layers = g.num_layers();
+    o.num_heads = g.num_heads();
+    o.intermediate_size = g.intermediate_size();
+    o.max_positions = g.max_positions();
+  }
   return o;
 }
 

@@ -73,7 +73,7 @@ std::string dataset_kind(const config::Experiment& e, const Model& model) {
     case config::DataConfig::CIFAR10:
       return "cifar10";
     case config::DataConfig::TOKENS:
-      return "tokens_mlm";
+      return model.task == Task::CausalLM ? "tokens_clm" : "tokens_mlm";
     case config::DataConfig::JPEG_FOLDER:
       return "jpeg_folder";
     case config::DataConfig::SYNTHETIC:

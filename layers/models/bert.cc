@@ -15,6 +15,7 @@
 #include "layers/layernorm.h"
 #include "layers/linear.h"
 #include "layers/models/model.h"
+#include "layers/tied_decoder.h"
 #include "layers/transformer_block.h"
 
 namespace kiln {
@@ -76,62 +77,6 @@ class BertEmbeddings : public Layer {
   Tensor position_ids_, token_type_ids_;  // (B, T), cached per shape and device
 };
 
-// logits = h W^T + bias with W the word embedding (vocab, E), owned by the embeddings.
-class TiedDecoder : public Layer {
- public:
-  TiedDecoder(Parameter* word_embedding, std::int64_t vocab, std::int64_t hidden)
-      : weight_(word_embedding), vocab_(vocab), hidden_(hidden) {
-    use_shared_parameter(weight_);
-    bias_ = &add_parameter("bias", {vocab}, /*no_weight_decay=*/true);
-  }
-  std::string type() const override { return "TiedDecoder"; }
-  Shape output_shape(const Shape& input) const override {
-    Shape s = input;
-    s.back() = vocab_;
-    return s;
-  }
-  double forward_flops(const Shape& input) const override {
-    return 2.0 * static_cast<double>(shape_numel(input)) * static_cast<double>(vocab_);
-  }
-  void reset_parameters(std::uint64_t) override { bias_->value.fill(0.0); }
-
- protected:
-  Tensor forward_impl(Context& ctx, const Tensor& x) override {  // (N..., E) -> (N..., V)
-    KILN_CHECK(x.size(-1) == hidden_, "TiedDecoder: input " + x.str());
-    std::int64_t n = x.numel() / hidden_;
-    DType act = x.dtype();
-    activation_ = act;
-    DType mm = transformer_ops::matmul_dtype(ctx, act);
-    input_shape_ = x.shape();
-    x_mm_ = x.contiguous().view({n, hidden_}).to(mm);
-    Tensor y = Tensor::empty({n, vocab_}, act, x.device());
-    ops::gemm(false, true, 1.0, x_mm_, cache_.get(weight_->value, mm, ctx.weights_version), 0.0, y);
-    transformer_ops::add_bias(y, bias_->value);
-    return y.view(output_shape(x.shape()));
-  }
-  Tensor backward_impl(Context& ctx, const Tensor& dy) override {
-    std::int64_t n = x_mm_.size(0);
-    DType mm = x_mm_.dtype();
-    Tensor dy2 = dy.contiguous().view({n, vocab_});
-    Tensor dy_mm = dy2.to(mm);
-    transformer_ops::accumulate_bias_grad(dy2, bias_->grad);
-    ops::gemm_accumulate(true, false, dy_mm, x_mm_, weight_->grad);
-    Tensor dx = Tensor::empty({n, hidden_}, activation_, dy.device());  // mm, or f32 from half
-    ops::gemm(false, false, 1.0, dy_mm, cache_.get(weight_->value, mm, ctx.weights_version), 0.0,
-              dx);
-    return dx.view(input_shape_);
-  }
-
- private:
-  Parameter* weight_;
-  Parameter* bias_;
-  std::int64_t vocab_, hidden_;
-  WeightCastCache cache_;
-  Tensor x_mm_;  // (N, E)
-  Shape input_shape_;
-  DType activation_ = DType::F32;
-};
-
 class BertForMaskedLM : public Layer {
  public:
   explicit BertForMaskedLM(const ModelOptions& o) : vocab_(o.vocab_size), hidden_(o.hidden_size) {
@@ -148,7 +93,7 @@ class BertForMaskedLM : public Layer {
     transform_norm_ = &add_child("cls.predictions.transform.LayerNorm",
                                  std::make_unique<LayerNorm>(o.hidden_size, kBertLayerNormEps));
     decoder_ = &add_child("cls.predictions", std::make_unique<TiedDecoder>(
-                                                 &embeddings_->word().weight(), vocab_, hidden_));
+                                                 &embeddings_->word().weight(), vocab_, hidden_, true));
   }
   std::string type() const override { return "BertForMaskedLM"; }
   Shape output_shape(const Shape& input) const override { return {input[0], input[1], vocab_}; }

@@ -29,9 +29,12 @@ struct ModelOptions {
   int intermediate_size = 3072;
   int max_position_embeddings = 512;
   int type_vocab_size = 2;
+  // GPT-2 takes its shape from the fields above (vocab_size, seq_len, hidden_size, num_layers,
+  // num_heads, intermediate_size) and max_positions; the experiment's model.gpt fills them.
+  int max_positions = 1024;
 };
 
-enum class Task { Classification, MaskedLM };
+enum class Task { Classification, MaskedLM, CausalLM };
 
 struct Model {
   std::unique_ptr<Layer> net;
@@ -39,7 +42,9 @@ struct Model {
   DType input_dtype = DType::F32;  // F32 images and features, I64 token ids
   Task task = Task::Classification;
   int num_outputs = 0;  // classes, or the vocabulary for masked LM
-  // Output of net for a batch: (B, num_outputs) or (B, T, vocab) for masked LM.
+  // Output of net for a batch: (B, num_outputs) or (B, T, vocab) for masked and causal LM.
+  // Causal LM: the logits at position t predict the token at t + 1 (the dataset's target).
+  std::int64_t max_positions = 0;  // causal LM: the longest context the positions cover
 };
 
 Model make_model(const ModelOptions& options);  // throws InputError for an unknown name
@@ -51,5 +56,8 @@ Model make_fashion_cnn(const ModelOptions& options);
 Model make_resnet(const ModelOptions& options, int depth);  // 18 or 50
 Model make_bert(const ModelOptions& options);
 Model make_vit_b16(const ModelOptions& options);
+// GPT-2 of options' shape: "gpt2" (124M), "gpt2_medium", "gpt2_large" and "gpt2_xl" differ only
+// in the shape the experiment gives them (configs/defaults.cc holds the sizes).
+Model make_gpt2(const ModelOptions& options);
 
 }  // namespace kiln

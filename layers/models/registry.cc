@@ -18,6 +18,10 @@ const std::map<std::string, Factory>& registry() {
       {"resnet50", [](const ModelOptions& o) { return make_resnet(o, 50); }},
       {"bert_base", make_bert},
       {"vit_b16", make_vit_b16},
+      {"gpt2", make_gpt2},
+      {"gpt2_medium", make_gpt2},
+      {"gpt2_large", make_gpt2},
+      {"gpt2_xl", make_gpt2},
   };
   return table;
 }

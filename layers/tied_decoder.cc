@@ -1,0 +1,55 @@
+#include "layers/tied_decoder.h"
+
+#include "core/ops.h"
+#include "layers/attention.h"
+
+namespace kiln {
+
+TiedDecoder::TiedDecoder(Parameter* weight, std::int64_t vocab, std::int64_t hidden, bool bias)
+    : weight_(weight), vocab_(vocab), hidden_(hidden) {
+  use_shared_parameter(weight_);
+  if (bias) bias_ = &add_parameter("bias", {vocab}, /*no_weight_decay=*/true);
+}
+
+Shape TiedDecoder::output_shape(const Shape& input) const {
+  Shape s = input;
+  s.back() = vocab_;
+  return s;
+}
+
+double TiedDecoder::forward_flops(const Shape& input) const {
+  return 2.0 * static_cast<double>(shape_numel(input)) * static_cast<double>(vocab_);
+}
+
+void TiedDecoder::reset_parameters(std::uint64_t) {
+  if (bias_) bias_->value.fill(0.0);
+}
+
+Tensor TiedDecoder::forward_impl(Context& ctx, const Tensor& x) {  // (N..., E) -> (N..., V)
+  KILN_CHECK(x.size(-1) == hidden_, "TiedDecoder: input " + x.str());
+  std::int64_t n = x.numel() / hidden_;
+  DType act = x.dtype();
+  activation_ = act;
+  DType mm = transformer_ops::matmul_dtype(ctx, act);
+  input_shape_ = x.shape();
+  x_mm_ = x.contiguous().view({n, hidden_}).to(mm);
+  Tensor y = Tensor::empty({n, vocab_}, act, x.device());
+  ops::gemm(false, true, 1.0, x_mm_, cache_.get(weight_->value, mm, ctx.weights_version), 0.0, y);
+  if (bias_) transformer_ops::add_bias(y, bias_->value);
+  return y.view(output_shape(x.shape()));
+}
+
+Tensor TiedDecoder::backward_impl(Context& ctx, const Tensor& dy) {
+  std::int64_t n = x_mm_.size(0);
+  DType mm = x_mm_.dtype();
+  Tensor dy2 = dy.contiguous().view({n, vocab_});
+  Tensor dy_mm = dy2.to(mm);
+  if (bias_) transformer_ops::accumulate_bias_grad(dy2, bias_->grad);
+  ops::gemm_accumulate(true, false, dy_mm, x_mm_, weight_->grad);
+  Tensor dx = Tensor::empty({n, hidden_}, activation_, dy.device());  // mm, or f32 from half
+  ops::gemm(false, false, 1.0, dy_mm, cache_.get(weight_->value, mm, ctx.weights_version), 0.0,
+            dx);
+  return dx.view(input_shape_);
+}
+
+}  // namespace kiln
