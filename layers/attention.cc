@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -68,27 +69,32 @@ void accumulate_bias_grad(const Tensor& dy, Tensor& bias_grad) {
 
 namespace {
 
-// Row r of (BH*T) scores belongs to batch r / (heads * T). Masked keys and dropped entries get 0.
+// Scores (BH, Tq, Tk): row r is query r % Tq of batch r / (heads * Tq). Causal rows are aligned
+// to the bottom right: query i sits at position Tk - Tq + i and sees keys j <= Tk - Tq + i (the
+// KV cache path's new tokens after `past` cached ones; Tq == Tk is plain causal attention).
+// Masked keys, keys in the future and dropped entries get 0.
 template <typename S, typename T>
-void softmax_forward_rows(const S* scores, const float* mask, std::int64_t rows, std::int64_t t,
-                          std::int64_t heads, double p, std::uint64_t key, std::uint64_t stream,
-                          T* probs, T* dropped) {
+void softmax_forward_rows(const S* scores, const float* mask, std::int64_t rows, std::int64_t tq,
+                          std::int64_t tk, std::int64_t heads, bool causal, double p,
+                          std::uint64_t key, std::uint64_t stream, T* probs, T* dropped) {
   S scale = static_cast<S>(1.0 / (1.0 - p));
   for (std::int64_t r = 0; r < rows; ++r) {
-    const S* s = scores + r * t;
-    const float* m = mask ? mask + (r / (heads * t)) * t : nullptr;
+    const S* s = scores + r * tk;
+    const float* m = mask ? mask + (r / (heads * tq)) * tk : nullptr;
+    const std::int64_t visible = causal ? std::min(tk, tk - tq + r % tq + 1) : tk;
+    auto attended = [&](std::int64_t j) { return j < visible && (!m || m[j] != 0.0f); };
     S max = -std::numeric_limits<S>::infinity();
-    for (std::int64_t j = 0; j < t; ++j)
-      if (!m || m[j] != 0.0f) max = std::max(max, s[j]);
+    for (std::int64_t j = 0; j < tk; ++j)
+      if (attended(j)) max = std::max(max, s[j]);
     S sum = 0;
-    for (std::int64_t j = 0; j < t; ++j)
-      if (!m || m[j] != 0.0f) sum += std::exp(s[j] - max);
-    for (std::int64_t j = 0; j < t; ++j) {
-      S prob = (sum > 0 && (!m || m[j] != 0.0f)) ? std::exp(s[j] - max) / sum : S(0);
-      probs[r * t + j] = cpu::store<T>(prob);
+    for (std::int64_t j = 0; j < tk; ++j)
+      if (attended(j)) sum += std::exp(s[j] - max);
+    for (std::int64_t j = 0; j < tk; ++j) {
+      S prob = (sum > 0 && attended(j)) ? std::exp(s[j] - max) / sum : S(0);
+      probs[r * tk + j] = cpu::store<T>(prob);
       if (dropped) {
-        bool keep = dropout_keep(key, stream, static_cast<std::uint64_t>(r * t + j), p);
-        dropped[r * t + j] = cpu::store<T>(keep ? prob * scale : S(0));
+        bool keep = dropout_keep(key, stream, static_cast<std::uint64_t>(r * tk + j), p);
+        dropped[r * tk + j] = cpu::store<T>(keep ? prob * scale : S(0));
       }
     }
   }
@@ -143,10 +149,30 @@ Tensor from_heads(const Tensor& src, std::int64_t parts, std::int64_t b, std::in
 }
 
 // The fused kernel serves CUDA half activations with d = 64; KILN_ATTENTION_UNFUSED=1 forces
-// the unfused path, to compare the two.
+// the unfused path, to compare the two (read at each call, so a test can switch within a process).
 bool use_fused_attention(Device dev, DType mm, std::int64_t bh, std::int64_t d, std::int64_t t) {
-  static const bool unfused = std::getenv("KILN_ATTENTION_UNFUSED") != nullptr;
-  return dev.is_cuda() && !unfused && cuda::flash_attention_supported(mm, bh, d, t);
+  const char* unfused = std::getenv("KILN_ATTENTION_UNFUSED");
+  return dev.is_cuda() && (unfused == nullptr || std::strcmp(unfused, "0") == 0) &&
+         cuda::flash_attention_supported(mm, bh, d, t);
+}
+
+// probs (and dropped, when defined) (BH, Tq, Tk) in the matmul dtype from scores (BH, Tq, Tk)
+// fp32 (f64), on the scores' device; see softmax_forward_rows for the masks.
+void attention_softmax(const Tensor& scores, const Tensor& mask, std::int64_t heads, bool causal,
+                       double p, std::uint64_t key, std::uint64_t stream, Tensor& probs,
+                       Tensor& dropped) {
+  if (scores.device().is_cuda()) {
+    DeviceGuard guard(scores.device());
+    cuda::attention_softmax_forward(scores, mask, heads, causal, p, key, stream, probs, dropped);
+    return;
+  }
+  const std::int64_t tq = scores.size(1), tk = scores.size(2);
+  KILN_DISPATCH_FLOATING(probs.dtype(), T, {
+    using S = typename cpu::Compute<T>::type;
+    softmax_forward_rows<S, T>(scores.data<S>(), mask.defined() ? mask.data<float>() : nullptr,
+                               scores.size(0) * tq, tq, tk, heads, causal, p, key, stream,
+                               probs.data<T>(), dropped.defined() ? dropped.data<T>() : nullptr);
+  });
 }
 
 // y (rows, out) = x w^T + bias: on CUDA one cuBLASLt GEMM with the bias in its epilogue (the bias
@@ -170,7 +196,10 @@ void project(const Context& ctx, const Tensor& x, const Tensor& w, const Paramet
 MultiHeadSelfAttention::MultiHeadSelfAttention(std::int64_t hidden, std::int64_t heads,
                                                double attention_dropout, QkvLayout layout,
                                                bool causal)
-    : hidden_(hidden), heads_(heads), dropout_(attention_dropout), layout_(layout),
+    : hidden_(hidden),
+      heads_(heads),
+      dropout_(attention_dropout),
+      layout_(layout),
       causal_(causal) {
   KILN_CHECK(hidden > 0 && heads > 0 && hidden % heads == 0,
              "MultiHeadSelfAttention: hidden " + std::to_string(hidden) +
@@ -260,6 +289,16 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
     transformer_ops::add_bias(qkv, qkv_bias);
   }
 
+  if (ctx.kv_cache != nullptr) {
+    // Generation: nothing is saved for backward, which then reports a backward before forward.
+    Tensor context = cached_attention(ctx, qkv);  // (N, E)
+    release_saved();
+    Tensor y = Tensor::empty({n, e}, activation_, dev);
+    project(ctx, context, out_cache_.get(out_weight_->value, mm, ctx.weights_version), *out_bias_,
+            out_bias_cache_, y);
+    return y.view({b, t, e});
+  }
+
   Tensor mask;
   if (ctx.attention_mask.defined()) {
     KILN_CHECK(ctx.attention_mask.dim() == 2 && ctx.attention_mask.size(0) == b &&
@@ -282,11 +321,11 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
     context_ = Tensor::empty({n, e}, mm, dev);
     lse_ = Tensor::empty({b * h, t}, DType::F32, dev);
     mask_ = mask;
-    cudnn_fused_ =
-        !mask.defined() && p == 0.0 && cuda::cudnn_attention_forward(qkv_, b, h, context_, lse_);
+    cudnn_fused_ = !mask.defined() && p == 0.0 &&
+                   cuda::cudnn_attention_forward(qkv_, b, h, causal_, context_, lse_);
     if (!cudnn_fused_)
-      cuda::flash_attention_forward(qkv_, b, h, mask, p, dropout_key_, dropout_stream_, context_,
-                                    lse_);
+      cuda::flash_attention_forward(qkv_, b, h, mask, causal_, p, dropout_key_, dropout_stream_,
+                                    context_, lse_);
   } else {
     // (B, T, 3, H, d) -> (3, B*H, T, d)
     Tensor heads_major = to_heads(qkv, 3, b, t, h, d);
@@ -313,19 +352,8 @@ Tensor MultiHeadSelfAttention::unfused_forward(const Tensor& mask, double p) {
   ops::gemm_batched(false, true, 1.0 / std::sqrt(static_cast<double>(d)), q_, k_, 0.0, scores);
   probs_ = Tensor::empty({b * h, t, t}, mm, dev);
   dropped_probs_ = dropout_active_ ? Tensor::empty({b * h, t, t}, mm, dev) : Tensor();
-  if (dev.is_cuda()) {
-    DeviceGuard guard(dev);
-    cuda::attention_softmax_forward(scores, mask, h, p, dropout_key_, dropout_stream_, probs_,
-                                    dropped_probs_);
-  } else {
-    KILN_DISPATCH_FLOATING(mm, T, {
-      using S = typename cpu::Compute<T>::type;
-      softmax_forward_rows<S, T>(scores.data<S>(), mask.defined() ? mask.data<float>() : nullptr,
-                                 b * h * t, t, h, p, dropout_key_, dropout_stream_,
-                                 probs_.data<T>(),
-                                 dropout_active_ ? dropped_probs_.data<T>() : nullptr);
-    });
-  }
+  attention_softmax(scores, mask, h, causal_, p, dropout_key_, dropout_stream_, probs_,
+                    dropped_probs_);
   if (!dropout_active_) dropped_probs_ = probs_;
 
   // ctx = P' v  (BH, T, d)
@@ -358,10 +386,10 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
     DeviceGuard guard(dev);
     dqkv = Tensor::empty({n, 3 * e}, mm, dev);
     if (cudnn_fused_) {
-      cuda::cudnn_attention_backward(qkv_, context_, dcontext, lse_, b, h, dqkv);
+      cuda::cudnn_attention_backward(qkv_, context_, dcontext, lse_, b, h, causal_, dqkv);
     } else {
-      cuda::flash_attention_backward(qkv_, context_, dcontext, lse_, mask_, b, h, p, dropout_key_,
-                                     dropout_stream_, dqkv);
+      cuda::flash_attention_backward(qkv_, context_, dcontext, lse_, mask_, b, h, causal_, p,
+                                     dropout_key_, dropout_stream_, dqkv);
     }
   } else {
     Tensor dcontext_heads = to_heads(dcontext, 1, b, t, h, d).view({b * h, t, d});
@@ -423,6 +451,60 @@ void MultiHeadSelfAttention::unfused_backward(const Tensor& dcontext_heads, doub
   double scale = 1.0 / std::sqrt(static_cast<double>(d));
   ops::gemm_batched(false, false, scale, dscores, k_, 0.0, dq);
   ops::gemm_batched(true, false, scale, dscores, q_, 0.0, dk);
+}
+
+Tensor MultiHeadSelfAttention::cached_attention(const Context& ctx, const Tensor& qkv) {
+  const std::int64_t b = batch_, t = tokens_, h = heads_, d = head_dim_;
+  KILN_CHECK(causal_, "MultiHeadSelfAttention " + name() +
+                          ": a KV cache is for causal attention; this layer is not causal");
+  KILN_CHECK(!ctx.training,
+             "MultiHeadSelfAttention " + name() +
+                 ": the KV cache path is for inference (ctx.training must be false)");
+  if (ctx.attention_mask.defined())
+    throw InputError("MultiHeadSelfAttention " + name() +
+                     ": attention_mask is not supported with a KV cache");
+  KvCache& cache = *ctx.kv_cache;
+  const std::int64_t past = cache.past, total = past + t;
+  if (past < 0 || total > cache.capacity)
+    throw InputError("MultiHeadSelfAttention " + name() + ": positions [" + std::to_string(past) +
+                     ", " + std::to_string(total) + ") exceed the KV cache's capacity " +
+                     std::to_string(cache.capacity));
+  const DType mm = qkv.dtype();
+  const Device dev = qkv.device();
+  const Shape entry_shape{b * h, cache.capacity, d};
+  auto [it, fresh] = cache.entries.try_emplace(layer_id());
+  Tensor& keys = it->second.first;
+  Tensor& values = it->second.second;
+  if (fresh) {
+    KILN_CHECK(past == 0, "MultiHeadSelfAttention " + name() + ": the KV cache has no entry for " +
+                              "this layer but past = " + std::to_string(past));
+    keys = Tensor::empty(entry_shape, mm, dev);
+    values = Tensor::empty(entry_shape, mm, dev);
+  }
+  for (const Tensor* entry : {&keys, &values}) {
+    KILN_CHECK(entry->shape() == entry_shape && entry->dtype() == mm && entry->device() == dev,
+               "MultiHeadSelfAttention " + name() + ": KV cache entry " + entry->str() +
+                   " does not match (B*H, capacity, d) = " + shape_str(entry_shape) + " in " +
+                   dtype_name(mm));
+  }
+
+  // (N, 3E) -> (3, B*H, T, d); the new keys and values go to positions [past, past + T).
+  Tensor heads_major = to_heads(qkv, 3, b, t, h, d);
+  keys.slice(1, past, total).copy_from(heads_major.select(0, 1));
+  values.slice(1, past, total).copy_from(heads_major.select(0, 2));
+  Tensor q = heads_major.select(0, 0);  // (BH, T, d)
+
+  // S = q k^T / sqrt(d) over every cached key (BH, T, past + T); new query i sees keys
+  // 0..past + i (the softmax's bottom-right causal alignment).
+  DType sd = mm == DType::F64 ? DType::F64 : DType::F32;
+  Tensor scores = Tensor::empty({b * h, t, total}, sd, dev);
+  ops::gemm_batched(false, true, 1.0 / std::sqrt(static_cast<double>(d)), q,
+                    keys.slice(1, 0, total), 0.0, scores);
+  Tensor probs = Tensor::empty({b * h, t, total}, mm, dev), no_dropout;
+  attention_softmax(scores, Tensor(), h, /*causal=*/true, 0.0, 0, 0, probs, no_dropout);
+  Tensor context_heads = Tensor::empty({b * h, t, d}, mm, dev);  // (BH, T, d)
+  ops::gemm_batched(false, false, 1.0, probs, values.slice(1, 0, total), 0.0, context_heads);
+  return from_heads(context_heads, 1, b, t, h, d);  // (N, E)
 }
 
 }  // namespace kiln

@@ -4,7 +4,8 @@
 //   x (B, T, E) -> y (B, T, E), E = heads * head_dim.
 //   qkv = x W_qkv^T + b_qkv                      (B, T, 3E), split into q, k, v (B*H, T, d)
 //   S = q k^T / sqrt(d)                          (B*H, T, T) fp32 (f64 for f64)
-//   P = softmax(S + mask) ; P' = dropout(P)      fused kernel, fp32 math, masked keys get 0
+//   P = softmax(S + mask) ; P' = dropout(P)      fused kernel, fp32 math, masked keys get 0;
+//                                                causal: keys j > i get 0 too
 //   ctx = P' v                                   (B*H, T, d) -> (B, T, E)
 // On CUDA with half activations and d = 64 the three middle lines are one fused kernel (flash
 // attention: no (T, T) tensor in memory; backward recomputes P from a saved log-sum-exp): cuDNN's
@@ -27,7 +28,15 @@
 //     out_proj.bias (E)
 //   FusedConv1D (transformers' GPT-2, "attn."): c_attn.weight (3E, E) rows [q; k; v],
 //     c_attn.bias (3E), c_proj.weight (E, E), c_proj.bias (E); both weights stored_transposed.
-// Causal attention (GPT-2): query i attends keys j <= i only.
+// Causal attention (GPT-2): query i attends keys j <= i only, combined with the key padding mask
+// and dropout as above. The unfused softmax zeroes the upper triangle; the flash kernels skip key
+// tiles wholly above the diagonal (and, in backward, query tiles wholly before a key tile) and
+// mask the diagonal tile; cuDNN gets its top-left diagonal band with right bound 0.
+// KV cache (generation, inference only; see KvCache below): with ctx.kv_cache the input is the T
+// new tokens at positions [past, past + T). Their k, v go to this layer's cache entry at those
+// positions; S = q k_cache^T over keys [0, past + T) (B*H, T, past + T), new query i sees keys
+// 0..past + i; then softmax, P v_cache and the output projection as above, unfused on every
+// device. Nothing is saved for backward. past + T > capacity is an InputError.
 // Mixed precision: the GEMMs run in ctx.precision.matmul (fp32 accumulation) when activations
 // are fp32, in the activation dtype when it is half; weights are cast once per weights_version.
 
@@ -109,6 +118,9 @@ class MultiHeadSelfAttention : public Layer {
   Tensor unfused_forward(const Tensor& mask, double p);
   // dq, dk, dv from the context's gradient, through the saved probabilities.
   void unfused_backward(const Tensor& dcontext_heads, double p, Tensor& dq, Tensor& dk, Tensor& dv);
+  // The KV cache path: the context (N, E) of the new tokens from their projection qkv (N, 3E),
+  // after writing their keys and values into ctx.kv_cache.
+  Tensor cached_attention(const Context& ctx, const Tensor& qkv);
 
   std::int64_t hidden_, heads_, head_dim_;
   double dropout_;

@@ -44,8 +44,8 @@ void from_heads(const Tensor&, std::int64_t, std::int64_t, std::int64_t, std::in
 void accumulate_bias_grad(const Tensor&, Tensor&) {
   not_built("accumulate_bias_grad");
 }
-void attention_softmax_forward(const Tensor&, const Tensor&, std::int64_t, double, std::uint64_t,
-                               std::uint64_t, Tensor&, Tensor&) {
+void attention_softmax_forward(const Tensor&, const Tensor&, std::int64_t, bool, double,
+                               std::uint64_t, std::uint64_t, Tensor&, Tensor&) {
   not_built("attention");
 }
 void attention_softmax_backward(const Tensor&, const Tensor&, double, std::uint64_t, std::uint64_t,
@@ -58,20 +58,20 @@ std::int64_t attention_workspace_limit_bytes() {
 bool flash_attention_supported(DType, std::int64_t, std::int64_t, std::int64_t) {
   not_built("attention");
 }
-void flash_attention_forward(const Tensor&, std::int64_t, std::int64_t, const Tensor&, double,
+void flash_attention_forward(const Tensor&, std::int64_t, std::int64_t, const Tensor&, bool, double,
                              std::uint64_t, std::uint64_t, Tensor&, Tensor&) {
   not_built("attention");
 }
 void flash_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                              const Tensor&, std::int64_t, std::int64_t, double, std::uint64_t,
-                              std::uint64_t, Tensor&) {
+                              const Tensor&, std::int64_t, std::int64_t, bool, double,
+                              std::uint64_t, std::uint64_t, Tensor&) {
   not_built("attention");
 }
-bool cudnn_attention_forward(const Tensor&, std::int64_t, std::int64_t, Tensor&, Tensor&) {
+bool cudnn_attention_forward(const Tensor&, std::int64_t, std::int64_t, bool, Tensor&, Tensor&) {
   not_built("attention");
 }
 void cudnn_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                              std::int64_t, std::int64_t, Tensor&) {
+                              std::int64_t, std::int64_t, bool, Tensor&) {
   not_built("attention");
 }
 

@@ -93,32 +93,36 @@ __global__ void column_partial_sums_kernel(const T* __restrict__ dy, std::int64_
   partial[blockIdx.y * cols + col] = sum;
 }
 
-// One warp per row of scores; row r belongs to batch r / (heads * t).
+// One warp per row of scores (BH, Tq, Tk); row r is query r % tq of batch r / (heads * tq).
+// Causal rows see keys j < tk - tq + r % tq + 1 (bottom-right aligned, as the CPU loops).
 template <typename S, typename T>
 __global__ void softmax_forward_kernel(const S* __restrict__ scores, const float* __restrict__ mask,
-                                       std::int64_t rows, std::int64_t t, std::int64_t heads,
-                                       double p, std::uint64_t key, std::uint64_t stream,
-                                       T* __restrict__ probs, T* __restrict__ dropped) {
+                                       std::int64_t rows, std::int64_t tq, std::int64_t tk,
+                                       std::int64_t heads, bool causal, double p, std::uint64_t key,
+                                       std::uint64_t stream, T* __restrict__ probs,
+                                       T* __restrict__ dropped) {
   std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
   int lane = threadIdx.x % kWarp;
   if (row >= rows) return;
-  const S* s = scores + row * t;
-  const float* m = mask ? mask + (row / (heads * t)) * t : nullptr;
+  const S* s = scores + row * tk;
+  const float* m = mask ? mask + (row / (heads * tq)) * tk : nullptr;
+  const std::int64_t visible = causal ? min(tk, tk - tq + row % tq + 1) : tk;
+  auto attended = [&](std::int64_t j) { return j < visible && (!m || m[j] != 0.0f); };
   S row_max = -INFINITY;
-  for (std::int64_t j = lane; j < t; j += kWarp)
-    if (!m || m[j] != 0.0f) row_max = max(row_max, s[j]);
+  for (std::int64_t j = lane; j < tk; j += kWarp)
+    if (attended(j)) row_max = max(row_max, s[j]);
   row_max = warp_max(row_max);
   S sum = 0;
-  for (std::int64_t j = lane; j < t; j += kWarp)
-    if (!m || m[j] != 0.0f) sum += exp(s[j] - row_max);
+  for (std::int64_t j = lane; j < tk; j += kWarp)
+    if (attended(j)) sum += exp(s[j] - row_max);
   sum = warp_sum(sum);
   S scale = static_cast<S>(1.0 / (1.0 - p));
-  for (std::int64_t j = lane; j < t; j += kWarp) {
-    S prob = (sum > 0 && (!m || m[j] != 0.0f)) ? exp(s[j] - row_max) / sum : S(0);
-    probs[row * t + j] = store<T>(prob);
+  for (std::int64_t j = lane; j < tk; j += kWarp) {
+    S prob = (sum > 0 && attended(j)) ? exp(s[j] - row_max) / sum : S(0);
+    probs[row * tk + j] = store<T>(prob);
     if (dropped) {
-      bool keep = dropout_keep(key, stream, static_cast<std::uint64_t>(row * t + j), p);
-      dropped[row * t + j] = store<T>(keep ? prob * scale : S(0));
+      bool keep = dropout_keep(key, stream, static_cast<std::uint64_t>(row * tk + j), p);
+      dropped[row * tk + j] = store<T>(keep ? prob * scale : S(0));
     }
   }
 }
@@ -212,16 +216,16 @@ void accumulate_bias_grad(const Tensor& dy, Tensor& bias_grad) {
 }
 
 void attention_softmax_forward(const Tensor& scores, const Tensor& mask, std::int64_t heads,
-                               double p, std::uint64_t key, std::uint64_t stream, Tensor& probs,
-                               Tensor& dropped_probs) {
-  std::int64_t t = scores.size(2), rows = scores.size(0) * t;
+                               bool causal, double p, std::uint64_t key, std::uint64_t stream,
+                               Tensor& probs, Tensor& dropped_probs) {
+  std::int64_t tq = scores.size(1), tk = scores.size(2), rows = scores.size(0) * tq;
   if (rows == 0) return;
   unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
   const float* m = mask.defined() ? static_cast<const float*>(mask.data()) : nullptr;
   KILN_CUDA_DISPATCH_FLOATING(probs.dtype(), T, {
     using S = typename Compute<T>::type;
     softmax_forward_kernel<S, T><<<blocks, kRowsPerBlock * kWarp, 0, stream_of(scores)>>>(
-        static_cast<const S*>(scores.data()), m, rows, t, heads, p, key, stream,
+        static_cast<const S*>(scores.data()), m, rows, tq, tk, heads, causal, p, key, stream,
         static_cast<T*>(probs.data()),
         dropped_probs.defined() ? static_cast<T*>(dropped_probs.data()) : nullptr);
     KILN_CUDA_LAUNCH_CHECK();
@@ -230,7 +234,7 @@ void attention_softmax_forward(const Tensor& scores, const Tensor& mask, std::in
 
 void attention_softmax_backward(const Tensor& d_dropped, const Tensor& probs, double p,
                                 std::uint64_t key, std::uint64_t stream, Tensor& dscores) {
-  std::int64_t t = probs.size(2), rows = probs.size(0) * t;
+  std::int64_t t = probs.size(2), rows = probs.size(0) * probs.size(1);
   if (rows == 0) return;
   unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
   KILN_CUDA_DISPATCH_FLOATING(probs.dtype(), T, {

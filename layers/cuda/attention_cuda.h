@@ -18,11 +18,12 @@ void from_heads(const Tensor& src, std::int64_t parts, std::int64_t b, std::int6
                 std::int64_t h, std::int64_t d, Tensor& out);
 // bias_grad (C) += column sums of dy (rows, C), contiguous; two passes in a fixed order.
 void accumulate_bias_grad(const Tensor& dy, Tensor& bias_grad);
-// scores (BH, T, T) fp32 (f64), mask (B, T) fp32 or undefined -> probs, dropped_probs (BH, T, T)
-// in the matmul dtype (dropped_probs undefined when p == 0).
+// scores (BH, Tq, Tk) fp32 (f64), mask (B, Tk) fp32 or undefined -> probs, dropped_probs
+// (BH, Tq, Tk) in the matmul dtype (dropped_probs undefined when p == 0). Causal: query i sees
+// keys j <= Tk - Tq + i (bottom-right aligned: the KV cache's new queries after past = Tk - Tq).
 void attention_softmax_forward(const Tensor& scores, const Tensor& mask, std::int64_t heads,
-                               double p, std::uint64_t key, std::uint64_t stream, Tensor& probs,
-                               Tensor& dropped_probs);
+                               bool causal, double p, std::uint64_t key, std::uint64_t stream,
+                               Tensor& probs, Tensor& dropped_probs);
 // d_dropped (BH, T, T) fp32 (f64), probs -> dscores in the matmul dtype.
 void attention_softmax_backward(const Tensor& d_dropped, const Tensor& probs, double p,
                                 std::uint64_t key, std::uint64_t stream, Tensor& dscores);
@@ -37,24 +38,27 @@ bool flash_attention_supported(DType dtype, std::int64_t batch_heads, std::int64
 // It reads the input projection's packed rows qkv (B*T, 3E) = [q | k | v], head h at columns
 // h*d.. of each part, contiguous and 16-byte aligned; no head-layout copies.
 // out (B*T, E) = dropout(softmax(q k^T / sqrt(d) + mask)) v per head, without the (T, T) scores
-// in memory; lse (B*H, T) fp32, what backward recomputes the probabilities from.
+// in memory; lse (B*H, T) fp32, what backward recomputes the probabilities from. Causal: query i
+// attends keys j <= i, and key tiles wholly above the diagonal are never computed.
 void flash_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t heads,
-                             const Tensor& mask, double p, std::uint64_t key, std::uint64_t stream,
-                             Tensor& out, Tensor& lse);
-// dqkv (B*T, 3E) written (=) from dout (B*T, E) and the forward's out and lse.
+                             const Tensor& mask, bool causal, double p, std::uint64_t key,
+                             std::uint64_t stream, Tensor& out, Tensor& lse);
+// dqkv (B*T, 3E) written (=) from dout (B*T, E) and the forward's out and lse (same causal).
 void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
                               const Tensor& lse, const Tensor& mask, std::int64_t batch,
-                              std::int64_t heads, double p, std::uint64_t key, std::uint64_t stream,
-                              Tensor& dqkv);
+                              std::int64_t heads, bool causal, double p, std::uint64_t key,
+                              std::uint64_t stream, Tensor& dqkv);
 // cuDNN's fused attention (layers/cuda/cudnn_attention.cc) for the same packed layout, without
-// mask or dropout: true when it ran (lse then holds cuDNN's natural-log statistics, which only
-// cudnn_attention_backward reads), false when cuDNN declines the shape or KILN_ATTENTION_CUDNN=0.
-bool cudnn_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t heads, Tensor& out,
-                             Tensor& lse);
-// dqkv (B*T, 3E) written (=); only after a cudnn_attention_forward of this shape returned true.
+// mask or dropout, causal or not: true when it ran (lse then holds cuDNN's natural-log
+// statistics, which only cudnn_attention_backward reads), false when cuDNN declines the shape or
+// KILN_ATTENTION_CUDNN=0.
+bool cudnn_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t heads, bool causal,
+                             Tensor& out, Tensor& lse);
+// dqkv (B*T, 3E) written (=); only after a cudnn_attention_forward of this shape and causal
+// returned true.
 void cudnn_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
                               const Tensor& lse, std::int64_t batch, std::int64_t heads,
-                              Tensor& dqkv);
+                              bool causal, Tensor& dqkv);
 }  // namespace cuda
 
 }  // namespace kiln

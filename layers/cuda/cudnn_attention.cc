@@ -1,12 +1,14 @@
 // cuDNN's fused attention (scaled dot-product attention through the cuDNN frontend's graph API)
-// for the unmasked, dropout-free case: ViT's attention in training and every attention in eval.
+// for the unmasked, dropout-free case: ViT's attention in training and every attention in eval,
+// and GPT-2's causal attention (cuDNN's diagonal band: top-left aligned, right bound 0, so query
+// i sees keys j <= i; its kernels skip the tiles above the diagonal).
 // On Hopper it runs cuDNN's tuned flash kernels, several times faster than Kiln's own mma.sync
 // kernels (layers/cuda/flash_attention.cu), which keep the masked and dropout cases: cuDNN's
 // dropout draws another mask than Dropout's, and its padding mask takes lengths, not a (B, T)
 // key mask. Backward asks for cuDNN's deterministic algorithm (dQ from a dP workspace, no
 // atomics), so a step is bitwise repeatable and a resumed run stays bit for bit.
-// One graph pair (forward, backward) per shape and device is built and kept; a shape cuDNN
-// declines (old library, other GPU) is remembered and served by the flash kernels.
+// One graph pair (forward, backward) per shape, causal flag and device is built and kept; a shape
+// cuDNN declines (old library, other GPU) is remembered and served by the flash kernels.
 
 #include <cudnn_frontend.h>
 
@@ -43,11 +45,12 @@ struct AttentionGraphs {
   std::int64_t forward_workspace = 0, backward_workspace = 0;
 };
 
-using Key =
-    std::tuple<int, int, std::int64_t, std::int64_t, std::int64_t>;  // device, dtype, B, H, T
+// device, dtype, B, H, T, causal
+using Key = std::tuple<int, int, std::int64_t, std::int64_t, std::int64_t, bool>;
 
 struct Shape {
   std::int64_t b, h, t, e;
+  bool causal;
   std::vector<std::int64_t> dims() const { return {b, h, t, kHeadDim}; }
   // Packed (B*T, 3E) rows [q | k | v]: head h of token s at s*3E + h*64.
   std::vector<std::int64_t> packed() const { return {t * 3 * e, kHeadDim, 3 * e, 1}; }
@@ -95,11 +98,14 @@ void build(AttentionGraphs& a, const Shape& s, fe::DataType_t io, cudnnHandle_t 
   a.q = input(f, "q", s.dims(), s.packed());
   a.k = input(f, "k", s.dims(), s.packed());
   a.v = input(f, "v", s.dims(), s.packed());
-  auto [o, stats] = f.sdpa(a.q, a.k, a.v,
-                           fe::graph::SDPA_attributes()
-                               .set_name("attention")
-                               .set_generate_stats(true)
-                               .set_attn_scale(scale));
+  fe::graph::SDPA_attributes forward_options;
+  forward_options.set_name("attention").set_generate_stats(true).set_attn_scale(scale);
+  // Causal: the band of keys j <= i + 0 below a top-left aligned diagonal (set_causal_mask's
+  // meaning, which this frontend marks for deprecation).
+  if (s.causal)
+    forward_options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+        .set_diagonal_band_right_bound(0);
+  auto [o, stats] = f.sdpa(a.q, a.k, a.v, forward_options);
   o->set_output(true).set_dim(s.dims()).set_stride(s.rows());
   stats->set_output(true).set_data_type(fe::DataType_t::FLOAT);
   stats->set_dim(s.stats_dims()).set_stride(s.stats_strides());
@@ -115,11 +121,14 @@ void build(AttentionGraphs& a, const Shape& s, fe::DataType_t io, cudnnHandle_t 
   a.bdo = input(g, "do", s.dims(), s.rows());
   a.bstats = input(g, "stats", s.stats_dims(), s.stats_strides());
   a.bstats->set_data_type(fe::DataType_t::FLOAT);
-  auto [dq, dk, dv] = g.sdpa_backward(a.bq, a.bk, a.bv, a.bo, a.bdo, a.bstats,
-                                      fe::graph::SDPA_backward_attributes()
-                                          .set_name("attention_backward")
-                                          .set_attn_scale(scale)
-                                          .set_deterministic_algorithm(true));
+  fe::graph::SDPA_backward_attributes backward_options;
+  backward_options.set_name("attention_backward")
+      .set_attn_scale(scale)
+      .set_deterministic_algorithm(true);
+  if (s.causal)
+    backward_options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+        .set_diagonal_band_right_bound(0);
+  auto [dq, dk, dv] = g.sdpa_backward(a.bq, a.bk, a.bv, a.bo, a.bdo, a.bstats, backward_options);
   for (const TensorRef& d : {dq, dk, dv})
     d->set_output(true).set_dim(s.dims()).set_stride(s.packed());
   a.dq = dq;
@@ -145,9 +154,10 @@ std::mutex cache_mutex;
 std::map<Key, AttentionGraphs> cache;
 
 // The graphs of this shape on the current device, built on first use.
-AttentionGraphs& graphs_for(const Tensor& qkv, std::int64_t batch, std::int64_t heads) {
-  const Shape s{batch, heads, qkv.size(0) / batch, qkv.size(1) / 3};
-  const Key key{qkv.device().index, static_cast<int>(qkv.dtype()), s.b, s.h, s.t};
+AttentionGraphs& graphs_for(const Tensor& qkv, std::int64_t batch, std::int64_t heads,
+                            bool causal) {
+  const Shape s{batch, heads, qkv.size(0) / batch, qkv.size(1) / 3, causal};
+  const Key key{qkv.device().index, static_cast<int>(qkv.dtype()), s.b, s.h, s.t, s.causal};
   std::lock_guard<std::mutex> lock(cache_mutex);
   auto found = cache.find(key);
   if (found != cache.end()) return found->second;
@@ -162,10 +172,10 @@ AttentionGraphs& graphs_for(const Tensor& qkv, std::int64_t batch, std::int64_t 
   }
   if (!a.supported) {
     std::fprintf(stderr,
-                 "kiln: cuDNN fused attention declines B=%lld H=%lld T=%lld (%s); using Kiln's "
+                 "kiln: cuDNN fused attention declines B=%lld H=%lld T=%lld%s (%s); using Kiln's "
                  "flash kernels\n",
                  static_cast<long long>(s.b), static_cast<long long>(s.h),
-                 static_cast<long long>(s.t), a.reason.c_str());
+                 static_cast<long long>(s.t), s.causal ? " causal" : "", a.reason.c_str());
   }
   return a;
 }
@@ -188,10 +198,10 @@ void* column(const Tensor& t, std::int64_t index) {
 
 }  // namespace
 
-bool cudnn_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t heads, Tensor& out,
-                             Tensor& lse) {
+bool cudnn_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t heads, bool causal,
+                             Tensor& out, Tensor& lse) {
   if (!enabled() || qkv.numel() == 0 || qkv.size(1) != 3 * heads * kHeadDim) return false;
-  AttentionGraphs& a = graphs_for(qkv, batch, heads);
+  AttentionGraphs& a = graphs_for(qkv, batch, heads, causal);
   if (!a.supported) return false;
   const std::int64_t e = qkv.size(1) / 3;
   std::unordered_map<TensorRef, void*> pack{{a.q, column(qkv, 0)},
@@ -205,8 +215,8 @@ bool cudnn_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t
 
 void cudnn_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
                               const Tensor& lse, std::int64_t batch, std::int64_t heads,
-                              Tensor& dqkv) {
-  AttentionGraphs& a = graphs_for(qkv, batch, heads);
+                              bool causal, Tensor& dqkv) {
+  AttentionGraphs& a = graphs_for(qkv, batch, heads, causal);
   KILN_CHECK(a.supported, "cuDNN fused attention backward without its forward: " + a.reason);
   const std::int64_t e = qkv.size(1) / 3;
   std::unordered_map<TensorRef, void*> pack{

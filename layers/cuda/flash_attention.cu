@@ -11,6 +11,10 @@
 // The kernels read q, k and v where the input projection wrote them, the packed (B*T, 3E) rows
 // [q | k | v] with head h at columns h*64.., and write the context as (B*T, E) rows and the
 // gradients into the packed (B*T, 3E) layout: no head-layout copies on either side.
+// Causal (query i attends keys j <= i): query and key tiles are the same 64 positions, so a
+// query tile's key tiles after its own are wholly above the diagonal and never loaded or
+// computed (forward and dQ stop at the diagonal tile; dK/dV starts at it), and only the diagonal
+// tile masks key > query. dS^T of the skipped tiles is neither written nor read.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -54,6 +58,7 @@ struct FlashArgs {
   int ld_ds;          // T rounded up to kTile: whole tiles of the workspace are in bounds
   int bh_first;       // the grid's first (batch * head): backward runs in chunks of the workspace
   const float* mask;  // (B, T) key mask, 1 attend, 0 padding; null for none
+  bool causal;        // query i attends keys j <= i only
   int t;
   int heads;
   int ld_qkv;        // 3E
@@ -155,12 +160,13 @@ __device__ __forceinline__ bool key_attended(const float* mask, int key, int t) 
   return key < t && (mask == nullptr || mask[key] != 0.0f);
 }
 
-// The start of the step over tile `first` of a loop over tiles: the next tile's copy is
-// issued (into the other buffer, which every warp is done with), this tile's awaited.
+// The start of the step over tile `first` of a loop over tiles that ends before `end`: the next
+// tile's copy is issued (into the other buffer, which every warp is done with), this tile's
+// awaited.
 template <typename Fetch>
-__device__ __forceinline__ void next_tile(int first, int t, Fetch fetch) {
+__device__ __forceinline__ void next_tile(int first, int end, Fetch fetch) {
   __syncthreads();
-  if (first + kTile < t) fetch(first + kTile);
+  if (first + kTile < end) fetch(first + kTile);
   cp_async_commit();
   cp_async_wait_previous();
   __syncthreads();
@@ -300,12 +306,14 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashArgs a) {
   std::uint32_t qa[4][4];
   load_rows_a(q, ld, row[0], t, c, qa);
   float o[8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  // Causal: key tiles after this block's queries are wholly above the diagonal: not visited.
+  const int k_end = a.causal ? min(t, static_cast<int>(blockIdx.x) * kTile + kTile) : t;
 
   auto fetch = [&](int k0) { fetch_keys(tiles, k, v, ld, mask, k0, t); };
   fetch(0);
   cp_async_commit();
-  for (int k0 = 0; k0 < t; k0 += kTile) {
-    next_tile(k0, t, fetch);
+  for (int k0 = 0; k0 < k_end; k0 += kTile) {
+    next_tile(k0, k_end, fetch);
     if (at.first >= t) continue;  // this warp's rows are all past T
     const T* ks = tiles.k[(k0 / kTile) & 1];
     const T* vs = tiles.v[(k0 / kTile) & 1];
@@ -313,14 +321,17 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashArgs a) {
     float s[8][4] = {};
     mma_rows_t<T>(qa, ks, t - k0, lane, s);
     float tile_max[2] = {-INFINITY, -INFINITY};
-    // Only a tile with a mask or past T reads which keys are attended.
+    // Only a tile with a mask or past T reads which keys are attended; only the causal diagonal
+    // tile (a key after one of this warp's 16 queries) compares keys with queries.
     const bool every_key = mask == nullptr && k0 + kTile <= t;
+    const bool diagonal = a.causal && k0 + kTile - 1 > at.first;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         int col = nt * 8 + 2 * c + (e & 1);
-        s[nt][e] = every_key || key_ok[col] != 0.0f ? s[nt][e] * a.scale_log2 : -INFINITY;
+        bool on = (every_key || key_ok[col] != 0.0f) && !(diagonal && k0 + col > row[e >> 1]);
+        s[nt][e] = on ? s[nt][e] * a.scale_log2 : -INFINITY;
         tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[nt][e]);
       }
     float base_of[2], alpha[2];
@@ -409,6 +420,10 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kv_kernel(FlashArgs a
           (static_cast<std::int64_t>(bh - a.bh_first) * a.ld_ds + key[0]) * a.ld_ds + 2 * c;
   float dk[8][4] = {}, dv[8][4] = {};
 
+  // Causal: query tiles before this block's keys are wholly above the diagonal (P = 0): not
+  // visited, and the dQ kernel does not read their dS^T.
+  const int q_start = a.causal ? static_cast<int>(blockIdx.x) * kTile : 0;
+
   auto fetch = [&](int q0) {
     const int b = (q0 / kTile) & 1;
     load_tile_async(q, ld, q0, t, q_tiles[b]);
@@ -420,12 +435,15 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kv_kernel(FlashArgs a
       delta_tiles[b][threadIdx.x] = r < t ? a.delta[i] : 0.0f;
     }
   };
-  fetch(0);
+  fetch(q_start);
   cp_async_commit();
-  for (int q0 = 0; q0 < t; q0 += kTile) {
+  for (int q0 = q_start; q0 < t; q0 += kTile) {
     next_tile(q0, t, fetch);
     // This warp's keys are all past T: the dQ kernel reads their dS rows as zeros.
     if (at.first >= t) continue;
+    // The causal diagonal tile: a query before one of this warp's 16 keys.
+    const bool diagonal = a.causal && q0 < at.first + 16;
+    auto visible = [&](int i, int col) { return key_on[i] && !(diagonal && q0 + col < key[i]); };
     const T* qs = q_tiles[(q0 / kTile) & 1];
     const T* dos = do_tiles[(q0 / kTile) & 1];
     const float* lse_s = lse_tiles[(q0 / kTile) & 1];
@@ -442,7 +460,7 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kv_kernel(FlashArgs a
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           int col = nt * 8 + 2 * c + (e & 1), query = q0 + col;
-          float pe = key_on[e >> 1] ? exp2f(p[nt][e] * a.scale_log2 - lse_s[col]) : 0.0f;
+          float pe = visible(e >> 1, col) ? exp2f(p[nt][e] * a.scale_log2 - lse_s[col]) : 0.0f;
           float de = dp[nt][e];
           pd[nt][e] = pe;
           if (pe != 0.0f) {
@@ -459,7 +477,7 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kv_kernel(FlashArgs a
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           int col = nt * 8 + 2 * c + (e & 1);
-          p[nt][e] = key_on[e >> 1] ? exp2f(p[nt][e] * a.scale_log2 - lse_s[col]) : 0.0f;
+          p[nt][e] = visible(e >> 1, col) ? exp2f(p[nt][e] * a.scale_log2 - lse_s[col]) : 0.0f;
         }
       mma_p_rows<T>(p, dos, t - q0, lane, dv);
 #pragma unroll
@@ -528,8 +546,11 @@ __global__ void __launch_bounds__(kThreads, 6) flash_backward_dq_kernel(FlashArg
   // for 1, 3, so that .trans hands out the A fragment (queries x keys) in a[0..3] order.
   const int m = lane / 8, r = lane % 8;
   const int a_offset = ((m >> 1) * 8 + r) * kPad + (at.first - q_first) + (m & 1) * 8;
-  for (int k0 = 0; k0 < t; k0 += kTile) {
-    next_tile(k0, t, fetch);
+  // Causal: key tiles after this block's queries are wholly above the diagonal (dS = 0, never
+  // written by the dK/dV kernel): not visited.
+  const int k_end = a.causal ? min(t, q_first + kTile) : t;
+  for (int k0 = 0; k0 < k_end; k0 += kTile) {
+    next_tile(k0, k_end, fetch);
     if (at.first >= t) continue;  // this warp's queries are all past T
     const T* dss = ds_tiles[(k0 / kTile) & 1] + a_offset;
     mma_a_rows<T>([&](int kk, std::uint32_t f[4]) { ldmatrix_x4_trans(f, dss + kk * 16 * kPad); },
@@ -551,7 +572,7 @@ __global__ void __launch_bounds__(kThreads, 6) flash_backward_dq_kernel(FlashArg
 
 // q, k, v of the packed (B*T, 3E) projection; the output and its gradient (B*T, E).
 FlashArgs args_of(const Tensor& qkv, std::int64_t batch, std::int64_t heads, const Tensor& mask,
-                  double p, std::uint64_t key, std::uint64_t stream) {
+                  bool causal, double p, std::uint64_t key, std::uint64_t stream) {
   const std::int64_t e = qkv.size(1) / 3;
   FlashArgs a{};
   a.t = static_cast<int>(qkv.size(0) / batch);
@@ -565,6 +586,7 @@ FlashArgs args_of(const Tensor& qkv, std::int64_t batch, std::int64_t heads, con
   a.key = key;
   a.stream = stream;
   a.mask = mask.defined() ? static_cast<const float*>(mask.data()) : nullptr;
+  a.causal = causal;
   const char* base = static_cast<const char*>(qkv.data());
   const std::size_t part = static_cast<std::size_t>(e) * dtype_size(qkv.dtype());
   a.q = base;
@@ -616,13 +638,13 @@ bool flash_attention_supported(DType dtype, std::int64_t batch_heads, std::int64
 }
 
 void flash_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t heads,
-                             const Tensor& mask, double p, std::uint64_t key, std::uint64_t stream,
-                             Tensor& out, Tensor& lse) {
+                             const Tensor& mask, bool causal, double p, std::uint64_t key,
+                             std::uint64_t stream, Tensor& out, Tensor& lse) {
   if (qkv.numel() == 0) return;
   check_packed(qkv, batch, heads, {&out});
   KILN_CHECK(aligned16({qkv.data(), out.data()}),
              "flash attention: qkv and out must be 16-byte aligned");
-  FlashArgs a = args_of(qkv, batch, heads, mask, p, key, stream);
+  FlashArgs a = args_of(qkv, batch, heads, mask, causal, p, key, stream);
   a.out = out.data();
   a.lse = static_cast<float*>(lse.data());
   cudaStream_t s = stream_of(qkv);
@@ -644,15 +666,15 @@ void flash_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t
 
 void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
                               const Tensor& lse, const Tensor& mask, std::int64_t batch,
-                              std::int64_t heads, double p, std::uint64_t key, std::uint64_t stream,
-                              Tensor& dqkv) {
+                              std::int64_t heads, bool causal, double p, std::uint64_t key,
+                              std::uint64_t stream, Tensor& dqkv) {
   if (qkv.numel() == 0) return;
   check_packed(qkv, batch, heads, {&out, &dout});
   KILN_CHECK(dqkv.is_contiguous() && dqkv.shape() == qkv.shape() && dqkv.dtype() == qkv.dtype(),
              "flash attention: dqkv " + dqkv.str() + " must be shaped like qkv " + qkv.str());
   KILN_CHECK(aligned16({qkv.data(), out.data(), dout.data(), dqkv.data()}),
              "flash attention: operands must be 16-byte aligned");
-  FlashArgs a = args_of(qkv, batch, heads, mask, p, key, stream);
+  FlashArgs a = args_of(qkv, batch, heads, mask, causal, p, key, stream);
   const std::int64_t rows = qkv.size(0) * heads;  // (token row, head) pairs
   Tensor delta = Tensor::empty({rows}, DType::F32, qkv.device());
   const std::size_t part = static_cast<std::size_t>(qkv.size(1) / 3) * dtype_size(qkv.dtype());
