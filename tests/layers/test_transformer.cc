@@ -1,7 +1,8 @@
 // Transformer layers on the CPU: finite-difference gradient checks in f64 for LayerNorm,
-// Embedding, multi-head attention (masks, head counts, odd T, dropout, both QKV layouts), the
-// transformer block, and tiny BERT / ViT end to end; the exact parameter counts of bert_base and
-// vit_b16; shapes and FLOP counts.
+// Embedding, multi-head attention (masks, head counts, odd T, dropout, causal, every QKV layout),
+// the transformer block, and tiny BERT / ViT / GPT-2 end to end; causal attention against plain
+// loops; KV-cache decoding against the full causal forward; the exact parameter counts of
+// bert_base and vit_b16; shapes and FLOP counts.
 
 #include <gtest/gtest.h>
 
@@ -159,6 +160,7 @@ struct AttentionCase {
   bool mask;
   bool dropout;
   QkvLayout layout;
+  bool causal;
 };
 
 class AttentionGradient : public ::testing::TestWithParam<AttentionCase> {};
@@ -174,7 +176,7 @@ Tensor padding_mask(std::int64_t b, std::int64_t t) {
 TEST_P(AttentionGradient, MatchesFiniteDifferences) {
   AttentionCase c = GetParam();
   const std::int64_t hidden = 12, batch = 3;
-  MultiHeadSelfAttention attn(hidden, c.heads, c.dropout ? 0.3 : 0.0, c.layout);
+  MultiHeadSelfAttention attn(hidden, c.heads, c.dropout ? 0.3 : 0.0, c.layout, c.causal);
   attn.to(Device::cpu(), DType::F64);
   randomize_parameters(attn, 21);
   Context ctx = f64_context();
@@ -182,13 +184,202 @@ TEST_P(AttentionGradient, MatchesFiniteDifferences) {
   expect_gradients_ok(attn, ctx, random_tensor({batch, c.tokens, hidden}, 22));
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, AttentionGradient,
-                         ::testing::Values(AttentionCase{1, 5, false, false,
-                                                         QkvLayout::SeparateQKV},
-                                           AttentionCase{2, 7, true, false, QkvLayout::SeparateQKV},
-                                           AttentionCase{3, 5, true, true, QkvLayout::SeparateQKV},
-                                           AttentionCase{4, 3, false, true, QkvLayout::FusedQKV},
-                                           AttentionCase{6, 7, true, false, QkvLayout::FusedQKV}));
+INSTANTIATE_TEST_SUITE_P(
+    Cases, AttentionGradient,
+    ::testing::Values(AttentionCase{1, 5, false, false, QkvLayout::SeparateQKV, false},
+                      AttentionCase{2, 7, true, false, QkvLayout::SeparateQKV, false},
+                      AttentionCase{3, 5, true, true, QkvLayout::SeparateQKV, false},
+                      AttentionCase{4, 3, false, true, QkvLayout::FusedQKV, false},
+                      AttentionCase{6, 7, true, false, QkvLayout::FusedQKV, false},
+                      // Causal: alone, with the padding mask, with dropout, with both.
+                      AttentionCase{2, 7, false, false, QkvLayout::FusedConv1D, true},
+                      AttentionCase{3, 6, true, false, QkvLayout::FusedConv1D, true},
+                      AttentionCase{4, 5, false, true, QkvLayout::SeparateQKV, true},
+                      AttentionCase{6, 7, true, true, QkvLayout::FusedQKV, true}));
+
+// y of a FusedConv1D attention layer named "attn" in plain loops: key j of query i is attended
+// when mask[b][j] != 0 (mask empty: all) and, causal, j <= i; a query without keys gets a zero
+// context.
+std::vector<double> naive_attention(MultiHeadSelfAttention& attn, const Tensor& x,
+                                    const std::vector<double>& mask, bool causal) {
+  std::map<std::string, std::vector<double>> p;
+  for (Parameter* q : attn.parameters()) p[q->name] = q->value.to_vector<double>();
+  const std::vector<double>& w = p["attn.c_attn.weight"];  // (3E, E)
+  const std::vector<double>& bias = p["attn.c_attn.bias"];
+  const std::vector<double>& wo = p["attn.c_proj.weight"];  // (E, E)
+  const std::vector<double>& bo = p["attn.c_proj.bias"];
+  const std::int64_t b = x.size(0), t = x.size(1), e = x.size(2), h = attn.heads(), d = e / h;
+  std::vector<double> xv = x.to_vector<double>();
+  std::vector<double> qkv(static_cast<std::size_t>(b * t * 3 * e));
+  for (std::int64_t r = 0; r < b * t; ++r)
+    for (std::int64_t c = 0; c < 3 * e; ++c) {
+      double sum = bias[static_cast<std::size_t>(c)];
+      for (std::int64_t k = 0; k < e; ++k)
+        sum += xv[static_cast<std::size_t>(r * e + k)] * w[static_cast<std::size_t>(c * e + k)];
+      qkv[static_cast<std::size_t>(r * 3 * e + c)] = sum;
+    }
+  auto at = [&](std::int64_t batch, std::int64_t token, std::int64_t part, std::int64_t col) {
+    return qkv[static_cast<std::size_t>((batch * t + token) * 3 * e + part * e + col)];
+  };
+  std::vector<double> context(static_cast<std::size_t>(b * t * e), 0.0);
+  for (std::int64_t bb = 0; bb < b; ++bb)
+    for (std::int64_t hh = 0; hh < h; ++hh)
+      for (std::int64_t i = 0; i < t; ++i) {
+        std::vector<double> s(static_cast<std::size_t>(t));
+        std::vector<bool> on(static_cast<std::size_t>(t));
+        double max = -INFINITY;
+        for (std::int64_t j = 0; j < t; ++j) {
+          on[j] = (mask.empty() || mask[static_cast<std::size_t>(bb * t + j)] != 0.0) &&
+                  (!causal || j <= i);
+          double dot = 0;
+          for (std::int64_t k = 0; k < d; ++k)
+            dot += at(bb, i, 0, hh * d + k) * at(bb, j, 1, hh * d + k);
+          s[static_cast<std::size_t>(j)] = dot / std::sqrt(static_cast<double>(d));
+          if (on[j]) max = std::max(max, s[static_cast<std::size_t>(j)]);
+        }
+        double sum = 0;
+        for (std::int64_t j = 0; j < t; ++j)
+          if (on[j]) sum += std::exp(s[static_cast<std::size_t>(j)] - max);
+        for (std::int64_t j = 0; j < t; ++j) {
+          if (!on[j]) continue;
+          double prob = std::exp(s[static_cast<std::size_t>(j)] - max) / sum;
+          for (std::int64_t k = 0; k < d; ++k)
+            context[static_cast<std::size_t>((bb * t + i) * e + hh * d + k)] +=
+                prob * at(bb, j, 2, hh * d + k);
+        }
+      }
+  std::vector<double> y(static_cast<std::size_t>(b * t * e));
+  for (std::int64_t r = 0; r < b * t; ++r)
+    for (std::int64_t c = 0; c < e; ++c) {
+      double sum = bo[static_cast<std::size_t>(c)];
+      for (std::int64_t k = 0; k < e; ++k)
+        sum +=
+            context[static_cast<std::size_t>(r * e + k)] * wo[static_cast<std::size_t>(c * e + k)];
+      y[static_cast<std::size_t>(r * e + c)] = sum;
+    }
+  return y;
+}
+
+TEST(Attention, CausalForwardMatchesNaiveReference) {
+  const std::int64_t b = 3, t = 7, e = 12;
+  MultiHeadSelfAttention attn(e, 3, 0.0, QkvLayout::FusedConv1D, /*causal=*/true);
+  attn.set_name("attn");
+  attn.to(Device::cpu(), DType::F64);
+  randomize_parameters(attn, 23);
+  ASSERT_TRUE(attn.causal());
+  Tensor x = random_tensor({b, t, e}, 24, DType::F64, 2.0);
+  for (bool masked : {false, true}) {
+    Context ctx = f64_context();
+    std::vector<double> mask;
+    if (masked) {
+      ctx.attention_mask = padding_mask(b, t);
+      mask = ctx.attention_mask.to_vector<double>();
+    }
+    auto got = attn.forward(ctx, x).to_vector<double>();
+    auto want = naive_attention(attn, x, mask, /*causal=*/true);
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 1e-12) << (masked ? "masked " : "") << i;
+  }
+  // The causal mask acts: the bidirectional reference differs.
+  Context ctx = f64_context();
+  auto got = attn.forward(ctx, x).to_vector<double>();
+  auto bidirectional = naive_attention(attn, x, {}, /*causal=*/false);
+  double diff = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) diff += std::fabs(got[i] - bidirectional[i]);
+  EXPECT_GT(diff, 1e-3);
+}
+
+TEST(Attention, CausalOutputsDoNotDependOnLaterTokens) {
+  const std::int64_t b = 2, t = 6, e = 8;
+  MultiHeadSelfAttention attn(e, 2, 0.0, QkvLayout::SeparateQKV, /*causal=*/true);
+  Context ctx;
+  Tensor x = random_tensor({b, t, e}, 33, DType::F32);
+  auto y1 = attn.forward(ctx, x).to_vector<float>();
+  Tensor x2 = x.clone();
+  x2.select(1, 4).copy_from(random_tensor({b, e}, 34, DType::F32, 5.0));  // token 4 changes
+  auto y2 = attn.forward(ctx, x2).to_vector<float>();
+  for (std::int64_t bb = 0; bb < b; ++bb)
+    for (std::int64_t i = 0; i < t; ++i) {
+      double diff = 0;
+      for (std::int64_t c = 0; c < e; ++c) {
+        std::size_t k = static_cast<std::size_t>((bb * t + i) * e + c);
+        diff += std::fabs(y1[k] - y2[k]);
+      }
+      if (i < 4)
+        EXPECT_EQ(diff, 0.0) << "batch " << bb << " query " << i;
+      else
+        EXPECT_GT(diff, 1e-4) << "batch " << bb << " query " << i;
+    }
+}
+
+// Runs x (B, T, E) through `layer` once, then through a KV cache: a prompt of `prompt` tokens,
+// then one token at a time; every decoded output must equal the full forward's at its position.
+void expect_decode_matches_full(Layer& layer, Context ctx, const Tensor& x, std::int64_t prompt,
+                                std::int64_t capacity, double tol) {
+  ctx.training = false;
+  const std::int64_t t = x.size(1);
+  Tensor full = layer.forward(ctx, x);
+  auto want = full.to_vector<double>();
+  const std::int64_t row = full.numel() / (x.size(0) * t);  // values per token
+  KvCache cache;
+  cache.capacity = capacity;
+  ctx.kv_cache = &cache;
+  for (std::int64_t from = 0; from < t;) {
+    const std::int64_t to = from == 0 ? prompt : from + 1;
+    Tensor y = layer.forward(ctx, x.slice(1, from, to).contiguous());
+    ASSERT_EQ(y.size(1), to - from);
+    auto got = y.to_vector<double>();
+    for (std::int64_t bb = 0; bb < x.size(0); ++bb)
+      for (std::int64_t i = from; i < to; ++i)
+        for (std::int64_t c = 0; c < row; ++c) {
+          double g = got[static_cast<std::size_t>((bb * (to - from) + i - from) * row + c)];
+          double w = want[static_cast<std::size_t>((bb * t + i) * row + c)];
+          ASSERT_NEAR(g, w, tol) << "batch " << bb << " position " << i << " column " << c;
+        }
+    cache.past = to;
+    from = to;
+  }
+  EXPECT_FALSE(cache.entries.empty());
+}
+
+TEST(Attention, KvCacheDecodeMatchesFullCausalForward) {
+  for (QkvLayout layout : {QkvLayout::SeparateQKV, QkvLayout::FusedQKV, QkvLayout::FusedConv1D}) {
+    MultiHeadSelfAttention attn(12, 3, 0.2, layout, /*causal=*/true);
+    attn.to(Device::cpu(), DType::F64);
+    randomize_parameters(attn, 35);
+    expect_decode_matches_full(attn, f64_context(), random_tensor({2, 9, 12}, 36), 3, 11, 1e-12);
+  }
+  // f32 activations take the same path.
+  MultiHeadSelfAttention attn(8, 2, 0.0, QkvLayout::FusedConv1D, true);
+  randomize_parameters(attn, 37);
+  expect_decode_matches_full(attn, Context(), random_tensor({1, 6, 8}, 38, DType::F32), 3, 6, 1e-5);
+}
+
+TEST(Attention, KvCacheMisuseIsAnError) {
+  MultiHeadSelfAttention attn(8, 2, 0.0, QkvLayout::FusedConv1D, true);
+  Context ctx;
+  ctx.training = false;
+  KvCache cache;
+  cache.capacity = 4;
+  ctx.kv_cache = &cache;
+  Tensor x = random_tensor({1, 3, 8}, 39, DType::F32);
+  Tensor y = attn.forward(ctx, x);
+  ASSERT_EQ(cache.entries.size(), 1u);
+  EXPECT_EQ(cache.entries.begin()->second.first.shape(), (Shape{2, 4, 4}));  // (B*H, capacity, d)
+  EXPECT_THROW(attn.backward(ctx, y), Error);  // nothing saved for backward
+  cache.past = 3;
+  EXPECT_THROW(attn.forward(ctx, x), InputError);  // positions [3, 6) exceed capacity 4
+  cache.past = 1;
+  ctx.attention_mask = Tensor::full({1, 4}, 1.0, DType::F32);
+  EXPECT_THROW(attn.forward(ctx, x), InputError);
+  ctx.attention_mask = Tensor();
+  ctx.training = true;
+  EXPECT_THROW(attn.forward(ctx, x), Error);
+  ctx.training = false;
+  MultiHeadSelfAttention bidirectional(8, 2);
+  EXPECT_THROW(bidirectional.forward(ctx, x), Error);
+}
 
 TEST(Attention, MaskedKeysDoNotInfluenceOutputs) {
   const std::int64_t b = 2, t = 5, e = 8;
@@ -362,6 +553,41 @@ TEST(Vit, TinyModelGradientCheck) {
   Tensor images = random_tensor({2, 3, 32, 32}, 62);
   EXPECT_EQ(m.net->forward(ctx, images).shape(), (Shape{2, 5}));
   expect_gradients_ok(*m.net, ctx, images);
+}
+
+ModelOptions tiny_gpt2_options() {
+  ModelOptions o;
+  o.name = "gpt2";
+  o.vocab_size = 17;
+  o.hidden_size = 8;
+  o.num_layers = 2;
+  o.num_heads = 2;
+  o.intermediate_size = 16;
+  o.max_positions = 10;
+  o.seq_len = 7;
+  o.dropout = 0.1;
+  return o;
+}
+
+TEST(Gpt2, TinyModelGradientCheck) {
+  Model m = make_model(tiny_gpt2_options());
+  EXPECT_EQ(m.task, Task::CausalLM);
+  m.net->to(Device::cpu(), DType::F64);
+  randomize_parameters(*m.net, 71);
+  Context ctx = f64_context();
+  Tensor ids =
+      Tensor::from_vector<std::int64_t>({1, 5, 5, 16, 3, 7, 2, 9, 0, 11, 4, 4, 8, 13}, {2, 7});
+  EXPECT_EQ(m.net->forward(ctx, ids).shape(), (Shape{2, 7, 17}));
+  expect_gradients_ok(*m.net, ctx, ids, /*check_input=*/false);
+}
+
+TEST(Gpt2, KvCacheDecodeMatchesFullForward) {
+  Model m = make_model(tiny_gpt2_options());
+  m.net->to(Device::cpu(), DType::F64);
+  randomize_parameters(*m.net, 73);
+  Tensor ids = Tensor::from_vector<std::int64_t>(
+      {1, 5, 5, 16, 3, 7, 2, 9, 0, 11, 4, 4, 8, 13, 6, 6}, {2, 8});
+  expect_decode_matches_full(*m.net, f64_context(), ids, 3, 10, 1e-12);
 }
 
 TEST(Vit, WrongImageSizeIsAnInputError) {

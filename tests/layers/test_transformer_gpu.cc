@@ -331,6 +331,125 @@ TEST_P(TransformerGpu, UnmaskedAttentionMatchesCpuOnBothKernels) {
   ASSERT_EQ(unsetenv("KILN_ATTENTION_CUDNN"), 0);
 }
 
+// The attention paths a causal test runs: cuDNN (where it declines a shape, the flash kernels
+// with one stderr line), Kiln's flash kernels, and the unfused softmax; f32 has only the last.
+struct AttentionPath {
+  const char* name;
+  const char* unfused;  // KILN_ATTENTION_UNFUSED
+  const char* cudnn;    // KILN_ATTENTION_CUDNN
+};
+
+std::vector<AttentionPath> attention_paths(DType dt, bool cudnn) {
+  if (dt == DType::F32) return {{"unfused", "1", "0"}};
+  std::vector<AttentionPath> paths;
+  if (cudnn) paths.push_back({"cudnn", "0", "1"});
+  paths.push_back({"flash", "0", "0"});
+  paths.push_back({"unfused", "1", "0"});
+  return paths;
+}
+
+TEST_P(TransformerGpu, CausalAttentionMatchesCpuOnEveryPath) {
+  // GPT-2's causal attention at long T, without mask or dropout: cuDNN's causal attention, the
+  // flash kernels (which skip the key tiles above the diagonal) and the unfused causal softmax,
+  // each against the CPU, forward and backward. SeparateQKV for the key bias's noise floor.
+  DType dt = GetParam();
+  std::uint64_t seed = fresh_seed();
+  struct Size {
+    std::int64_t b, h, t;
+    double x_bound;  // 4 heads (E = 256) halve the input so that the scores stay as spread
+  };
+  for (Size z : {Size{2, 2, 1024, 1.0}, Size{1, 4, 2048, 0.5}}) {
+    for (const AttentionPath& path : attention_paths(dt, /*cudnn=*/true)) {
+      ASSERT_EQ(setenv("KILN_ATTENTION_UNFUSED", path.unfused, 1), 0);
+      ASSERT_EQ(setenv("KILN_ATTENTION_CUDNN", path.cudnn, 1), 0);
+      const std::int64_t e = z.h * 64;
+      MultiHeadSelfAttention attn(e, z.h, 0.0, QkvLayout::SeparateQKV, /*causal=*/true);
+      seed += 3;
+      compare_layer(attn, random_cpu({z.b, z.t, e}, dt, seed, z.x_bound), {z.b, z.t, e}, dt,
+                    training_context(seed), dt == DType::F32 ? 200 : 32, seed + 1,
+                    "causal attention B=" + std::to_string(z.b) + " H=" + std::to_string(z.h) +
+                        " T=" + std::to_string(z.t) + " " + path.name);
+    }
+  }
+  ASSERT_EQ(unsetenv("KILN_ATTENTION_UNFUSED"), 0);
+  ASSERT_EQ(unsetenv("KILN_ATTENTION_CUDNN"), 0);
+}
+
+TEST_P(TransformerGpu, CausalAttentionWithMaskAndDropoutMatchesCpu) {
+  // Causal with a padding mask and dropout in training (the flash kernels in half, never cuDNN),
+  // and in eval without either (cuDNN's causal graph): T with a partial tile, one tile exactly,
+  // several tiles with a partial last, and a long one.
+  DType dt = GetParam();
+  std::uint64_t seed = fresh_seed();
+  const std::int64_t b = 2, e = 128;
+  for (std::int64_t t : {37, 64, 197, 1024}) {
+    for (bool training : {true, false}) {
+      for (const AttentionPath& path : attention_paths(dt, !training)) {
+        ASSERT_EQ(setenv("KILN_ATTENTION_UNFUSED", path.unfused, 1), 0);
+        ASSERT_EQ(setenv("KILN_ATTENTION_CUDNN", path.cudnn, 1), 0);
+        MultiHeadSelfAttention attn(e, 2, 0.1, QkvLayout::SeparateQKV, /*causal=*/true);
+        Context ctx = training_context(seed);
+        ctx.training = training;
+        if (training) ctx.attention_mask = padding_mask(b, t);
+        seed += 3;
+        compare_layer(attn, random_cpu({b, t, e}, dt, seed), {b, t, e}, dt, ctx,
+                      dt == DType::F32 ? 200 : 32, seed + 1,
+                      "causal attention T=" + std::to_string(t) +
+                          (training ? " train " : " eval ") + path.name);
+      }
+    }
+  }
+  ASSERT_EQ(unsetenv("KILN_ATTENTION_UNFUSED"), 0);
+  ASSERT_EQ(unsetenv("KILN_ATTENTION_CUDNN"), 0);
+}
+
+TEST_P(TransformerGpu, KvCacheDecodeMatchesFullCausalForward) {
+  // GPT-2's attention decoding on the GPU (a prompt of 3 tokens, then one at a time, through the
+  // KV cache) against the CPU's full causal forward over every token; the GPU's own full forward
+  // (fused in half) against the same reference. The cache entries start NaN-poisoned: positions
+  // past the tokens written so far must never be read.
+  DType dt = GetParam();
+  std::uint64_t seed = fresh_seed();
+  const std::int64_t b = 2, t = 77, e = 128, prompt = 3;
+  MultiHeadSelfAttention attn(e, 2, 0.1, QkvLayout::FusedConv1D, /*causal=*/true);
+  for (Parameter* p : attn.parameters()) {
+    ops::fill_uniform(p->value, -0.5, 0.5, ++seed);
+    p->value.copy_from(p->value.to(dt));
+  }
+  Tensor x = random_cpu({b, t, e}, dt, ++seed);
+  Context cpu;
+  cpu.training = false;
+  attn.to(Device::cpu(), DType::F32);
+  Tensor want = attn.forward(cpu, x);
+
+  attn.to(kGpu, dt);
+  Context c;
+  c.training = false;
+  c.device = kGpu;
+  c.precision.activation = c.precision.matmul = dt;
+  poison_allocator();
+  Tensor full = attn.forward(c, x.to(kGpu, dt));
+  expect_close(full, want, dt, "full causal forward", dt == DType::F32 ? 200 : 24);
+
+  KvCache cache;
+  cache.capacity = t + 5;
+  c.kv_cache = &cache;
+  poison_allocator();
+  Tensor decoded = Tensor::empty({b, t, e}, DType::F32);
+  for (std::int64_t from = 0; from < t;) {
+    const std::int64_t to = from == 0 ? prompt : from + 1;
+    Tensor y = attn.forward(c, x.slice(1, from, to).contiguous().to(kGpu, dt));
+    ASSERT_EQ(y.dtype(), dt);
+    decoded.slice(1, from, to).copy_from(y.to(Device::cpu(), DType::F32));
+    cache.past = to;
+    from = to;
+  }
+  ASSERT_EQ(cache.entries.size(), 1u);
+  EXPECT_EQ(cache.entries.begin()->second.first.dtype(), dt);
+  EXPECT_EQ(cache.entries.begin()->second.first.shape(), (Shape{b * 2, t + 5, 64}));
+  expect_close(decoded, want, dt, "KV cache decode", dt == DType::F32 ? 200 : 24);
+}
+
 TEST_P(TransformerGpu, FlashBackwardInWorkspaceChunksIsBitwiseEqual) {
   // A workspace limit of 0.25 MiB holds 2 of the 6 (batch * head) rows at T = 197 (128 KiB
   // each): three chunks must give the gradients of one, bit for bit. A bad limit is an
