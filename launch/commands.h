@@ -18,5 +18,6 @@ int run_bench(const Arguments& args);
 int run_autobatch(const Arguments& args);
 int run_replay(const Arguments& args);
 int run_export(const Arguments& args);
+int run_sample(const Arguments& args);
 
 }  // namespace kiln::launch

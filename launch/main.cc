@@ -29,6 +29,7 @@ const std::map<std::string, Command>& commands() {
       {"autobatch", {kiln::launch::run_autobatch, "the largest per-GPU batch that fits"}},
       {"replay", {kiln::launch::run_replay, "steps on a fixed batch (framework comparisons)"}},
       {"export", {kiln::launch::run_export, "the eval-mode model as ONNX (docs/deploy.md)"}},
+      {"sample", {kiln::launch::run_sample, "generate from a GPT-2 model (docs/sample.md)"}},
   };
   return table;
 }

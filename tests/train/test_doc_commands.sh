@@ -6,14 +6,17 @@
 #
 # This machine has no GPU, no ImageNet and no CIFAR-10, and two cores, so each command runs in
 # its CPU-feasible form; the rewriting below is the whole list, and never touches the configs:
-#   train, eval, export + --set train.device=CPU parallel.backend=AUTO (NCCL needs CUDA)
+#   train, eval, export, sample + --set train.device=CPU parallel.backend=AUTO (NCCL needs CUDA)
 #                   precision.opt_level=O0 (fp16 O1-O3 need a GPU) train.steps=2
 #                   schedule.warmup_steps=0 (a 2-step run of a 10000-step warmup is not a valid
 #                   schedule) train.batch_per_gpu=2 train.global_batch=2*ranks
 #                   train.eval_batches=2 data.workers=1 logging.dir=<scratch>, and the model
 #                   made small: model.image_size=32 for ViT-B/16, 64 for ResNet-50 (2x2 at its
 #                   last batch norm), model.bert.num_layers=2 seq_len=32 vocab_size=1024 for
-#                   BERT; eval reads the checkpoint of the last documented train of the config
+#                   BERT, model.gpt.num_layers=2 hidden_size=64 num_heads=2 seq_len=64 for
+#                   gpt2* configs (vocabulary kept: documented prompts use GPT-2's ids); eval,
+#                   export and sample read the checkpoint of the last documented train of the
+#                   config
 #   config        + --set train.device=CPU parallel.backend=AUTO precision.opt_level=O0 (it
 #                   validates the experiment against this machine's devices)
 #   autobatch     + the train settings' device, backend, precision, workers and model size,
@@ -26,13 +29,18 @@
 #   [--json]      optional parts run both without and with
 #   --resume      "continue from a checkpoint": when no documented train of the config ran
 #                 before, the same command without --resume runs first
+#   sample        when no documented train of the config ran before, a train of its --config
+#                 and --set runs first (sampling needs trained weights)
+#   --vocab, --merges FILE: a byte-level BPE vocab.json and merges.txt in GPT-2's format written
+#                 here, covering exactly the model's vocabulary (model.gpt.vocab_size)
 source "$(dirname "$0")/lib.sh"
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 python3 - "$KILN" "$SRC" "$WORK" "${MPIEXEC:-mpirun}" <<'PY'
-import atexit, os, re, shlex, shutil, signal, subprocess, sys, tempfile, time
+import atexit, json, os, re, shlex, shutil, signal, subprocess, sys, tempfile, time
 
 kiln, src, work, mpiexec = sys.argv[1:5]
-SUBCOMMANDS = {"train", "eval", "export", "config", "model", "bench", "autobatch", "info", "replay"}
+SUBCOMMANDS = {"train", "eval", "export", "config", "model", "bench", "autobatch", "info", "replay",
+               "sample"}
 
 
 def code_blocks(path, only_after=None):
@@ -124,7 +132,62 @@ def shrink(stem_or_model):
         return ["model.image_size=64"]
     if stem_or_model == "bert_base":
         return ["model.bert.num_layers=2", "model.bert.seq_len=32", "model.bert.vocab_size=1024"]
+    if stem_or_model is not None and stem_or_model.startswith("gpt2"):
+        return ["model.gpt.num_layers=2", "model.gpt.hidden_size=64", "model.gpt.num_heads=2",
+                "model.gpt.seq_len=64"]
     return []
+
+
+def config_and_sets(args):
+    """The --config and --set arguments of a command (what makes its experiment)."""
+    out, i = [], 0
+    while i < len(args):
+        if args[i] in ("--config", "--set") and i + 1 < len(args):
+            out += args[i:i + 2]
+            i += 2
+            continue
+        if args[i].startswith(("--config=", "--set=")):
+            out.append(args[i])
+        i += 1
+    return out
+
+
+def write_bpe_files(vocab_size):
+    """GPT-2-format vocab.json and merges.txt with ids 0..vocab_size-1: the 256 byte symbols,
+    then merges of pairs of them in order. Returns the two paths."""
+    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    symbol = dict(zip(bs, map(chr, cs)))
+    vocab = {symbol[b]: b for b in range(256)}
+    letters = [symbol[b] for b in range(256)]
+    pairs = [(x, y) for x in letters for y in letters][:max(vocab_size - 256, 0)]
+    for i, (x, y) in enumerate(pairs):
+        vocab[x + y] = 256 + i
+    d = os.path.join(work, "bpe-%d" % vocab_size)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "vocab.json"), "w", encoding="utf-8") as f:
+        json.dump(vocab, f, ensure_ascii=False)
+    with open(os.path.join(d, "merges.txt"), "w", encoding="utf-8") as f:
+        f.write("#version: 0.2\n" + "".join("%s %s\n" % p for p in pairs))
+    return os.path.join(d, "vocab.json"), os.path.join(d, "merges.txt")
+
+
+def gpt_vocab_size(args):
+    """model.gpt.vocab_size of the experiment these --config/--set arguments make."""
+    out = subprocess.run([kiln, "config"] + config_and_sets(args) +
+                         ["--set", "train.device=CPU", "--set", "parallel.backend=AUTO",
+                          "--set", "precision.opt_level=O0"],
+                         cwd=src, capture_output=True, text=True)
+    m = re.search(r"gpt\s*\{[^}]*?vocab_size:\s*(\d+)", out.stdout)
+    if not m:
+        sys.exit("FAIL: no model.gpt.vocab_size in kiln config's output for %s:\n%s%s" %
+                 (args, out.stdout, out.stderr))
+    return int(m.group(1))
 
 
 def cpu_form(kiln_args, ranks):
@@ -137,7 +200,11 @@ def cpu_form(kiln_args, ranks):
     args = [os.path.join(work, os.path.basename(a))
             if i > 0 and args[i - 1] in ("--onnx", "--dump-logits", "--dump-inputs") else a
             for i, a in enumerate(args)]
-    if sub in ("train", "eval", "export"):
+    if sub == "sample" and "--vocab" in args:
+        vocab, merges = write_bpe_files(gpt_vocab_size(args))
+        args = [vocab if i > 0 and args[i - 1] == "--vocab" else
+                merges if i > 0 and args[i - 1] == "--merges" else a for i, a in enumerate(args)]
+    if sub in ("train", "eval", "export", "sample"):
         counter[0] += 1
         if sub == "train" or stem not in last_train_dir:
             run_dir = os.path.join(RUNS, "%s-%d" % (stem, counter[0]))
@@ -216,8 +283,13 @@ def runnable(line):
             return None, None, "unknown launcher " + launcher[0]
     resumes = kiln_args[0] == "train" and "--resume" in kiln_args
     resumes_own_run = resumes and config_stem(kiln_args) not in last_train_dir
+    runs = []
+    if kiln_args[0] == "sample" and config_stem(kiln_args) not in last_train_dir:
+        # Sampling needs trained weights: the experiment trains first (before the sample's CPU
+        # form, which reads that run's directory).
+        runs.append(launcher + cpu_form(["train"] + config_and_sets(kiln_args[1:]), ranks))
     argv = launcher + cpu_form(kiln_args, ranks)
-    runs = [argv]
+    runs.append(argv)
     if resumes_own_run:
         # "Continue from a checkpoint" presumes a run before it: the same command without
         # --resume first, into the same directory.
