@@ -2,6 +2,11 @@
 // safetensors file, from weights read from another; writes the eval-mode logits of the loaded
 // model, the logits and parameter gradients of the first step and the loss of every step. The
 // comparison scripts in tools/parity/ run PyTorch on the same weights and batch and compare.
+// Tensors are read and written under PyTorch's names and in its layout: a weight that files hold
+// transposed (Parameter::stored_transposed, GPT-2's Conv1D) is read as (in, out) and its
+// gradient written as (in, out). Token models take (B, T) ids and (B, T) targets: masked LM's
+// labels (-100 ignored), or causal LM's next tokens (the script shifts them; the loss is the mean
+// over the B*T positions, as torch's cross entropy of the flattened logits).
 
 #include <boost/program_options.hpp>
 
@@ -46,7 +51,9 @@ int run_replay(const Arguments& args) {
       "dtype", po::value<std::string>()->default_value("f32"),
       "f32, or f64 (CPU, O0, one step without an update: a float64 reference for the "
       "gradients)")("channels-last", "NHWC activations for convolutions")(
-      "num-classes", po::value<int>(), "classes")("seq-len", po::value<int>(), "BERT length");
+      "num-classes", po::value<int>(), "classes")("seq-len", po::value<int>(), "BERT length")(
+      "set", po::value<std::vector<std::string>>()->composing(),
+      "experiment field of the model's shape, e.g. model.gpt.num_layers=2");
   po::variables_map vm;
   po::store(po::command_line_parser(args).options(options).run(), vm);
   if (vm.count("help")) {
@@ -57,7 +64,9 @@ int run_replay(const Arguments& args) {
   std::string dev = vm["device"].as<std::string>();
   Device device = dev == "auto" ? (cuda_device_count() > 0 ? Device::cuda(0) : Device::cpu())
                                 : parse_device(dev);
-  ModelOptions mo = train::default_model_options(vm["model"].as<std::string>());
+  std::vector<std::string> overrides;
+  if (vm.count("set")) overrides = vm["set"].as<std::vector<std::string>>();
+  ModelOptions mo = train::default_model_options(vm["model"].as<std::string>(), overrides);
   mo.dropout = 0.0;  // comparisons need the same function on both sides
   if (vm.count("num-classes")) mo.num_classes = vm["num-classes"].as<int>();
   if (vm.count("seq-len")) mo.seq_len = vm["seq-len"].as<int>();
@@ -66,7 +75,18 @@ int run_replay(const Arguments& args) {
   for (Parameter* p : model.net->parameters()) {
     auto it = weights.tensors.find(p->name);
     if (it == weights.tensors.end()) throw InputError("weights: no tensor '" + p->name + "'");
-    p->value.copy_from(it->second);
+    const Tensor& stored = it->second;
+    if (p->stored_transposed) {  // (in, out) in the file, (out, in) in Kiln
+      if (stored.dim() != 2 || stored.size(0) != p->value.size(1) ||
+          stored.size(1) != p->value.size(0)) {
+        throw InputError("weights: '" + p->name + "' is stored transposed, expected (" +
+                         std::to_string(p->value.size(1)) + ", " +
+                         std::to_string(p->value.size(0)) + "), got " + stored.str());
+      }
+      p->value.copy_from(stored.transpose(0, 1));
+    } else {
+      p->value.copy_from(stored);
+    }
   }
   for (Buffer* b : model.net->buffers()) {
     auto it = weights.tensors.find(b->name);
@@ -153,6 +173,7 @@ int run_replay(const Arguments& args) {
       for (Parameter* p : model.net->parameters()) {
         Tensor g = p->grad.to(Device::cpu(), out_dtype).clone();
         ops::scale(g, 1.0 / scale);
+        if (p->stored_transposed) g = g.transpose(0, 1).contiguous();  // the file's (in, out)
         out.emplace_back("grad." + p->name, g);
       }
     }

@@ -16,6 +16,13 @@
 #   scaling   data-parallel scaling on every GPU of the machine (bench/scaling.sh), with the
 #             same-result check and the dead/hung-rank tests at that many ranks
 #   parity    Kiln vs PyTorch from the same weights (tools/parity/models.py, 20 steps)
+#   gpt2      GPT-2 124M: Kiln vs llm.c vs llm.c's PyTorch reference, eager and torch.compile,
+#             batches 16 and 32 (bench/compare-gpt2.sh; about 6 minutes). LLMC_DIR (default
+#             build-gpu-extra/llmc: llm.c's train_gpt2cu and train_gpt2.py); GPT2_ARGS adds
+#             options, e.g. "--xl" (GPT-2 XL at batch 4 on Kiln and llm.c), "--quick" or
+#             "--compile-batches 32"; rows that no longer fit the time left are skipped
+#   parity-gpt2  GPT-2 from transformers' GPT2LMHeadModel weights (tools/parity/gpt2.py):
+#             logits, gradients and 20 AdamW steps, fp32 and bf16; GPT2_PARITY_ARGS adds options
 #   sanitize  compute-sanitizer memcheck and racecheck over the GPU kernels' tests
 #   kernels   GPU time per kernel of one training step (tools/kernel-profile.sh, Nsight Compute;
 #             KERNELS="model batch launch-skip launch-count,..." picks others)
@@ -93,6 +100,15 @@ PY
     parity)
       timeout "$(upto 200)" python3 tools/parity/models.py --build "$BUILD" --steps 20 > "$OUT/parity.log" 2>&1
       echo "exit $?"; grep -E '^(PASS|FAIL| )' "$OUT/parity.log" | tail -40 ;;
+    gpt2)
+      limit=$(upto 560)
+      timeout "$limit" bash bench/compare-gpt2.sh "$BUILD" "${LLMC_DIR:-build-gpu-extra/llmc}" \
+        --budget $((limit - 5)) ${GPT2_ARGS:-} > "$OUT/gpt2.log" 2>&1
+      echo "exit $?"; grep -E '^(\||GPT-2|Kiln.s own)' "$OUT/gpt2.log" | tail -20 ;;
+    parity-gpt2)
+      timeout "$(upto 240)" python3 tools/parity/gpt2.py --build "$BUILD" --steps 20 \
+        ${GPT2_PARITY_ARGS:-} > "$OUT/parity-gpt2.log" 2>&1
+      echo "exit $?"; grep -E '^(PASS|FAIL|SKIP| )' "$OUT/parity-gpt2.log" | tail -40 ;;
     kernels)
       IFS=, read -ra configs <<< "${KERNELS:-resnet50 128 8000 5000,vit_b16 64 3000 800,bert_base 32 3000 800}"
       for mbsc in "${configs[@]}"; do

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -101,6 +102,61 @@ TEST_F(Replay, Float64ReferenceAgreesWithFloat32) {
     double scale = 0;
     for (double v : g.to_vector<double>()) scale = std::max(scale, std::abs(v));
     EXPECT_LT(max_abs_difference(g, f32.at(name)), 1e-4 * scale + 1e-7) << name;
+  }
+}
+
+// GPT-2 (--set for a small shape): weights read in transformers' layout, the Conv1D weights
+// (in, out), give the model's own logits; their gradients are written (in, out) as well.
+TEST_F(Replay, Gpt2ReadsAndWritesConv1DWeightsTransposed) {
+  const std::vector<std::string> sets = {"model.gpt.num_layers=2",     "model.gpt.hidden_size=32",
+                                         "model.gpt.num_heads=2",      "model.gpt.vocab_size=97",
+                                         "model.gpt.max_positions=16", "model.gpt.seq_len=8"};
+  ModelOptions mo = train::default_model_options("gpt2", sets);
+  mo.dropout = 0.0;
+  Model model = make_model(mo);
+  model.net->reset_parameters(5);
+  NamedTensors weights;
+  std::map<std::string, Shape> stored_shapes;
+  int transposed = 0;
+  for (Parameter* p : model.net->parameters()) {
+    Tensor v = p->stored_transposed ? p->value.transpose(0, 1).contiguous() : p->value;
+    transposed += p->stored_transposed;
+    stored_shapes[p->name] = v.shape();
+    weights.emplace_back(p->name, v);
+  }
+  EXPECT_EQ(transposed, 8);  // c_attn, attn.c_proj, c_fc, mlp.c_proj in each of 2 blocks
+  save_safetensors(dir_ + "gw.safetensors", weights);
+  std::vector<std::int64_t> ids(2 * 9);
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    ids[i] = static_cast<std::int64_t>((i * 37 + 5) % 97);
+  std::vector<std::int64_t> in, next;
+  for (int b = 0; b < 2; ++b) {
+    for (int t = 0; t < 8; ++t) {
+      in.push_back(ids[static_cast<std::size_t>(b * 9 + t)]);
+      next.push_back(ids[static_cast<std::size_t>(b * 9 + t + 1)]);
+    }
+  }
+  Tensor input = Tensor::from_vector(in, {2, 8}), target = Tensor::from_vector(next, {2, 8});
+  save_safetensors(dir_ + "gb.safetensors", {{"input", input}, {"target", target}});
+  Arguments args = {"--model",   "gpt2",
+                    "--weights", dir_ + "gw.safetensors",
+                    "--batch",   dir_ + "gb.safetensors",
+                    "--out",     dir_ + "g.safetensors",
+                    "--device",  "cpu"};
+  for (const auto& s : sets) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+  ASSERT_EQ(run_replay(args), 0);
+  auto out = load_safetensors(dir_ + "g.safetensors").tensors;
+  Context ctx;
+  ctx.training = false;
+  model.net->set_training(false);
+  Tensor logits = model.net->forward(ctx, input);
+  EXPECT_EQ(out.at("eval_logits").shape(), (Shape{2, 8, 97}));
+  EXPECT_LT(max_abs_difference(out.at("eval_logits"), logits), 1e-6);
+  for (const auto& [name, shape] : stored_shapes) {
+    EXPECT_EQ(out.at("grad." + name).shape(), shape) << name;
   }
 }
 
