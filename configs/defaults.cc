@@ -8,7 +8,9 @@
 
 namespace kiln::config {
 
-bool is_gpt_model(const std::string& model_name) { return model_name.rfind("gpt2", 0) == 0; }
+bool is_gpt_model(const std::string& model_name) {
+  return model_name.rfind("gpt2", 0) == 0;
+}
 
 void fill_defaults(Experiment& experiment, const std::string& config_path) {
   if (!experiment.has_name()) {

@@ -27,6 +27,7 @@
 #include "optim/amp/amp.h"
 #include "optim/optimizer.h"
 #include "train/model_options.h"
+#include "train/parameter_loader.h"
 
 namespace po = boost::program_options;
 
@@ -71,23 +72,10 @@ int run_replay(const Arguments& args) {
   if (vm.count("num-classes")) mo.num_classes = vm["num-classes"].as<int>();
   if (vm.count("seq-len")) mo.seq_len = vm["seq-len"].as<int>();
   Model model = make_model(mo);
-  SafetensorsFile weights = load_safetensors(vm["weights"].as<std::string>());
-  for (Parameter* p : model.net->parameters()) {
-    auto it = weights.tensors.find(p->name);
-    if (it == weights.tensors.end()) throw InputError("weights: no tensor '" + p->name + "'");
-    const Tensor& stored = it->second;
-    if (p->stored_transposed) {  // (in, out) in the file, (out, in) in Kiln
-      if (stored.dim() != 2 || stored.size(0) != p->value.size(1) ||
-          stored.size(1) != p->value.size(0)) {
-        throw InputError("weights: '" + p->name + "' is stored transposed, expected (" +
-                         std::to_string(p->value.size(1)) + ", " +
-                         std::to_string(p->value.size(0)) + "), got " + stored.str());
-      }
-      p->value.copy_from(stored.transpose(0, 1));
-    } else {
-      p->value.copy_from(stored);
-    }
-  }
+  const std::string weights_path = vm["weights"].as<std::string>();
+  SafetensorsFile weights = load_safetensors(weights_path);
+  train::load_named_tensors({weights_path, &weights.tensors, ""}, model.net->parameters(), {},
+                            false);
   for (Buffer* b : model.net->buffers()) {
     auto it = weights.tensors.find(b->name);
     if (it != weights.tensors.end()) b->value.copy_from(it->second.to(DType::F32));
@@ -173,7 +161,7 @@ int run_replay(const Arguments& args) {
       for (Parameter* p : model.net->parameters()) {
         Tensor g = p->grad.to(Device::cpu(), out_dtype).clone();
         ops::scale(g, 1.0 / scale);
-        if (p->stored_transposed) g = g.transpose(0, 1).contiguous();  // the file's (in, out)
+        if (p->stored_transposed) g = g.transpose(0, 1).contiguous();  // the file's layout
         out.emplace_back("grad." + p->name, g);
       }
     }

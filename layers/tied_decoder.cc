@@ -47,8 +47,7 @@ Tensor TiedDecoder::backward_impl(Context& ctx, const Tensor& dy) {
   if (bias_) transformer_ops::accumulate_bias_grad(dy2, bias_->grad);
   ops::gemm_accumulate(true, false, dy_mm, x_mm_, weight_->grad);
   Tensor dx = Tensor::empty({n, hidden_}, activation_, dy.device());  // mm, or f32 from half
-  ops::gemm(false, false, 1.0, dy_mm, cache_.get(weight_->value, mm, ctx.weights_version), 0.0,
-            dx);
+  ops::gemm(false, false, 1.0, dy_mm, cache_.get(weight_->value, mm, ctx.weights_version), 0.0, dx);
   return dx.view(input_shape_);
 }
 

@@ -61,10 +61,9 @@ TransformerBlock::TransformerBlock(const TransformerBlockConfig& config) : confi
   auto norm = [&] { return std::make_unique<LayerNorm>(c.hidden, c.layer_norm_eps); };
   // Registration order follows the reference's parameter order.
   if (c.pre_norm) norm1_ = &add_child(c.attention_norm_name, norm());
-  attention_ =
-      &add_child(c.attention_name, std::make_unique<MultiHeadSelfAttention>(
-                                       c.hidden, c.heads, c.attention_dropout, c.qkv_layout,
-                                       c.causal));
+  attention_ = &add_child(c.attention_name,
+                          std::make_unique<MultiHeadSelfAttention>(
+                              c.hidden, c.heads, c.attention_dropout, c.qkv_layout, c.causal));
   if (!c.pre_norm) norm1_ = &add_child(c.attention_norm_name, norm());
   if (c.pre_norm) norm2_ = &add_child(c.mlp_norm_name, norm());
   mlp_in_ = &add_child(c.mlp_in_name,

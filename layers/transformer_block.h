@@ -28,7 +28,7 @@ struct TransformerBlockConfig {
   bool pre_norm = false;
   bool mlp_inner_dropout = false;
   QkvLayout qkv_layout = QkvLayout::SeparateQKV;
-  bool causal = false;                                // query i attends keys j <= i (GPT)
+  bool causal = false;                              // query i attends keys j <= i (GPT)
   Activation mlp_activation = Activation::GELUErf;  // GPT-2: GELU's tanh form
   // Child names: the prefixes of their parameters.
   std::string attention_name = "attention";

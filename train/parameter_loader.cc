@@ -1,28 +1,37 @@
 #include "train/parameter_loader.h"
 
+#include <utility>
+
 #include "core/check.h"
 
 namespace kiln::train {
 
 void load_named_tensors(const NamedTensorSource& source, const std::vector<Parameter*>& parameters,
                         const std::vector<Buffer*>& buffers, bool buffers_required) {
+  static const std::string kBaseModelPrefix = "transformer.";
   const auto find = [&](const std::string& kind, const std::string& name,
-                        const Tensor& target) -> const Tensor* {
+                        const Shape& shape) -> const Tensor* {
     auto it = source.tensors->find(name);
+    if (it == source.tensors->end() && name.rfind(kBaseModelPrefix, 0) == 0) {
+      it = source.tensors->find(name.substr(kBaseModelPrefix.size()));
+    }
     if (it == source.tensors->end()) {
       throw InputError(source.file + ": " + kind + " '" + name + "' is missing" + source.what);
     }
-    if (it->second.shape() != target.shape()) {
+    if (it->second.shape() != shape) {
       throw InputError(source.file + ": " + kind + " '" + name + "' has shape " +
-                       shape_str(it->second.shape()) + ", the model needs " +
-                       shape_str(target.shape()) + source.what);
+                       shape_str(it->second.shape()) + ", the model needs " + shape_str(shape) +
+                       source.what);
     }
     return &it->second;
   };
-  for (Parameter* p : parameters) p->value.copy_from(*find("parameter", p->name, p->value));
+  for (Parameter* p : parameters) {
+    const Tensor& stored = *find("parameter", p->name, stored_shape(*p));
+    p->value.copy_from(p->stored_transposed ? stored.transpose(0, 1) : stored);
+  }
   for (Buffer* b : buffers) {
     if (buffers_required) {
-      b->value.copy_from(*find("buffer", b->name, b->value));
+      b->value.copy_from(*find("buffer", b->name, b->value.shape()));
       continue;
     }
     auto it = source.tensors->find(b->name);
@@ -30,6 +39,16 @@ void load_named_tensors(const NamedTensorSource& source, const std::vector<Param
       b->value.copy_from(it->second);
     }
   }
+}
+
+Shape stored_shape(const Parameter& p) {
+  Shape s = p.value.shape();
+  if (p.stored_transposed) std::swap(s.at(0), s.at(1));
+  return s;
+}
+
+Tensor stored_layout(const Parameter& p) {
+  return p.stored_transposed ? p.value.transpose(0, 1).contiguous() : p.value;
 }
 
 }  // namespace kiln::train

@@ -18,9 +18,18 @@ struct NamedTensorSource {
 };
 
 // Copies every parameter from `source` (each must be present with the model's shape; InputError
-// naming the file and tensor otherwise). Buffers (batch norm's running statistics) are copied
-// where present with the same shape; with `buffers_required` a missing one is an error too.
+// naming the file and tensor otherwise). A stored_transposed weight is read in the file's (in,
+// out) layout. A parameter named "transformer.X" is also found as "X": transformers' base-model
+// files (GPT2Model, as the Hub's gpt2 model.safetensors) drop the LM head's prefix. Buffers (batch
+// norm's running statistics) are copied where present with the same shape; with `buffers_required`
+// a missing one is an error too.
 void load_named_tensors(const NamedTensorSource& source, const std::vector<Parameter*>& parameters,
                         const std::vector<Buffer*>& buffers, bool buffers_required);
+
+// A parameter's value in the layout files hold it: transposed, (in, out), for a stored_transposed
+// weight; the value itself otherwise.
+Tensor stored_layout(const Parameter& p);
+// The shape a file holds `p` in.
+Shape stored_shape(const Parameter& p);
 
 }  // namespace kiln::train

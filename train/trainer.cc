@@ -144,7 +144,7 @@ std::string save_checkpoint(Trainer::State& s) {
   *st.mutable_experiment() = s.e;
   if (s.rank0()) {
     NamedTensors model;
-    for (Parameter* p : s.model.net->parameters()) model.emplace_back(p->name, p->value);
+    for (Parameter* p : s.model.net->parameters()) model.emplace_back(p->name, stored_layout(*p));
     for (Buffer* b : s.model.net->buffers()) model.emplace_back(b->name, b->value);
     s.metrics->print("checkpoint " + s.store->save(model, s.optimizer->state(), st));
   }

@@ -92,8 +92,9 @@ class BertForMaskedLM : public Layer {
         std::make_unique<Linear>(o.hidden_size, o.hidden_size, true, Activation::GELUErf));
     transform_norm_ = &add_child("cls.predictions.transform.LayerNorm",
                                  std::make_unique<LayerNorm>(o.hidden_size, kBertLayerNormEps));
-    decoder_ = &add_child("cls.predictions", std::make_unique<TiedDecoder>(
-                                                 &embeddings_->word().weight(), vocab_, hidden_, true));
+    decoder_ = &add_child(
+        "cls.predictions",
+        std::make_unique<TiedDecoder>(&embeddings_->word().weight(), vocab_, hidden_, true));
   }
   std::string type() const override { return "BertForMaskedLM"; }
   Shape output_shape(const Shape& input) const override { return {input[0], input[1], vocab_}; }

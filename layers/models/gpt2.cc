@@ -11,8 +11,8 @@
 #include <array>
 #include <cmath>
 #include <map>
-#include <vector>
 #include <memory>
+#include <vector>
 
 #include "core/ops.h"
 #include "layers/attention.h"
@@ -43,8 +43,8 @@ class Gpt2LMHeadModel : public Layer {
     }
     ln_f_ = &add_child("transformer.ln_f",
                        std::make_unique<LayerNorm>(o.hidden_size, kGptLayerNormEps));
-    lm_head_ = &add_child("lm_head", std::make_unique<TiedDecoder>(&wte_->weight(), vocab_,
-                                                                    hidden_, /*bias=*/false));
+    lm_head_ = &add_child(
+        "lm_head", std::make_unique<TiedDecoder>(&wte_->weight(), vocab_, hidden_, /*bias=*/false));
   }
   std::string type() const override { return "GPT2LMHeadModel"; }
   Shape output_shape(const Shape& input) const override { return {input[0], input[1], vocab_}; }

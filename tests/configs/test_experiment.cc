@@ -413,8 +413,9 @@ TEST(Schema, EveryOptionalFieldDeclaresItsDefault) {
 }
 
 TEST(Schema, ModelNamesAreTheAllowedValues) {
-  EXPECT_EQ(known_model_names(), (std::vector<std::string>{"mlp", "fashion_cnn", "resnet18",
-                                                           "resnet50", "bert_base", "vit_b16"}));
+  EXPECT_EQ(known_model_names(),
+            (std::vector<std::string>{"mlp", "fashion_cnn", "resnet18", "resnet50", "bert_base",
+                                      "vit_b16", "gpt2", "gpt2_medium", "gpt2_large", "gpt2_xl"}));
 }
 
 TEST(Schema, WalkerFillsDeclaredDefaultsAndLeavesEmptySectionsUnset) {
@@ -482,7 +483,7 @@ TEST(Schema, EffectiveExperimentsAreThoseRecordedBeforeTheDeclarations) {
        {"optimizer.param_groups={name_pattern: \"*.bias\"}", "optimizer.weight_decay=0.3"}},
   };
   for (const char* name :
-       {"bert_base", "cifar10_resnet18", "fashion_mnist", "resnet50", "vit_b16"}) {
+       {"bert_base", "cifar10_resnet18", "fashion_mnist", "gpt2_124m", "resnet50", "vit_b16"}) {
     variants.push_back({name, configs_dir() + "/" + name + ".pbtxt", {}});
   }
   for (const Variant& variant : variants) {

@@ -20,6 +20,9 @@ BASE = ["train.steps=4", "train.log_every=1", "checkpoint.every_steps=0", "loggi
 BERT = ["model.name=bert_base", "model.bert.vocab_size=64", "model.bert.seq_len=8",
         "model.bert.hidden_size=16", "model.bert.num_layers=1", "model.bert.num_heads=2",
         "model.bert.intermediate_size=32", "model.dropout=0.1", "data.kind=SYNTHETIC"]
+GPT = ["model.name=gpt2", "model.gpt.vocab_size=64", "model.gpt.seq_len=8",
+       "model.gpt.hidden_size=16", "model.gpt.num_layers=1", "model.gpt.num_heads=2",
+       "model.gpt.intermediate_size=32", "model.gpt.max_positions=16", "data.kind=SYNTHETIC"]
 # On the CPU, the loss scaler runs with O1 in bf16.
 SCALED = ["precision.opt_level=O1", "precision.half=BF16", "precision.loss_scale.dynamic=true",
           "precision.loss_scale.init_scale=1024", "precision.loss_scale.growth_interval=1"]
@@ -112,6 +115,13 @@ CASES = {
     "model.bert.num_layers": (BERT, BERT + ["model.bert.num_layers=2"], differs("parameters")),
     "model.bert.num_heads": (BERT, BERT + ["model.bert.num_heads=4"], differs("losses")),
     "model.bert.intermediate_size": (BERT, BERT + ["model.bert.intermediate_size=48"], differs("parameters")),
+    "model.gpt.vocab_size": (GPT, GPT + ["model.gpt.vocab_size=80"], differs("parameters")),
+    "model.gpt.seq_len": (GPT, GPT + ["model.gpt.seq_len=12"], differs("losses")),
+    "model.gpt.hidden_size": (GPT, GPT + ["model.gpt.hidden_size=32"], differs("parameters")),
+    "model.gpt.num_layers": (GPT, GPT + ["model.gpt.num_layers=2"], differs("parameters")),
+    "model.gpt.num_heads": (GPT, GPT + ["model.gpt.num_heads=4"], differs("losses")),
+    "model.gpt.intermediate_size": (GPT, GPT + ["model.gpt.intermediate_size=48"], differs("parameters")),
+    "model.gpt.max_positions": (GPT, GPT + ["model.gpt.max_positions=32"], differs("parameters")),
     "model.dropout": (BERT, BERT + ["model.dropout=0.3"], differs("losses")),
     "model.init_from": ([], ["model.init_from=@INIT"], differs("losses")),
     "model.mlp_hidden": (["model.name=mlp"], ["model.name=mlp", "model.mlp_hidden=64"], differs("parameters")),
