@@ -82,11 +82,13 @@ Tensor SoftmaxCrossEntropy::forward(Context& ctx, const Tensor& logits, const Te
   return Tensor::scalar(total / std::max(counted, 1.0), DType::F32);
 }
 
-Tensor SoftmaxCrossEntropy::backward(Context& ctx, double scale) {
+Tensor SoftmaxCrossEntropy::backward(Context& ctx, double scale, bool reuse_logits) {
   (void)ctx;
   KILN_CHECK(logits_.defined(), "SoftmaxCrossEntropy: backward without forward");
   std::int64_t rows = logits_.size(0), classes = logits_.size(1);
-  Tensor dlogits = Tensor::empty({rows, classes}, logits_.dtype(), logits_.device());  // (N, C)
+  Tensor dlogits = reuse_logits ? logits_
+                                : Tensor::empty({rows, classes}, logits_.dtype(),
+                                                logits_.device());  // (N, C)
   if (logits_.device().is_cuda()) {
     cuda::softmax_cross_entropy_backward(logits_, targets_, label_smoothing_, ignore_index_,
                                          row_lse_, counted_, scale, dlogits);

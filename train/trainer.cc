@@ -267,8 +267,8 @@ StepOutcome Trainer::State::run_step(Context& ctx, Tensor& loss_sum, std::int64_
     flatten_for_loss(logits, targets);
     Tensor loss = loss_fn.forward(ctx, logits, targets);
     ops::axpy(1.0, loss, loss_sum);
-    Tensor dlogits = loss_fn.backward(ctx, loss_factor);
-    logits = Tensor();  // the loss is done with it: freed before the model's backward
+    logits = Tensor();  // the loss is done with it: its gradient overwrites it
+    Tensor dlogits = loss_fn.backward(ctx, loss_factor, /*reuse_logits=*/true);
     model.net->backward(ctx, dlogits);
     ++micro_step;
     ++*micro_count;

@@ -312,5 +312,21 @@ TEST(Mlp, SgdReducesTheLossOnATinyProblem) {
   EXPECT_LT(last, 0.5 * first) << "first " << first << " last " << last;
 }
 
+// backward(scale, reuse_logits) writes the gradient over the forward's logits: the same values
+// as into a fresh tensor.
+TEST(SoftmaxCrossEntropy, GradientOverTheLogitsEqualsAFreshOne) {
+  Tensor logits = random_tensor({6, 50}, 5, DType::F32);
+  Tensor targets = Tensor::from_vector<std::int64_t>({1, 49, -100, 0, 7, 3}, {6});
+  Context ctx;
+  SoftmaxCrossEntropy loss_fn(0.1);
+  loss_fn.forward(ctx, logits, targets);
+  const std::vector<float> fresh = loss_fn.backward(ctx, 8.0).to_vector<float>();
+  Tensor own = logits.clone();
+  loss_fn.forward(ctx, own, targets);
+  Tensor reused = loss_fn.backward(ctx, 8.0, /*reuse_logits=*/true);
+  EXPECT_EQ(reused.data(), own.data());
+  EXPECT_EQ(reused.to_vector<float>(), fresh);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -240,6 +240,12 @@ TEST_F(DenseGpu, SoftmaxCrossEntropyMatchesCpu) {
         EXPECT_EQ(gpu_loss.correct_count().item(), cpu_loss.correct_count().item());
         expect_close(dg, dc, dtype, name + "_dlogits", 8);
         EXPECT_NO_THROW(gpu_loss.check_targets());
+        // Written over the logits instead: the same gradient bit for bit, in their storage.
+        Tensor own = logits.clone();
+        gpu_loss.forward(gctx, own, targets.to(kGpu));
+        Tensor reused = gpu_loss.backward(gctx, 1024.0, /*reuse_logits=*/true);
+        EXPECT_EQ(reused.data(), own.data());
+        EXPECT_EQ(reused.to(Device::cpu()).to_vector<float>(), dg.to(Device::cpu()).to_vector<float>());
       }
     }
   }
