@@ -79,6 +79,13 @@ void fill_defaults(Experiment& experiment, const std::string& config_path) {
   fill_declared_defaults(experiment);
 
   // Rules that copy another field's (now filled) value.
+  // llm.c names validation shards like the training ones, "val" for "train" (fineweb.py):
+  // the last "train", so that a directory named train higher up the path stays as it is.
+  const std::size_t train_at = data.path().rfind("train");
+  if (data.kind() == DataConfig::LLMC_SHARDS && !data.has_eval_path() &&
+      train_at != std::string::npos) {
+    data.set_eval_path(std::string(data.path()).replace(train_at, 5, "val"));
+  }
   for (ParamGroup& group : *optimizer.mutable_param_groups()) {
     if (!group.has_weight_decay()) group.set_weight_decay(optimizer.weight_decay());
   }

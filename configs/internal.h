@@ -52,6 +52,9 @@ std::string path_prefix(const std::vector<PathSegment>& segments, std::size_t co
 // "a regular file", "a directory", "a character device", "a FIFO (named pipe)", ...
 enum class PathKind { kRegular, kDirectory, kMissing, kOther };
 PathKind path_kind(const std::string& path, std::string* description);
+// The paths a glob(3) pattern matches (data/file_io.h's glob_paths, for the same reason as
+// path_kind); empty when none match or the pattern cannot be expanded.
+std::vector<std::string> glob_matches(const std::string& pattern);
 
 // ---------------------------------------------------------------------------------------
 // Parsing (parse.cc).

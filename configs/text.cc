@@ -1,5 +1,7 @@
 // Small text helpers of configs/: case, trimming, numbers that round-trip, the list of a
 // message's fields with a near-miss suggestion, and dotted field paths.
+#include <glob.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
@@ -200,6 +202,16 @@ PathKind path_kind(const std::string& path, std::string* description) {
   }
   if (description) *description = words;
   return kind;
+}
+
+std::vector<std::string> glob_matches(const std::string& pattern) {
+  glob_t found{};
+  std::vector<std::string> paths;
+  if (::glob(pattern.c_str(), 0, nullptr, &found) == 0) {
+    for (std::size_t i = 0; i < found.gl_pathc; ++i) paths.emplace_back(found.gl_pathv[i]);
+  }
+  ::globfree(&found);
+  return paths;
 }
 
 }  // namespace kiln::config::detail

@@ -169,6 +169,10 @@ class Validator {
   void check_model() const {
     const ModelConfig& model = experiment_.model();
     const DataConfig::Kind kind = experiment_.data().kind();
+    check(kind != DataConfig::LLMC_SHARDS || is_gpt_model(model.name()), "data.kind", "LLMC_SHARDS",
+          "llm.c token shards are next-token data for the GPT-2 models (gpt2, gpt2_medium, "
+          "gpt2_large, gpt2_xl); model.name is " +
+              quote(model.name()));
     if (model.name() == "bert_base") {
       const BertShape& bert = model.bert();
       check(bert.hidden_size() % bert.num_heads() == 0, "model.bert.hidden_size",
@@ -184,8 +188,10 @@ class Validator {
       check(gpt.seq_len() <= gpt.max_positions(), "model.gpt.seq_len",
             std::to_string(gpt.seq_len()),
             "must be at most model.gpt.max_positions = " + std::to_string(gpt.max_positions()));
-      check(kind == DataConfig::TOKENS || kind == DataConfig::SYNTHETIC, "data.kind",
-            DataConfig::Kind_Name(kind), model.name() + " needs TOKENS or SYNTHETIC data");
+      check(kind == DataConfig::TOKENS || kind == DataConfig::LLMC_SHARDS ||
+                kind == DataConfig::SYNTHETIC,
+            "data.kind", DataConfig::Kind_Name(kind),
+            model.name() + " needs TOKENS, LLMC_SHARDS or SYNTHETIC data");
     } else {
       if (model.name() == "vit_b16") {
         check(model.image_size() % 16 == 0, "model.image_size", std::to_string(model.image_size()),
@@ -206,7 +212,19 @@ class Validator {
   void check_data() const {
     const DataConfig& data = experiment_.data();
     const std::string kind = DataConfig::Kind_Name(data.kind());
-    if (data.kind() != DataConfig::SYNTHETIC) {
+    if (data.kind() == DataConfig::LLMC_SHARDS) {
+      check(!data.path().empty(), "data.path", "\"\"",
+            "a glob of the training shards is required for LLMC_SHARDS (e.g. " +
+                quote(kShardGlobExample) + ")");
+      check_shard_glob("data.path", data.path());
+      if (data.eval_split() == "test") {
+        check(!data.eval_path().empty(), "data.eval_path", "\"\"",
+              "no default: data.path " + quote(data.path()) +
+                  " holds no \"train\" to replace by \"val\"; set data.eval_path to the "
+                  "validation shards' glob, or data.eval_split to \"train\" or \"none\"");
+        check_shard_glob("data.eval_path", data.eval_path());
+      }
+    } else if (data.kind() != DataConfig::SYNTHETIC) {
       check(!data.path().empty(), "data.path", "\"\"",
             "a dataset directory is required for " + kind);
       const std::string problem =
@@ -214,6 +232,10 @@ class Validator {
       check(problem.empty(), "data.path", quote(data.path()),
             problem + " (the " + kind + " dataset)");
     }
+    check(!data.has_eval_path() || data.kind() == DataConfig::LLMC_SHARDS, "data.eval_path",
+          quote(data.eval_path()),
+          "applies to LLMC_SHARDS only (data.kind is " + kind +
+              "; other kinds evaluate the split data.eval_split names)");
     const AugmentationConfig& augmentation = data.augmentation();
     const int channels = experiment_.model().image_channels();
     check(augmentation.normalize_mean_size() == augmentation.normalize_std_size(),
@@ -232,6 +254,26 @@ class Validator {
             "data.augmentation.random_resized_crop_scale", list(scale),
             "needs two values min, max with 0 < min <= max <= 1 (e.g. 0.08, 1)");
     }
+  }
+
+  static constexpr const char* kShardGlobExample = "/data/fineweb10B/fineweb_train_*.bin";
+
+  // A glob of llm.c shards must match at least one regular file; the dataset then checks each.
+  void check_shard_glob(const std::string& field, const std::string& pattern) const {
+    const std::vector<std::string> matches = glob_matches(pattern);
+    std::string first_kind;
+    for (const std::string& match : matches) {
+      std::string described;
+      if (path_kind(match, &described) == PathKind::kRegular) return;
+      if (first_kind.empty()) first_kind = match + " is " + described;
+    }
+    const std::string problem = matches.empty() ? "matches no file"
+                                                : "matches " + std::to_string(matches.size()) +
+                                                      (matches.size() == 1 ? " path" : " paths") +
+                                                      ", none a regular file (" + first_kind + ")";
+    fail(field, quote(pattern),
+         problem + "; LLMC_SHARDS needs a glob of llm.c token shards, such as " +
+             quote(kShardGlobExample));
   }
 
   template <typename Values>

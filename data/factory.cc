@@ -55,8 +55,8 @@ std::string token_path(const std::string& path, const std::string& split) {
 }  // namespace
 
 std::vector<std::string> dataset_kinds() {
-  return {"fashion_mnist", "mnist",      "cifar10",          "jpeg_folder",
-          "tokens_mlm",    "tokens_clm", "synthetic_images", "synthetic_tokens"};
+  return {"fashion_mnist", "mnist",       "cifar10",          "jpeg_folder",     "tokens_mlm",
+          "tokens_clm",    "llmc_shards", "synthetic_images", "synthetic_tokens"};
 }
 
 std::shared_ptr<Dataset> make_dataset(const std::string& kind, const std::string& path,
@@ -85,6 +85,9 @@ std::shared_ptr<Dataset> make_dataset(const std::string& kind, const std::string
       return std::make_shared<MaskedLmDataset>(file, options.seq_len, options.masking);
     }
     return std::make_shared<CausalLmDataset>(file, options.seq_len);
+  }
+  if (kind == "llmc_shards") {
+    return std::make_shared<LlmcShardDataset>(path, options.seq_len, options.vocab_size);
   }
   // Synthetic test data differs from its training data by seed.
   std::uint64_t seed = options.seed + (split == "train" ? 0 : 0x9e3779b97f4a7c15ull);

@@ -9,6 +9,7 @@
 
 #include "data/dataset.h"
 #include "data/image_datasets.h"
+#include "data/llmc_shards.h"
 #include "data/token_dataset.h"
 
 namespace kiln::data {
@@ -21,12 +22,13 @@ struct DatasetOptions {
   // LoaderOptions::train.
   std::optional<ImageAugment> image_augment;
   JpegFolderOptions jpeg;  // jpeg_folder (its augmentation fields unless image_augment is set)
-  // tokens_mlm, tokens_clm, synthetic_tokens
+  // tokens_mlm, tokens_clm, synthetic_tokens, llmc_shards
   std::int64_t seq_len = 128;
   MaskingOptions masking;  // tokens_mlm (mask_token_id required)
   // synthetic_images, synthetic_tokens
   std::int64_t synthetic_size = 10000;
   int channels = 3, height = 32, width = 32, num_classes = 10;
+  // synthetic_tokens: the ids drawn; llmc_shards: the model's vocabulary, every token below it
   std::int64_t vocab_size = 32000;
   std::uint64_t seed = 0;
 };
@@ -38,6 +40,9 @@ struct DatasetOptions {
 //   jpeg_folder       root/<split>/<class>/*.jpg, or root/<class>/*.jpg without the split level
 //   tokens_mlm        token file, or directory holding <split>.tok; masked-LM samples
 //   tokens_clm        the same; next-token samples
+//   llmc_shards       glob of llm.c token shards (data/llmc_shards.h); next-token samples. The
+//                     split picks nothing: the caller passes the training glob for "train" and
+//                     the validation glob for evaluation
 //   synthetic_images  no path; options.synthetic_size images of options.{channels,height,width}
 //   synthetic_tokens  no path; options.synthetic_size windows of options.seq_len
 // `split` is "train", "test" or "val". Throws InputError for an unknown kind (listing the

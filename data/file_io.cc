@@ -1,12 +1,18 @@
 #include "data/file_io.h"
 
+#include <fcntl.h>
+#include <glob.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <utility>
 
 #include "core/check.h"
 #include "core/file_kind.h"
@@ -91,7 +97,80 @@ std::vector<std::uint8_t> read_gzip(const std::string& path) {
   return bytes;
 }
 
+// Closes a descriptor when it leaves scope; a failed close of a read-only descriptor loses
+// nothing, so it is ignored.
+struct FdCloser {
+  int fd;
+  ~FdCloser() {
+    if (fd >= 0) KILN_IGNORE_ERROR(::close(fd));
+  }
+};
+
 }  // namespace
+
+MappedFile::MappedFile(const std::string& path) : path_(path) {
+  require_regular_file(path, "a data file");
+  FdCloser fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (fd.fd < 0) throw_file_error(path, "cannot open: " + errno_text());
+  struct stat info;
+  if (::fstat(fd.fd, &info) != 0) throw_file_error(path, "cannot stat: " + errno_text());
+  size_ = static_cast<std::size_t>(info.st_size);
+  if (size_ == 0) return;  // mmap refuses length 0
+  void* mapped = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd.fd, 0);
+  if (mapped == MAP_FAILED) {
+    size_ = 0;
+    throw_file_error(
+        path, "cannot map " + std::to_string(info.st_size) + " bytes into memory: " + errno_text());
+  }
+  data_ = static_cast<const std::uint8_t*>(mapped);
+}
+
+MappedFile::~MappedFile() {
+  unmap();
+}
+
+MappedFile::MappedFile(MappedFile&& other) noexcept
+    : path_(std::move(other.path_)),
+      data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)) {}
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+  if (this != &other) {
+    unmap();
+    path_ = std::move(other.path_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+void MappedFile::unmap() noexcept {
+  if (data_ == nullptr) return;
+  // Destructors report, never throw: munmap fails only for an invalid range, a bug.
+  if (::munmap(const_cast<std::uint8_t*>(data_), size_) != 0) {
+    std::fprintf(stderr, "kiln: munmap of %s failed: %s\n", path_.c_str(), errno_text().c_str());
+  }
+  data_ = nullptr;
+  size_ = 0;
+}
+
+std::vector<std::string> glob_paths(const std::string& pattern) {
+  glob_t found{};
+  const int status = ::glob(pattern.c_str(), 0, nullptr, &found);
+  const std::string reason = errno_text();  // before globfree can change errno
+  std::vector<std::string> paths;
+  if (status == 0) {
+    for (std::size_t i = 0; i < found.gl_pathc; ++i) paths.emplace_back(found.gl_pathv[i]);
+  }
+  ::globfree(&found);
+  if (status == GLOB_NOSPACE) throw InputError(pattern + ": glob ran out of memory");
+  if (status == GLOB_ABORTED) {
+    throw InputError(pattern + ": glob could not read a directory on the way: " + reason);
+  }
+  // glob(3) sorts by the locale's collation; bytewise order is the same on every machine.
+  std::sort(paths.begin(), paths.end());
+  return paths;
+}
 
 std::vector<std::uint8_t> read_file(const std::string& path) {
   require_regular_file(path, "a data file");

@@ -18,6 +18,36 @@ std::vector<std::uint8_t> read_file(const std::string& path);
 // Used by tests and benchmarks to make small datasets.
 void write_file(const std::string& path, const void* bytes, std::size_t size, bool gzip = false);
 
+// A file mapped read-only (MAP_PRIVATE, PROT_READ): pages come from the page cache on first touch
+// and the kernel may drop them again, so a dataset larger than RAM can be read in place. The
+// mapping stays valid after the descriptor is closed; the destructor unmaps it.
+class MappedFile {
+ public:
+  // Throws InputError naming the file (and the failing call) when it is not a regular file or
+  // cannot be opened, sized or mapped. An empty file maps to size() 0, data() nullptr.
+  explicit MappedFile(const std::string& path);
+  ~MappedFile();
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const std::uint8_t* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  void unmap() noexcept;
+
+  std::string path_;
+  const std::uint8_t* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+// The paths `pattern` matches (glob(3): *, ?, [...]), sorted bytewise; empty when none match.
+// Throws InputError naming the pattern when glob(3) fails (out of memory, unreadable directory).
+std::vector<std::string> glob_paths(const std::string& pattern);
+
 bool path_exists(const std::string& path);
 bool is_directory(const std::string& path);
 std::string join_path(const std::string& a, const std::string& b);

@@ -78,9 +78,18 @@ std::string dataset_kind(const config::Experiment& e, const Model& model) {
       return "jpeg_folder";
     case config::DataConfig::SYNTHETIC:
       return model.input_dtype == DType::I64 ? "synthetic_tokens" : "synthetic_images";
+    case config::DataConfig::LLMC_SHARDS:
+      return "llmc_shards";
     default:
       return "?";
   }
+}
+
+std::string dataset_path(const config::Experiment& e, const std::string& split) {
+  if (e.data().kind() == config::DataConfig::LLMC_SHARDS && split == "test") {
+    return e.data().eval_path();
+  }
+  return e.data().path();
 }
 
 data::DatasetOptions dataset_options(const config::Experiment& e, const Model& model) {

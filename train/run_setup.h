@@ -36,6 +36,9 @@ bool progress_bar_wanted(const config::LoggingConfig& logging, const World& worl
 // The dataset kind name data::make_dataset takes, and its options, for this experiment's model.
 std::string dataset_kind(const config::Experiment& experiment, const Model& model);
 data::DatasetOptions dataset_options(const config::Experiment& experiment, const Model& model);
+// The path data::make_dataset reads `split` from ("train", or data.eval_split): data.path, but
+// for LLMC_SHARDS evaluation ("test") data.eval_path, the validation shards' glob.
+std::string dataset_path(const config::Experiment& experiment, const std::string& split);
 // The training loader of this rank.
 data::LoaderOptions loader_options(const config::Experiment& experiment,
                                    const config::BatchPlan& plan, const World& world,

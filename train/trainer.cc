@@ -194,9 +194,10 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
 
   const std::string kind = dataset_kind(s.e, s.model);
   const data::DatasetOptions dataset = dataset_options(s.e, s.model);
-  s.train_set = data::make_dataset(kind, s.e.data().path(), "train", dataset);
-  if (s.e.data().eval_split() != "none") {
-    s.eval_set = data::make_dataset(kind, s.e.data().path(), s.e.data().eval_split(), dataset);
+  s.train_set = data::make_dataset(kind, dataset_path(s.e, "train"), "train", dataset);
+  const std::string& eval_split = s.e.data().eval_split();
+  if (eval_split != "none") {
+    s.eval_set = data::make_dataset(kind, dataset_path(s.e, eval_split), eval_split, dataset);
   }
   s.loader =
       std::make_unique<data::DataLoader>(s.train_set, loader_options(s.e, s.plan, world, s.device));

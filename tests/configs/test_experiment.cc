@@ -541,6 +541,61 @@ TEST(Paths, EachFieldNamingAPathGetsItsKind) {
                {1, false, path, {}}));
 }
 
+// LLMC_SHARDS: data.path is a glob that must match a regular file, and so is data.eval_path,
+// whose default is data.path with its last "train" replaced by "val".
+TEST(Paths, LlmcShardsTakeGlobsAndDeriveTheValidationGlob) {
+  const fs::path dir = fs::temp_directory_path() / "kiln_test_configs_shards";
+  fs::remove_all(dir);
+  fs::create_directories(dir / "train");
+  std::ofstream(dir / "train" / "web_train_000001.bin") << "shard";
+  std::ofstream(dir / "train" / "web_val_000000.bin") << "shard";
+  std::ofstream(dir / "web_000001.bin") << "shard";
+  const std::string train_glob = (dir / "train" / "web_train_*.bin").string();
+  const std::string val_glob = (dir / "train" / "web_val_*.bin").string();
+  const std::string path =
+      write_temp("shards.pbtxt", "model { name: \"gpt2\" }\ndata { kind: LLMC_SHARDS }\n");
+  const auto load = [&](const std::vector<std::string>& overrides) {
+    return load_experiment(path, overrides);
+  };
+  const auto message_for = [&](const std::vector<std::string>& overrides) {
+    return error_of([&] { validate(load(overrides), {1, false, path, overrides}); });
+  };
+
+  // The directory named train keeps its name; the file name's "train" becomes "val".
+  const Experiment derived = load({"data.path=" + train_glob});
+  EXPECT_EQ(derived.data().eval_path(), val_glob);
+  EXPECT_NO_THROW(validate(derived, {1, false, path, {"data.path=" + train_glob}}));
+  EXPECT_EQ(load({"data.path=" + train_glob, "data.eval_path=" + train_glob}).data().eval_path(),
+            train_glob);
+  // Other kinds get no eval_path.
+  EXPECT_FALSE(load({"data.kind=TOKENS", "data.path=" + train_glob}).data().has_eval_path());
+
+  std::string message = message_for({"data.path=" + (dir / "web_train_*.bin").string()});
+  EXPECT_NE(
+      message.find("data.path = \"" + (dir / "web_train_*.bin").string() + "\": matches no file"),
+      std::string::npos)
+      << message;
+  message = message_for({"data.path=" + (dir / "tr*").string()});
+  EXPECT_NE(message.find("matches 1 path, none a regular file (" + (dir / "train").string() +
+                         " is a directory)"),
+            std::string::npos)
+      << message;
+  const std::string no_train = (dir / "web_*.bin").string();
+  message = message_for({"data.path=" + no_train});
+  EXPECT_NE(message.find("data.eval_path = \"\" (the default): no default"), std::string::npos)
+      << message;
+  EXPECT_NO_THROW(
+      validate(load({"data.path=" + no_train, "data.eval_split=none"}), {1, false, path, {}}));
+  fs::remove(dir / "train" / "web_val_000000.bin");
+  message = message_for({"data.path=" + train_glob});
+  EXPECT_NE(message.find("data.eval_path = \"" + val_glob + "\" (the default): matches no file"),
+            std::string::npos)
+      << message;
+  EXPECT_NO_THROW(
+      validate(load({"data.path=" + train_glob, "data.eval_split=train"}), {1, false, path, {}}));
+  fs::remove_all(dir);
+}
+
 // ---------------------------------------------------------------------------------------
 // `kiln config` on a machine without the job's device.
 
@@ -659,6 +714,18 @@ const std::vector<BadCase>& bad_cases() {
       {"resume_file",
        {":3:3: checkpoint.resume = \"/dev/null\": is a character device, not a "
         "checkpoint directory"}},
+      {"shards_for_resnet",
+       {":4:3: data.kind = LLMC_SHARDS", "next-token data for the GPT-2 models",
+        "model.name is \"resnet18\""}},
+      {"shards_glob_matches_nothing",
+       {":5:3: data.path = \"/nonexistent/kiln/fineweb_train_*.bin\": matches no file",
+        "a glob of llm.c token shards"},
+       8,
+       true,
+       false},
+      {"eval_path_without_shards",
+       {":5:3: data.eval_path = \"/data/cifar_val_*.bin\"",
+        "applies to LLMC_SHARDS only (data.kind is CIFAR10"}},
   };
   return cases;
 }

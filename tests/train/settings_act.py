@@ -23,6 +23,11 @@ BERT = ["model.name=bert_base", "model.bert.vocab_size=64", "model.bert.seq_len=
 GPT = ["model.name=gpt2", "model.gpt.vocab_size=64", "model.gpt.seq_len=8",
        "model.gpt.hidden_size=16", "model.gpt.num_layers=1", "model.gpt.num_heads=2",
        "model.gpt.intermediate_size=32", "model.gpt.max_positions=16", "data.kind=SYNTHETIC"]
+# A tiny GPT-2 on llm.c token shards (written by write_llmc_shards below).
+SHARDS = ["model.name=gpt2", "model.gpt.vocab_size=64", "model.gpt.seq_len=8", "model.gpt.max_positions=8",
+          "model.gpt.hidden_size=16", "model.gpt.num_layers=1", "model.gpt.num_heads=2",
+          "model.gpt.intermediate_size=32", "data.kind=LLMC_SHARDS", "data.path=@SHARDS/tiny_train_*.bin",
+          "data.workers=0", "data.eval_split=test", "train.eval_batches=1"]
 # On the CPU, the loss scaler runs with O1 in bf16.
 SCALED = ["precision.opt_level=O1", "precision.half=BF16", "precision.loss_scale.dynamic=true",
           "precision.loss_scale.init_scale=1024", "precision.loss_scale.growth_interval=1"]
@@ -136,6 +141,8 @@ CASES = {
                              BERT + ["model.bert.vocab_size=128", "data.kind=TOKENS", "data.path=@TOKENS",
                                      "data.mlm_probability=0.5"],
                              differs("losses")),
+    # The default evaluates tiny_val_*.bin (data.path's "train" replaced by "val").
+    "data.eval_path": (SHARDS, SHARDS + ["data.eval_path=@SHARDS/other_val_*.bin"], differs("eval")),
     "data.eval_split": ([], ["data.eval_split=train", "train.eval_batches=1"], differs("eval")),
     "data.augmentation.random_crop_padding": (AUGMENT, AUGMENT + ["data.augmentation.random_crop_padding=4"], differs("losses")),
     "data.augmentation.horizontal_flip": (AUGMENT, AUGMENT + ["data.augmentation.horizontal_flip=true"], differs("losses")),
@@ -232,7 +239,8 @@ def expand(overrides, case_dir):
         elif o == "@NP2":
             mpi = 2
         else:
-            o = o.replace("@INIT", INIT).replace("@TOKENS", TOKENS).replace("@DIR", case_dir)
+            o = o.replace("@INIT", INIT).replace("@TOKENS", TOKENS).replace("@SHARDS", SHARDS_DIR)
+            o = o.replace("@DIR", case_dir)
             out.append(o)
     return out, env, mpi
 
@@ -281,10 +289,28 @@ def write_tokens():
     return d
 
 
+def write_llmc_shards():
+    """LLMC_SHARDS data in llm.c's format (data/llmc_shards.h): two training shards and two sets
+    of validation shards with different tokens."""
+    import random
+    import struct
+    d = os.path.join(WORK, "shards")
+    os.makedirs(d, exist_ok=True)
+    for seed, name in enumerate(("tiny_train_000001.bin", "tiny_train_000002.bin",
+                                 "tiny_val_000000.bin", "other_val_000000.bin")):
+        rng = random.Random(seed)
+        tokens = [rng.randrange(64) for _ in range(2048)]
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
+            f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+    return d
+
+
 missing = sorted(schema_fields() - set(CASES))
 assert not missing, f"fields with no case in settings_act.py (add one that shows what they change): {missing}"
 INIT = init_from_file()
 TOKENS = write_tokens()
+SHARDS_DIR = write_llmc_shards()
 only = os.environ.get("SETTINGS_ONLY")
 failures = []
 for field, case in CASES.items():

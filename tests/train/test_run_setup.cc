@@ -75,6 +75,28 @@ TEST(RunSetup, DatasetOptionsFollowTheExperiment) {
   EXPECT_EQ(t.vocab_size, 50);
 }
 
+TEST(RunSetup, LlmcShardsTrainOnDataPathAndEvaluateEvalPath) {
+  const std::vector<std::string> tiny_gpt = {
+      "model.name=gpt2",          "model.gpt.vocab_size=64",     "model.gpt.seq_len=8",
+      "model.gpt.hidden_size=16", "model.gpt.num_layers=1",      "model.gpt.num_heads=2",
+      "data.kind=LLMC_SHARDS",    "data.path=/d/web_train_*.bin"};
+  const config::Experiment e = experiment(tiny_gpt);
+  const Model model = make_model(model_options_from(e));
+  EXPECT_EQ(dataset_kind(e, model), "llmc_shards");
+  EXPECT_EQ(dataset_path(e, "train"), "/d/web_train_*.bin");
+  EXPECT_EQ(dataset_path(e, "test"), "/d/web_val_*.bin");  // the default eval_path
+  const data::DatasetOptions o = dataset_options(e, model);
+  EXPECT_EQ(o.vocab_size, 64);  // every token of every shard must be below it
+  EXPECT_EQ(o.seq_len, 8);
+  std::vector<std::string> explicit_eval = tiny_gpt;
+  explicit_eval.push_back("data.eval_path=/v/*.bin");
+  EXPECT_EQ(dataset_path(experiment(explicit_eval), "test"), "/v/*.bin");
+  EXPECT_EQ(dataset_path(experiment(explicit_eval), "train"), "/d/web_train_*.bin");
+  // Other kinds evaluate a split of data.path.
+  const config::Experiment cifar = experiment({"data.kind=CIFAR10", "data.path=/c"});
+  EXPECT_EQ(dataset_path(cifar, "test"), "/c");
+}
+
 TEST(RunSetup, CommBackendFollowsTheExperiment) {
   EXPECT_EQ(comm_backend(experiment({}).parallel()), CommBackend::Auto);
   EXPECT_EQ(comm_backend(experiment({"parallel.backend=MPI"}).parallel()), CommBackend::Mpi);

@@ -1,0 +1,91 @@
+#pragma once
+// llm.c's token shards (the files its data scripts write, dev/data/data_common.py
+// write_datafile: fineweb.py, tinystories.py, tinyshakespeare.py) as a next-token dataset.
+//
+// File format (little-endian):
+//   offset    0  int32[256]  header: [0] magic 20240520, [1] version 1 (uint16 tokens),
+//                            [2] token count; the rest is not read
+//   offset 1024  uint16[count] the tokens, nothing after them
+// Training shards are named like /data/fineweb10B/fineweb_train_000001.bin, validation shards
+// ..._val_000000.bin; a dataset is the sorted set of files one glob matches.
+//
+// Shards are mapped read-only, never copied into memory: each is validated once when opened
+// (header, size, every token below the vocabulary), then get() reads its window straight from
+// the mapping, so the page cache, not the process, holds what is read.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+#include "data/file_io.h"
+
+namespace kiln::data {
+
+constexpr std::int32_t kLlmcShardMagic = 20240520;
+constexpr std::int32_t kLlmcShardVersion = 1;
+constexpr std::size_t kLlmcShardHeaderBytes = 256 * sizeof(std::int32_t);
+
+// One validated, mapped shard.
+class LlmcShard {
+ public:
+  // Throws InputError naming the file: a header shorter than 1024 bytes, the wrong magic or
+  // version, a size other than 1024 + 2 × count, or a token id >= vocab_size (naming the
+  // token's index and byte offset).
+  LlmcShard(const std::string& path, std::int64_t vocab_size);
+
+  const std::string& path() const { return file_.path(); }
+  std::int64_t token_count() const { return count_; }
+  // Token i, 0 <= i < token_count().
+  std::int64_t token(std::int64_t i) const {
+    const std::uint8_t* p = file_.data() + kLlmcShardHeaderBytes + 2 * i;
+    return static_cast<std::int64_t>(p[0] | (p[1] << 8));
+  }
+
+ private:
+  MappedFile file_;
+  std::int64_t count_ = 0;
+};
+
+// Writes `tokens` as an llm.c shard (for tests and benchmarks). Throws InputError on failure.
+void write_llmc_shard(const std::string& path, const std::vector<std::uint16_t>& tokens);
+
+// Next-token windows over every shard a glob matches. Shard s (in sorted path order) holding n
+// tokens gives floor((n - 1) / T) windows that do not overlap (stride T, as llm.c's loader):
+// window w is input tokens[w·T, w·T + T), target tokens[w·T + 1, w·T + T + 1), both (T) int64.
+// Dataset index i counts the windows of shard 0, then those of shard 1, and so on.
+//
+// The dataset has no order of its own: the loader's per-epoch permutation of all indices
+// (data/sampler.h) shuffles windows across shards, by seed and epoch, and splits them over the
+// ranks, so resuming from a LoaderState repeats the batches exactly. That is a superset of
+// llm.c's shard-order-then-window-order shuffle; its cost is 8 bytes of order per window (not
+// per token), and reads that jump between shards.
+class LlmcShardDataset : public Dataset {
+ public:
+  // Throws InputError naming the pattern when it matches nothing, and naming the file for a bad
+  // shard or one holding fewer than T + 1 tokens.
+  LlmcShardDataset(const std::string& pattern, std::int64_t seq_len, std::int64_t vocab_size);
+
+  std::int64_t size() const override { return first_window_.back(); }
+  SampleSpec spec() const override;
+  std::string describe() const override;
+  std::int64_t num_classes() const override { return vocab_size_; }
+  bool get(std::int64_t index, const SampleContext& context, void* input,
+           void* target) const override;
+
+  struct Position {
+    std::int64_t shard = 0;   // index into the sorted shard list
+    std::int64_t window = 0;  // window within the shard
+  };
+  Position position(std::int64_t index) const;
+  std::int64_t shard_count() const { return static_cast<std::int64_t>(shards_.size()); }
+  const LlmcShard& shard(std::int64_t s) const { return shards_[static_cast<std::size_t>(s)]; }
+
+ private:
+  std::string pattern_;
+  std::int64_t seq_len_, vocab_size_;
+  std::vector<LlmcShard> shards_;
+  std::vector<std::int64_t> first_window_;  // shard_count() + 1 entries: where each shard starts
+};
+
+}  // namespace kiln::data
