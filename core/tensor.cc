@@ -123,8 +123,10 @@ void* Tensor::data() const {
   return static_cast<char*>(storage_->data()) + offset_ * dtype_size(dtype_);
 }
 
-Tensor Tensor::view(const Shape& shape) const {
-  KILN_CHECK(is_contiguous(), "view of a non-contiguous tensor " + str() + "; use reshape()");
+namespace {
+
+// `shape` with its one -1 (if any) inferred, checked to hold `numel` elements.
+Shape resolve_shape(const Shape& shape, std::int64_t numel, const std::string& of) {
   Shape resolved = shape;
   std::int64_t known = 1, infer = -1;
   for (std::size_t i = 0; i < resolved.size(); ++i) {
@@ -136,20 +138,69 @@ Tensor Tensor::view(const Shape& shape) const {
     }
   }
   if (infer >= 0) {
-    KILN_CHECK(known > 0 && numel() % known == 0,
-               "view: cannot infer -1 in " + shape_str(shape) + " for " + str());
-    resolved[infer] = numel() / known;
+    KILN_CHECK(known > 0 && numel % known == 0,
+               "view: cannot infer -1 in " + shape_str(shape) + " for " + of);
+    resolved[infer] = numel / known;
   }
-  KILN_CHECK(shape_numel(resolved) == numel(),
-             "view: shape " + shape_str(shape) + " does not match " + str());
+  KILN_CHECK(shape_numel(resolved) == numel,
+             "view: shape " + shape_str(shape) + " does not match " + of);
+  return resolved;
+}
+
+}  // namespace
+
+Tensor Tensor::view(const Shape& shape) const {
+  KILN_CHECK(is_contiguous(), "view of a non-contiguous tensor " + str() + "; use reshape()");
   Tensor t = *this;
-  t.shape_ = resolved;
-  t.strides_ = contiguous_strides(resolved);
+  t.shape_ = resolve_shape(shape, numel(), str());
+  t.strides_ = contiguous_strides(t.shape_);
   return t;
 }
 
+namespace {
+
+// The strides under which `shape` views memory laid out as (old_shape, old_strides), or false
+// when it cannot without a copy: PyTorch's computeStride. Each run of dimensions that are
+// contiguous among themselves must be split or merged whole.
+bool view_strides(const Shape& old_shape, const Shape& old_strides, const Shape& shape,
+                  Shape* strides) {
+  strides->assign(shape.size(), 1);
+  if (old_shape.empty()) return true;
+  std::int64_t view_d = static_cast<std::int64_t>(shape.size()) - 1;
+  std::int64_t chunk_stride = old_strides.back(), tensor_numel = 1, view_numel = 1;
+  for (std::int64_t d = static_cast<std::int64_t>(old_shape.size()) - 1; d >= 0; --d) {
+    tensor_numel *= old_shape[d];
+    const bool chunk_ends =
+        d == 0 || (old_shape[d - 1] != 1 && old_strides[d - 1] != tensor_numel * chunk_stride);
+    if (!chunk_ends) continue;
+    while (view_d >= 0 && (view_numel < tensor_numel || shape[view_d] == 1)) {
+      (*strides)[view_d] = view_numel * chunk_stride;
+      view_numel *= shape[view_d];
+      --view_d;
+    }
+    if (view_numel != tensor_numel) return false;
+    if (d > 0) {
+      chunk_stride = old_strides[d - 1];
+      tensor_numel = 1;
+      view_numel = 1;
+    }
+  }
+  return view_d == -1;
+}
+
+}  // namespace
+
 Tensor Tensor::reshape(const Shape& shape) const {
-  return is_contiguous() ? view(shape) : contiguous().view(shape);
+  if (is_contiguous()) return view(shape);
+  const Shape resolved = resolve_shape(shape, numel(), str());
+  Shape strides;
+  if (numel() > 0 && view_strides(shape_, strides_, resolved, &strides)) {
+    Tensor t = *this;
+    t.shape_ = resolved;
+    t.strides_ = strides;
+    return t;
+  }
+  return contiguous().view(shape);
 }
 
 Tensor Tensor::slice(std::int64_t d, std::int64_t start, std::int64_t end) const {

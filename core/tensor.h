@@ -80,7 +80,9 @@ class Tensor {
 
   // Views (share storage).
   Tensor view(const Shape& shape) const;     // contiguous tensors only; one -1 allowed
-  Tensor reshape(const Shape& shape) const;  // a view when possible, else a copy
+  // A view when the strides allow (contiguous, or merging/splitting dimensions that are laid out
+  // contiguously among themselves, as PyTorch's), else a contiguous copy.
+  Tensor reshape(const Shape& shape) const;
   Tensor flatten() const { return reshape({-1}); }
   Tensor slice(std::int64_t dim, std::int64_t start, std::int64_t end) const;
   Tensor select(std::int64_t dim, std::int64_t index) const;  // drops `dim`

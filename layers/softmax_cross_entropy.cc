@@ -27,7 +27,9 @@ Tensor SoftmaxCrossEntropy::forward(Context& ctx, const Tensor& logits, const Te
                                           targets.str());
   Device device = logits.device();
   logits_shape_ = logits.shape();
-  logits_ = logits.contiguous().view({rows, classes});                  // (N, C)
+  // (N, C); rows may be padded (a row stride above C, GPT-2's LM head), columns are unit-stride.
+  logits_ = logits.reshape({rows, classes});
+  if (classes > 1 && logits_.stride(1) != 1) logits_ = logits_.contiguous();
   targets_ = targets.to(device, DType::I64).contiguous().view({rows});  // (N)
   if (device.is_cuda()) {
     row_lse_ = Tensor::empty({rows}, DType::F32, device);
@@ -46,10 +48,11 @@ Tensor SoftmaxCrossEntropy::forward(Context& ctx, const Tensor& logits, const Te
   const std::int64_t* t = targets_.data<std::int64_t>();
   double total = 0, counted = 0, correct = 0;
   double eps = label_smoothing_;
+  const std::int64_t ld = logits_.stride(0);
   KILN_DISPATCH_FLOATING(logits_.dtype(), T, {
     const T* x = logits_.data<T>();
     for (std::int64_t r = 0; r < rows; ++r) {
-      const T* row = x + r * classes;
+      const T* row = x + r * ld;
       double max = -std::numeric_limits<double>::infinity(), sum_x = 0;
       std::int64_t argmax = 0;
       for (std::int64_t c = 0; c < classes; ++c) {
@@ -93,12 +96,13 @@ Tensor SoftmaxCrossEntropy::backward(Context& ctx, double scale, bool reuse_logi
     cuda::softmax_cross_entropy_backward(logits_, targets_, label_smoothing_, ignore_index_,
                                          row_lse_, counted_, scale, dlogits);
     release_saved();
-    return dlogits.view(logits_shape_);
+    return dlogits.reshape(logits_shape_);
   }
   const double* lse = row_lse_.data<double>();
   const std::int64_t* t = targets_.data<std::int64_t>();
   double eps = label_smoothing_;
   double factor = scale / std::max(counted_.item(), 1.0);
+  const std::int64_t ld = logits_.stride(0), ld_out = dlogits.stride(0);
   KILN_DISPATCH_FLOATING(logits_.dtype(), T, {
     const T* x = logits_.data<T>();
     T* dx = dlogits.data<T>();
@@ -107,15 +111,15 @@ Tensor SoftmaxCrossEntropy::backward(Context& ctx, double scale, bool reuse_logi
       for (std::int64_t c = 0; c < classes; ++c) {
         double g = 0;
         if (!ignored) {
-          double p = std::exp(static_cast<double>(cpu::load(x[r * classes + c])) - lse[r]);
+          double p = std::exp(static_cast<double>(cpu::load(x[r * ld + c])) - lse[r]);
           g = factor * (p - (c == t[r] ? 1.0 - eps : 0.0) - eps / static_cast<double>(classes));
         }
-        dx[r * classes + c] = cpu::store<T>(g);
+        dx[r * ld_out + c] = cpu::store<T>(g);
       }
     }
   });
   release_saved();
-  return dlogits.view(logits_shape_);
+  return dlogits.reshape(logits_shape_);
 }
 
 void SoftmaxCrossEntropy::check_targets() {

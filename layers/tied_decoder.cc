@@ -5,6 +5,10 @@
 
 namespace kiln {
 
+namespace {
+constexpr std::int64_t kRowAlignment = 64;
+}  // namespace
+
 TiedDecoder::TiedDecoder(Parameter* weight, std::int64_t vocab, std::int64_t hidden, bool bias)
     : weight_(weight), vocab_(vocab), hidden_(hidden) {
   use_shared_parameter(weight_);
@@ -33,16 +37,22 @@ Tensor TiedDecoder::forward_impl(Context& ctx, const Tensor& x) {  // (N..., E) 
   DType mm = transformer_ops::matmul_dtype(ctx, act);
   input_shape_ = x.shape();
   x_mm_ = x.contiguous().view({n, hidden_}).to(mm);
-  Tensor y = Tensor::empty({n, vocab_}, act, x.device());
+  // Without a bias the rows are padded to a multiple of 64 elements: GEMMs on a leading dimension
+  // of 50257 (GPT-2's vocabulary) run at a sixth of the speed of aligned ones. The logits are a
+  // row-strided view of the padded buffer, which the loss reads as it is.
+  const std::int64_t ld =
+      bias_ ? vocab_ : (vocab_ + kRowAlignment - 1) / kRowAlignment * kRowAlignment;
+  Tensor y = Tensor::empty({n, ld}, act, x.device()).slice(1, 0, vocab_);  // (N, V)
   ops::gemm(false, true, 1.0, x_mm_, cache_.get(weight_->value, mm, ctx.weights_version), 0.0, y);
   if (bias_) transformer_ops::add_bias(y, bias_->value);
-  return y.view(output_shape(x.shape()));
+  return y.reshape(output_shape(x.shape()));
 }
 
 Tensor TiedDecoder::backward_impl(Context& ctx, const Tensor& dy) {
   std::int64_t n = x_mm_.size(0);
   DType mm = x_mm_.dtype();
-  Tensor dy2 = dy.contiguous().view({n, vocab_});
+  Tensor dy2 = dy.reshape({n, vocab_});  // (N, V), rows padded as the forward's may be
+  if (vocab_ > 1 && dy2.stride(1) != 1) dy2 = dy2.contiguous();
   Tensor dy_mm = dy2.to(mm);
   if (bias_) transformer_ops::accumulate_bias_grad(dy2, bias_->grad);
   ops::gemm_accumulate(true, false, dy_mm, x_mm_, weight_->grad);

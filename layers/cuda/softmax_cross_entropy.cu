@@ -26,16 +26,16 @@ __device__ __forceinline__ void max_merge(float& v, std::int64_t& i, float ov, s
 }
 
 template <typename T>
-__global__ void cross_entropy_forward_kernel(const T* logits, const std::int64_t* targets,
-                                             std::int64_t classes, float smoothing,
-                                             std::int64_t ignore_index, float* row_lse,
-                                             float* row_loss, int* row_flags) {
+__global__ void cross_entropy_forward_kernel(const T* logits, std::int64_t ld,
+                                             const std::int64_t* targets, std::int64_t classes,
+                                             float smoothing, std::int64_t ignore_index,
+                                             float* row_lse, float* row_loss, int* row_flags) {
   __shared__ float s_max[kRowThreads / 32], s_sum[kRowThreads / 32];
   __shared__ std::int64_t s_arg[kRowThreads / 32];
   __shared__ float s_row_max, s_row_sum_x;
   __shared__ std::int64_t s_row_arg;
   const std::int64_t row = blockIdx.x;
-  const T* x = logits + row * classes;
+  const T* x = logits + row * ld;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 
   // Pass 1: maximum, its first index, and the sum of the logits (for label smoothing).
@@ -143,13 +143,14 @@ __global__ void cross_entropy_finish_kernel(const float* row_loss, const int* ro
 }
 
 template <typename T>
-__global__ void cross_entropy_backward_kernel(const T* logits, const std::int64_t* targets,
-                                              std::int64_t classes, float smoothing,
-                                              std::int64_t ignore_index, const float* row_lse,
-                                              const float* counted, float scale, T* dlogits) {
+__global__ void cross_entropy_backward_kernel(const T* logits, std::int64_t ld,
+                                              const std::int64_t* targets, std::int64_t classes,
+                                              float smoothing, std::int64_t ignore_index,
+                                              const float* row_lse, const float* counted,
+                                              float scale, T* dlogits, std::int64_t ld_out) {
   const std::int64_t row = blockIdx.x;
-  const T* x = logits + row * classes;
-  T* dx = dlogits + row * classes;
+  const T* x = logits + row * ld;
+  T* dx = dlogits + row * ld_out;
   std::int64_t t = targets[row];
   bool skip = t == ignore_index || t < 0 || t >= classes;
   float n = *counted;
@@ -179,9 +180,10 @@ void softmax_cross_entropy_forward(const Tensor& logits, const Tensor& targets, 
   if (rows > 0) {
     KILN_CUDA_DISPATCH_FLOATING(logits.dtype(), T, {
       cross_entropy_forward_kernel<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
-          static_cast<const T*>(logits.data()), static_cast<const std::int64_t*>(targets.data()),
-          classes, static_cast<float>(smoothing), ignore_index, static_cast<float*>(row_lse.data()),
-          static_cast<float*>(row_loss.data()), static_cast<int*>(row_flags.data()));
+          static_cast<const T*>(logits.data()), logits.stride(0),
+          static_cast<const std::int64_t*>(targets.data()), classes, static_cast<float>(smoothing),
+          ignore_index, static_cast<float*>(row_lse.data()), static_cast<float*>(row_loss.data()),
+          static_cast<int*>(row_flags.data()));
       KILN_CUDA_LAUNCH_CHECK();
     });
   }
@@ -200,10 +202,11 @@ void softmax_cross_entropy_backward(const Tensor& logits, const Tensor& targets,
   auto stream = static_cast<cudaStream_t>(current_stream(logits.device()));
   KILN_CUDA_DISPATCH_FLOATING(logits.dtype(), T, {
     cross_entropy_backward_kernel<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
-        static_cast<const T*>(logits.data()), static_cast<const std::int64_t*>(targets.data()),
-        classes, static_cast<float>(smoothing), ignore_index,
-        static_cast<const float*>(row_lse.data()), static_cast<const float*>(counted.data()),
-        static_cast<float>(scale), static_cast<T*>(dlogits.data()));
+        static_cast<const T*>(logits.data()), logits.stride(0),
+        static_cast<const std::int64_t*>(targets.data()), classes, static_cast<float>(smoothing),
+        ignore_index, static_cast<const float*>(row_lse.data()),
+        static_cast<const float*>(counted.data()), static_cast<float>(scale),
+        static_cast<T*>(dlogits.data()), dlogits.stride(0));
     KILN_CUDA_LAUNCH_CHECK();
   });
 }

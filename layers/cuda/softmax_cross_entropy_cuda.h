@@ -8,6 +8,7 @@
 namespace kiln {
 
 namespace cuda {
+// logits and dlogits are (N, C) with unit column stride and any row stride (a padded row).
 // One block per row: row_lse, row_loss and row_flags (1 counted, 2 correct, 4 invalid target);
 // then one block reduces the rows in a fixed order into loss, counted, correct and adds the
 // batch's invalid rows to `invalid`.

@@ -55,6 +55,27 @@ TEST(Tensor, TransposePermuteContiguous) {
   EXPECT_EQ(iota({3}).unsqueeze(0).shape(), (Shape{1, 3}));
 }
 
+// reshape of a row-strided tensor (the first 5 of 8 columns) views it where the rows stay rows,
+// and copies where elements of different rows would have to be adjacent.
+TEST(Tensor, ReshapeViewsStridedRowsWithoutACopy) {
+  Tensor base = iota({6, 8});
+  Tensor rows = base.slice(1, 0, 5);  // (6, 5), row stride 8
+  Tensor split = rows.reshape({2, 3, 5});
+  EXPECT_EQ(split.data(), rows.data());
+  EXPECT_EQ(split.stride(0), 24);
+  EXPECT_EQ(split.stride(1), 8);
+  EXPECT_EQ(split.to_vector<float>(), rows.contiguous().to_vector<float>());
+  Tensor merged = split.reshape({-1, 5});
+  EXPECT_EQ(merged.data(), rows.data());
+  EXPECT_EQ(merged.shape(), (Shape{6, 5}));
+  EXPECT_EQ(merged.stride(0), 8);
+  Tensor flat = rows.reshape({30});
+  EXPECT_NE(flat.data(), rows.data());
+  EXPECT_TRUE(flat.is_contiguous());
+  EXPECT_EQ(flat.to_vector<float>(), rows.contiguous().to_vector<float>());
+  EXPECT_EQ(rows.reshape({6, 1, 5}).stride(0), 8);
+}
+
 TEST(Tensor, DtypeRoundTrips) {
   Tensor t = Tensor::from_vector<float>({1.0f, -2.5f, 3.140625f, 65504.0f}, {4});
   EXPECT_EQ(t.to(DType::F16).to(DType::F32).to_vector<float>(), t.to_vector<float>());

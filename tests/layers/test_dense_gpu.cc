@@ -245,7 +245,8 @@ TEST_F(DenseGpu, SoftmaxCrossEntropyMatchesCpu) {
         gpu_loss.forward(gctx, own, targets.to(kGpu));
         Tensor reused = gpu_loss.backward(gctx, 1024.0, /*reuse_logits=*/true);
         EXPECT_EQ(reused.data(), own.data());
-        EXPECT_EQ(reused.to(Device::cpu()).to_vector<float>(), dg.to(Device::cpu()).to_vector<float>());
+        EXPECT_EQ(reused.to(Device::cpu()).to_vector<float>(),
+                  dg.to(Device::cpu()).to_vector<float>());
       }
     }
   }

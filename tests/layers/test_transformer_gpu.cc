@@ -392,8 +392,9 @@ TEST_P(TransformerGpu, CausalAttentionWithMaskAndDropoutMatchesCpu) {
         ctx.training = training;
         if (training) ctx.attention_mask = padding_mask(b, t);
         seed += 3;
+        // f32 sums over up to 1024 keys in another order on each side.
         compare_layer(attn, random_cpu({b, t, e}, dt, seed), {b, t, e}, dt, ctx,
-                      dt == DType::F32 ? 200 : 32, seed + 1,
+                      dt == DType::F32 ? 400 : 32, seed + 1,
                       "causal attention T=" + std::to_string(t) +
                           (training ? " train " : " eval ") + path.name);
       }
