@@ -25,6 +25,7 @@
 #                 the same model shrinking
 #   mpirun, launch/kiln-mpirun: at most 2 ranks (-np 8 -> -np 2), --hostfile dropped
 #   data.path=/data/cifar-10-batches-bin: a CIFAR-10 directory of the real format written here
+#   /data/fineweb10B: llm.c shards (one train, one val, GPT-2's ids) written here
 #   --onnx, --dump-logits, --dump-inputs FILE: written to the scratch directory
 #   [--json]      optional parts run both without and with
 #   --resume      "continue from a checkpoint": when no documented train of the config ran
@@ -36,7 +37,7 @@
 source "$(dirname "$0")/lib.sh"
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 python3 - "$KILN" "$SRC" "$WORK" "${MPIEXEC:-mpirun}" <<'PY'
-import atexit, json, os, re, shlex, shutil, signal, subprocess, sys, tempfile, time
+import atexit, json, os, re, shlex, shutil, signal, struct, subprocess, sys, tempfile, time
 
 kiln, src, work, mpiexec = sys.argv[1:5]
 SUBCOMMANDS = {"train", "eval", "export", "config", "model", "bench", "autobatch", "info", "replay",
@@ -112,6 +113,20 @@ RUNS = tempfile.mkdtemp(prefix="kiln-doc-runs-", dir="/dev/shm" if os.access("/d
 atexit.register(shutil.rmtree, RUNS, True)
 CIFAR = os.path.join(work, "cifar-10-batches-bin")
 write_cifar10(CIFAR)
+
+
+# llm.c's shard format (256 int32: magic, version, count; then uint16 tokens), GPT-2's ids.
+def write_fineweb(root):
+    os.makedirs(root, exist_ok=True)
+    for name in ["fineweb_train_000001.bin", "fineweb_val_000000.bin"]:
+        count = 20000
+        with open(os.path.join(root, name), "wb") as f:
+            f.write(struct.pack("<256i", 20240520, 1, count, *([0] * 253)))
+            f.write(struct.pack("<%dH" % count, *((i * 7919) % 50257 for i in range(count))))
+
+
+FINEWEB = os.path.join(work, "fineweb10B")
+write_fineweb(FINEWEB)
 last_train_dir = {}
 counter = [0]
 
@@ -193,7 +208,8 @@ def gpt_vocab_size(args):
 def cpu_form(kiln_args, ranks):
     """The kiln arguments of a documented command in their CPU-feasible form."""
     sub, args = kiln_args[0], kiln_args[1:]
-    args = [a.replace("/data/cifar-10-batches-bin", CIFAR) for a in args]
+    args = [a.replace("/data/cifar-10-batches-bin", CIFAR).replace("/data/fineweb10B", FINEWEB)
+            for a in args]
     stem = config_stem(args)
     sets = []
     # Files a command writes go to the scratch directory, not the source tree it runs in.
