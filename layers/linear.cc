@@ -4,6 +4,7 @@
 
 #include "core/cpu/element.h"
 #include "core/ops.h"
+#include "layers/cuda/activations_cuda.h"
 #include "layers/cuda/linear_cuda.h"
 
 namespace kiln {
@@ -80,6 +81,7 @@ Tensor Linear::forward_impl(Context& ctx, const Tensor& x) {  // (N..., in) -> (
   input_shape_ = x.shape();
   std::int64_t rows = x.numel() / in_features_;
   DType out_dtype = ctx.precision.activation;
+  output_dtype_ = out_dtype;
   if (x.device().is_cuda()) {
     DType mm = ctx.precision.matmul;
     saved_input_ = x.to(mm).contiguous().view({rows, in_features_});         // (M, in)
@@ -109,6 +111,22 @@ Tensor Linear::forward_impl(Context& ctx, const Tensor& x) {  // (N..., in) -> (
   if (activation_ == Activation::ReLU) saved_activation_ = y;
   if (activation_ == Activation::GELU || activation_ == Activation::GELUErf) saved_activation_ = z;
   return y.to(out_dtype).view(out_shape);
+}
+
+bool Linear::can_recompute_output() const {
+  return (activation_ == Activation::GELU || activation_ == Activation::GELUErf) &&
+         saved_activation_.defined() && saved_activation_.device().is_cuda() &&
+         saved_ld_ == out_features_ && saved_activation_.dtype() == saved_input_.dtype() &&
+         output_dtype_ == saved_input_.dtype();
+}
+
+Tensor Linear::recompute_output() const {
+  KILN_CHECK(can_recompute_output(), "Linear " + name() + ": no output to recompute");
+  Tensor z = saved_activation_.view({-1, out_features_});  // (M, out)
+  Tensor y = Tensor::empty(z.shape(), z.dtype(), z.device());
+  DeviceGuard guard(z.device());
+  cuda::activation_forward(activation_, z, y);
+  return y;
 }
 
 Tensor Linear::backward_impl(Context& ctx, const Tensor& dy) {

@@ -38,6 +38,17 @@ class Linear : public Layer {
   Parameter& weight() { return *weight_; }
   Parameter* bias() { return bias_; }  // null without bias
 
+  // Activation recomputation (GPT-2's MLP, as llm.c does it): a GELU layer can recompute the
+  // output its last forward returned from the pre-activation it keeps for backward, and the next
+  // layer can drop the copy of that output it kept as its input and be handed the recomputation
+  // before its backward: (tokens x intermediate) less memory per block until backward.
+  // Whether recompute_output() can serve: CUDA, GELU kept as a dense pre-activation in the GEMM
+  // dtype, and the output in that dtype too (O2, O3).
+  bool can_recompute_output() const;
+  Tensor recompute_output() const;  // (M, out) in the GEMM dtype
+  void drop_saved_input() { saved_input_ = Tensor(); }
+  void restore_saved_input(const Tensor& x) { saved_input_ = x; }  // (M, in) in the GEMM dtype
+
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& x) override;
   Tensor backward_impl(Context& ctx, const Tensor& dy) override;
@@ -67,6 +78,7 @@ class Linear : public Layer {
   Tensor saved_input_;         // (M, in) in the GEMM dtype
   Tensor saved_activation_;    // ReLU: y (M, out); GELU: z = x W^T + b (M, ld >= out); else empty
   std::int64_t saved_ld_ = 0;  // leading dimension of saved_activation_
+  DType output_dtype_ = DType::F32;
 };
 
 }  // namespace kiln

@@ -48,6 +48,7 @@ TransformerBlockConfig TransformerBlockConfig::gpt2(std::int64_t hidden, std::in
   c.qkv_layout = QkvLayout::FusedConv1D;
   c.causal = true;
   c.mlp_activation = Activation::GELU;
+  c.recompute_mlp_activation = true;
   c.attention_name = "attn";
   c.attention_norm_name = "ln_1";
   c.mlp_in_name = "mlp.c_fc";
@@ -106,7 +107,11 @@ Tensor TransformerBlock::forward_impl(Context& ctx, const Tensor& x) {
   auto mlp = [&](const Tensor& h) {
     Tensor f = mlp_in_->forward(ctx, h);
     if (mlp_inner_dropout_) f = mlp_inner_dropout_->forward(ctx, f);
-    return mlp_output_dropout_->forward(ctx, mlp_out_->forward(ctx, f));
+    Tensor y = mlp_out_->forward(ctx, f);
+    recomputed_mlp_ = config_.recompute_mlp_activation && !mlp_inner_dropout_ && ctx.training &&
+                      mlp_in_->can_recompute_output();
+    if (recomputed_mlp_) mlp_out_->drop_saved_input();
+    return mlp_output_dropout_->forward(ctx, y);
   };
   if (config_.pre_norm) {
     Tensor a =
@@ -121,6 +126,7 @@ Tensor TransformerBlock::forward_impl(Context& ctx, const Tensor& x) {
 
 Tensor TransformerBlock::backward_impl(Context& ctx, const Tensor& dy) {
   auto mlp_backward = [&](const Tensor& d) {
+    if (recomputed_mlp_) mlp_out_->restore_saved_input(mlp_in_->recompute_output());
     Tensor g = mlp_out_->backward(ctx, mlp_output_dropout_->backward(ctx, d));
     if (mlp_inner_dropout_) g = mlp_inner_dropout_->backward(ctx, g);
     return mlp_in_->backward(ctx, g);

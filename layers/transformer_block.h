@@ -30,6 +30,10 @@ struct TransformerBlockConfig {
   QkvLayout qkv_layout = QkvLayout::SeparateQKV;
   bool causal = false;                              // query i attends keys j <= i (GPT)
   Activation mlp_activation = Activation::GELUErf;  // GPT-2: GELU's tanh form
+  // The MLP's activation output is recomputed in backward from the pre-activation the first
+  // linear keeps (Linear::recompute_output) instead of kept twice (GPT-2; where it can: CUDA
+  // O2/O3).
+  bool recompute_mlp_activation = false;
   // Child names: the prefixes of their parameters.
   std::string attention_name = "attention";
   std::string attention_norm_name = "attention.output.LayerNorm";
@@ -79,6 +83,7 @@ class TransformerBlock : public Layer {
   Dropout* attention_output_dropout_;
   Dropout* mlp_inner_dropout_ = nullptr;
   Dropout* mlp_output_dropout_;
+  bool recomputed_mlp_ = false;  // the last forward dropped mlp_out's input (see the config)
 };
 
 }  // namespace kiln

@@ -73,8 +73,8 @@ cublasStatus_t run_matmul(const LtGemm& g, const LtPlan& plan, const cublasLtMat
                           void* d, void* workspace, std::size_t workspace_bytes,
                           cudaStream_t stream) {
   const bool wide = g.ab_type == DType::F64;
-  float alpha32 = 1.0f, beta32 = static_cast<float>(g.beta);
-  double alpha64 = 1.0, beta64 = g.beta;
+  float alpha32 = static_cast<float>(g.alpha), beta32 = static_cast<float>(g.beta);
+  double alpha64 = g.alpha, beta64 = g.beta;
   const void* alpha = wide ? static_cast<const void*>(&alpha64) : &alpha32;
   const void* beta = wide ? static_cast<const void*>(&beta64) : &beta32;
   return cublasLtMatmul(cublaslt_handle(), plan.op, alpha, g.a, plan.a, g.b, plan.b, beta, d,

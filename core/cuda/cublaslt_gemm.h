@@ -17,7 +17,7 @@
 namespace kiln::cuda {
 
 struct LtGemm {
-  // Column-major D (m, n) = op(A) op(B) + beta * D.
+  // Column-major D (m, n) = alpha op(A) op(B) + beta * D.
   bool trans_a = false, trans_b = false;
   std::int64_t m = 0, n = 0, k = 0;
   const void* a = nullptr;
@@ -28,7 +28,7 @@ struct LtGemm {
   void* d = nullptr;
   std::int64_t ldd = 0;
   DType d_type = DType::F32;
-  double beta = 0;
+  double alpha = 1, beta = 0;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;  // BIAS epilogues: (m) in d_type; BGRADB: output (n) in d_type
   void* aux = nullptr;         // GELU_AUX: pre-activation (m, n) in d_type, leading dim aux_ld

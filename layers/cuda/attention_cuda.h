@@ -28,7 +28,7 @@ void attention_softmax_forward(const Tensor& scores, const Tensor& mask, std::in
 void attention_softmax_backward(const Tensor& d_dropped, const Tensor& probs, double p,
                                 std::uint64_t key, std::uint64_t stream, Tensor& dscores);
 // The most bytes a fused attention backward takes for its (B*H, T, T) workspace (dS^T in the
-// flash kernels, dP in cuDNN's deterministic backward): KILN_ATTENTION_WORKSPACE_MB, default 256.
+// flash kernels, dP in cuDNN's deterministic backward): KILN_ATTENTION_WORKSPACE_MB, default 1024.
 // The flash backward runs in chunks of (batch * head) rows that fit; cuDNN's declines beyond it.
 std::int64_t attention_workspace_limit_bytes();
 // Fused attention (layers/cuda/flash_attention.cu): whether it serves this dtype, number of

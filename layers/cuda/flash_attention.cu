@@ -620,7 +620,7 @@ void check_packed(const Tensor& qkv, std::int64_t batch, std::int64_t heads,
 
 std::int64_t attention_workspace_limit_bytes() {
   const char* text = std::getenv("KILN_ATTENTION_WORKSPACE_MB");
-  if (text == nullptr) return std::int64_t{256} << 20;
+  if (text == nullptr) return std::int64_t{1024} << 20;
   char* end = nullptr;
   const double mb = std::strtod(text, &end);
   if (end == text || *end != '\0' || !(mb > 0) || mb > 1e9) {
