@@ -35,7 +35,8 @@ class TiedDecoder : public Layer {
   Parameter* bias_ = nullptr;
   std::int64_t vocab_, hidden_;
   WeightCastCache cache_;
-  Tensor x_mm_;  // (N, E)
+  WeightCastCache padded_cache_;  // CUDA: the weight with zero rows up to the logits' row length
+  Tensor x_mm_;                   // (N, E)
   Shape input_shape_;
   DType activation_ = DType::F32;
 };

@@ -17,4 +17,25 @@ const Tensor& WeightCastCache::get(const Tensor& value, DType dtype, std::uint64
   return cast_;
 }
 
+const Tensor& WeightCastCache::get_padded_rows(const Tensor& value, DType dtype,
+                                               std::uint64_t weights_version,
+                                               std::int64_t padded_rows) {
+  const std::int64_t rows = value.size(0);
+  if (!cast_.defined() || source_ != value.data() || version_ != weights_version ||
+      dtype_ != dtype || channels_last_ || cast_.device() != value.device() ||
+      cast_.size(0) != padded_rows) {
+    if (!cast_.defined() || cast_.size(0) != padded_rows || cast_.dtype() != dtype ||
+        cast_.device() != value.device()) {
+      cast_ = Tensor::zeros({padded_rows, value.size(1)}, dtype, value.device());
+    }
+    Tensor head = cast_.slice(0, 0, rows);
+    head.copy_from(value);
+    source_ = value.data();
+    version_ = weights_version;
+    dtype_ = dtype;
+    channels_last_ = false;
+  }
+  return cast_;
+}
+
 }  // namespace kiln

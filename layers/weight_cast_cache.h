@@ -16,6 +16,10 @@ class WeightCastCache {
   // version, the storage, the device, the dtype or the order differs from the last call's.
   const Tensor& get(const Tensor& value, DType dtype, std::uint64_t weights_version,
                     bool channels_last = false);
+  // `value` (rows, cols) in `dtype` with `rows` rounded up to `padded_rows` by zero rows, always a
+  // copy, made again under the same conditions as get()'s (GPT-2's LM head: aligned GEMMs).
+  const Tensor& get_padded_rows(const Tensor& value, DType dtype, std::uint64_t weights_version,
+                                std::int64_t padded_rows);
   // Forgets the copy (weights rewritten in place without a new version: reset_parameters).
   void clear() { *this = WeightCastCache(); }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <thread>
 #include <vector>
 
 #include "core/backend.h"
@@ -191,24 +192,54 @@ void gemm(bool ta, bool tb, double alpha, const Tensor& a, const Tensor& b, doub
   }
 }
 
+namespace {
+
+// fn(begin, end) over [0, n) in contiguous chunks on the machine's cores. Element i's value
+// depends on i alone (counter-based RNG), so the result does not depend on the split: GPT-2
+// XL's 1.5 billion initial weights in seconds instead of a minute.
+template <typename Fn>
+void for_chunks(std::int64_t n, Fn fn) {
+  constexpr std::int64_t kMinChunk = std::int64_t{1} << 20;
+  const std::int64_t cores = std::max<std::int64_t>(1, std::thread::hardware_concurrency());
+  const std::int64_t parts = std::min(cores, std::max<std::int64_t>(1, n / kMinChunk));
+  if (parts <= 1) {
+    fn(std::int64_t{0}, n);
+    return;
+  }
+  const std::int64_t chunk = (n + parts - 1) / parts;
+  std::vector<std::thread> threads;
+  for (std::int64_t begin = chunk; begin < n; begin += chunk) {
+    threads.emplace_back(fn, begin, std::min(n, begin + chunk));
+  }
+  fn(std::int64_t{0}, std::min(n, chunk));
+  for (std::thread& t : threads) t.join();
+}
+
+}  // namespace
+
 void fill_uniform(Tensor& x, double low, double high, std::uint64_t seed, std::uint64_t offset) {
   KILN_DISPATCH_FLOATING(x.dtype(), T, {
     T* p = static_cast<T*>(x.data());
-    for (std::int64_t i = 0, n = x.numel(); i < n; ++i) {
-      double u = philox_uniform(philox_word(seed, offset, static_cast<std::uint64_t>(i)));
-      p[i] = store<T>(x.dtype() == DType::F64 ? low + (high - low) * u
-                                              : static_cast<float>(low + (high - low) * u));
-    }
+    const bool wide = x.dtype() == DType::F64;
+    for_chunks(x.numel(), [=](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t i = begin; i < end; ++i) {
+        double u = philox_uniform(philox_word(seed, offset, static_cast<std::uint64_t>(i)));
+        p[i] = store<T>(wide ? low + (high - low) * u : static_cast<float>(low + (high - low) * u));
+      }
+    });
   });
 }
 
 void fill_normal(Tensor& x, double mean, double stddev, std::uint64_t seed, std::uint64_t offset) {
   KILN_DISPATCH_FLOATING(x.dtype(), T, {
     T* p = static_cast<T*>(x.data());
-    for (std::int64_t i = 0, n = x.numel(); i < n; ++i) {
-      double v = mean + stddev * philox_normal(seed, offset, static_cast<std::uint64_t>(i));
-      p[i] = store<T>(x.dtype() == DType::F64 ? v : static_cast<float>(v));
-    }
+    const bool wide = x.dtype() == DType::F64;
+    for_chunks(x.numel(), [=](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t i = begin; i < end; ++i) {
+        double v = mean + stddev * philox_normal(seed, offset, static_cast<std::uint64_t>(i));
+        p[i] = store<T>(wide ? v : static_cast<float>(v));
+      }
+    });
   });
 }
 
