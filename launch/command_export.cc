@@ -125,14 +125,7 @@ int run_export(const Arguments& args) {
       }
       path = *latest;
     }
-    train::Checkpoint c = train::CheckpointStore::load(path);
-    if (c.state.model_name() != e.model().name()) {
-      throw InputError(path + ": checkpoint of model '" + c.state.model_name() +
-                       "', this experiment's model is '" + e.model().name() + "'");
-    }
-    train::load_named_tensors({path + "/model.safetensors", &c.model.tensors,
-                               " (a checkpoint of a different model configuration)"},
-                              model.net->parameters(), model.net->buffers(), true);
+    train::Checkpoint c = train::load_model_checkpoint(path, e.model().name(), *model.net);
     source = path;
     step = c.state.step();
   }

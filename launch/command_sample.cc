@@ -82,14 +82,7 @@ std::string load_weights(const config::Experiment& e, const po::variables_map& v
           "checkpoint with --checkpoint DIR, or --set model.init_from=FILE.safetensors");
     }
   }
-  train::Checkpoint c = train::CheckpointStore::load(path);
-  if (c.state.model_name() != e.model().name()) {
-    throw InputError(path + ": checkpoint of model '" + c.state.model_name() +
-                     "', this experiment's model is '" + e.model().name() + "'");
-  }
-  train::load_named_tensors({path + "/model.safetensors", &c.model.tensors,
-                             " (a checkpoint of a different model configuration)"},
-                            model.net->parameters(), model.net->buffers(), true);
+  train::load_model_checkpoint(path, e.model().name(), *model.net);
   return path;
 }
 

@@ -41,6 +41,19 @@ void load_named_tensors(const NamedTensorSource& source, const std::vector<Param
   }
 }
 
+Checkpoint load_model_checkpoint(const std::string& path, const std::string& model_name,
+                                 Layer& net) {
+  Checkpoint c = CheckpointStore::load(path);
+  if (c.state.model_name() != model_name) {
+    throw InputError(path + ": checkpoint of model '" + c.state.model_name() +
+                     "', this experiment's model is '" + model_name + "'");
+  }
+  load_named_tensors({path + "/model.safetensors", &c.model.tensors,
+                      " (a checkpoint of a different model configuration)"},
+                     net.parameters(), net.buffers(), true);
+  return c;
+}
+
 Shape stored_shape(const Parameter& p) {
   Shape s = p.value.shape();
   if (p.stored_transposed) std::swap(s.at(0), s.at(1));

@@ -8,6 +8,7 @@
 
 #include "core/tensor.h"
 #include "layers/layer.h"
+#include "train/checkpoint.h"
 
 namespace kiln::train {
 
@@ -25,6 +26,12 @@ struct NamedTensorSource {
 // a missing one is an error too.
 void load_named_tensors(const NamedTensorSource& source, const std::vector<Parameter*>& parameters,
                         const std::vector<Buffer*>& buffers, bool buffers_required);
+
+// Reads the checkpoint at `path` and loads its model.safetensors into `net` (parameters and
+// buffers); refuses (InputError naming the checkpoint) one written for another model than
+// `model_name`. Returns the checkpoint, for its optimizer state and step.
+Checkpoint load_model_checkpoint(const std::string& path, const std::string& model_name,
+                                 Layer& net);
 
 // A parameter's value in the layout files hold it: transposed, (in, out), for a stored_transposed
 // weight; the value itself otherwise.

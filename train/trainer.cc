@@ -89,15 +89,8 @@ std::string resolve_resume(Trainer::State& s) {
 
 // Verified before step 1; a checkpoint of another model or batch layout is refused.
 void restore_checkpoint(Trainer::State& s, const std::string& path) {
-  Checkpoint c = CheckpointStore::load(path);
+  Checkpoint c = load_model_checkpoint(path, s.e.model().name(), *s.model.net);
   const config::CheckpointState& st = c.state;
-  if (st.model_name() != s.e.model().name()) {
-    throw InputError(path + ": checkpoint of model '" + st.model_name() +
-                     "', this experiment trains '" + s.e.model().name() + "'");
-  }
-  load_named_tensors({path + "/model.safetensors", &c.model.tensors,
-                      " (a checkpoint of a different model configuration)"},
-                     s.model.net->parameters(), s.model.net->buffers(), true);
   s.optimizer->load_state(c.optimizer.tensors);
   s.optimizer->load_scaler_state(st.loss_scaler());
   if (!s.options.evaluate_only &&

@@ -159,15 +159,7 @@ Model make_bert(const ModelOptions& options) {
   if (options.hidden_size % options.num_heads != 0)
     throw InputError("BERT: hidden_size " + std::to_string(options.hidden_size) +
                      " is not a multiple of num_heads " + std::to_string(options.num_heads));
-  Model m;
-  m.net = std::make_unique<BertForMaskedLM>(options);
-  m.net->set_name("");
-  m.net->reset_parameters(0);
-  m.sample_shape = {options.seq_len};
-  m.input_dtype = DType::I64;
-  m.task = Task::MaskedLM;
-  m.num_outputs = options.vocab_size;
-  return m;
+  return token_model(std::make_unique<BertForMaskedLM>(options), options, Task::MaskedLM);
 }
 
 }  // namespace kiln

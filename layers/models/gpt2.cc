@@ -122,16 +122,7 @@ Model make_gpt2(const ModelOptions& options) {
   if (options.hidden_size % options.num_heads != 0)
     throw InputError("GPT-2: hidden_size " + std::to_string(options.hidden_size) +
                      " is not a multiple of num_heads " + std::to_string(options.num_heads));
-  Model m;
-  m.net = std::make_unique<Gpt2LMHeadModel>(options);
-  m.net->set_name("");
-  m.net->reset_parameters(0);
-  m.sample_shape = {options.seq_len};
-  m.input_dtype = DType::I64;
-  m.task = Task::CausalLM;
-  m.num_outputs = options.vocab_size;
-  m.max_positions = options.max_positions;
-  return m;
+  return token_model(std::make_unique<Gpt2LMHeadModel>(options), options, Task::CausalLM);
 }
 
 }  // namespace kiln

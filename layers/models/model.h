@@ -48,6 +48,9 @@ struct Model {
 };
 
 Model make_model(const ModelOptions& options);  // throws InputError for an unknown name
+// The Model of a token network (BERT, GPT-2): (seq_len) I64 ids in, scores over the vocabulary
+// out, its parameters initialised with seed 0.
+Model token_model(std::unique_ptr<Layer> net, const ModelOptions& options, Task task);
 const std::vector<std::string>& model_names();
 
 // One per model family, implemented beside it.

@@ -1,5 +1,6 @@
 #include <functional>
 #include <map>
+#include <utility>
 
 #include "core/check.h"
 #include "layers/models/model.h"
@@ -46,6 +47,19 @@ Model make_model(const ModelOptions& options) {
   }
   Model m = it->second(options);
   m.net->set_name("");
+  return m;
+}
+
+Model token_model(std::unique_ptr<Layer> net, const ModelOptions& options, Task task) {
+  Model m;
+  m.net = std::move(net);
+  m.net->set_name("");
+  m.net->reset_parameters(0);
+  m.sample_shape = {options.seq_len};
+  m.input_dtype = DType::I64;
+  m.task = task;
+  m.num_outputs = options.vocab_size;
+  m.max_positions = task == Task::CausalLM ? options.max_positions : 0;
   return m;
 }
 

@@ -5,10 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "configs/experiment.h"
+#include "core/check.h"
+#include "train/parameter_loader.h"
 
 namespace kiln::train {
 namespace {
@@ -19,6 +23,62 @@ TEST(ModelOptions, TheSchemaAcceptsExactlyTheModelsTheRegistryBuilds) {
   std::sort(accepted.begin(), accepted.end());
   std::sort(built.begin(), built.end());
   EXPECT_EQ(accepted, built);
+}
+
+// The GPT-2 sizes: the parameter counts transformers gives (tied head counted once).
+TEST(ModelOptions, Gpt2SizesHaveTransformersParameterCounts) {
+  const std::vector<std::pair<std::string, std::int64_t>> sizes = {{"gpt2", 124439808},
+                                                                   {"gpt2_medium", 354823168}};
+  for (const auto& [name, count] : sizes) {
+    const ModelOptions o = default_model_options(name);
+    EXPECT_EQ(o.vocab_size, 50257) << name;
+    EXPECT_EQ(o.max_positions, 1024) << name;
+    std::int64_t n = 12LL * o.hidden_size * o.hidden_size + 13LL * o.hidden_size;  // a block
+    n = n * o.num_layers + (o.vocab_size + o.max_positions + 2LL) * o.hidden_size;
+    EXPECT_EQ(n, count) << name;
+  }
+  EXPECT_EQ(make_model(default_model_options("gpt2")).net->parameter_count(), 124439808);
+}
+
+// Weights in transformers' layout: Conv1D weights (in, out), names with or without the LM head's
+// "transformer." prefix (GPT2Model's files); a weight in Kiln's own (out, in) layout is refused.
+TEST(ParameterLoader, Gpt2WeightsInTransformersLayoutAndNames) {
+  const std::vector<std::string> tiny = {"model.gpt.vocab_size=40",   "model.gpt.seq_len=8",
+                                         "model.gpt.max_positions=8", "model.gpt.hidden_size=16",
+                                         "model.gpt.num_layers=1",    "model.gpt.num_heads=2"};
+  Model source = make_model(default_model_options("gpt2", tiny));
+  source.net->reset_parameters(5);
+  std::map<std::string, Tensor> base;  // GPT2Model's names
+  int transposed = 0;
+  for (Parameter* p : source.net->parameters()) {
+    std::string name = p->name;
+    if (name.rfind("transformer.", 0) == 0) name = name.substr(12);
+    base.emplace(name, stored_layout(*p).clone());
+    if (p->stored_transposed) {
+      ++transposed;
+      EXPECT_EQ(stored_layout(*p).size(0), p->value.size(1)) << p->name;
+    }
+  }
+  EXPECT_EQ(transposed, 4);  // c_attn, attn.c_proj, c_fc, mlp.c_proj
+  Model target = make_model(default_model_options("gpt2", tiny));
+  load_named_tensors({"gpt2.safetensors", &base, ""}, target.net->parameters(), {}, false);
+  std::vector<Parameter*> want = source.net->parameters(), got = target.net->parameters();
+  ASSERT_EQ(want.size(), got.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i]->value.to_vector<float>(), want[i]->value.to_vector<float>()) << got[i]->name;
+  }
+  // The c_attn weight as Kiln holds it, (3E, E), is not transformers' (E, 3E).
+  std::map<std::string, Tensor> wrong = base;
+  wrong["h.0.attn.c_attn.weight"] = source.net->parameters()[4]->value;
+  ASSERT_EQ(source.net->parameters()[4]->name, "transformer.h.0.attn.c_attn.weight");
+  try {
+    load_named_tensors({"gpt2.safetensors", &wrong, ""}, target.net->parameters(), {}, false);
+    ADD_FAILURE() << "a Conv1D weight in the wrong layout was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("transformer.h.0.attn.c_attn.weight' has shape (48, 16)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(ModelOptions, MlpHiddenWidthsAreTheSchemaDefault) {
