@@ -11,6 +11,7 @@
 #include "core/device.h"
 #include "launch/commands.h"
 #include "launch/run_ranks.h"
+#include "train/preemption.h"
 #include "train/trainer.h"
 
 namespace po = boost::program_options;
@@ -79,6 +80,19 @@ config::Experiment load_and_validate(const ExperimentArgs& a, const World& world
   return e;
 }
 
+// The command that continues an interrupted run: its config and overrides, --resume latest.
+std::string resume_command(const ExperimentArgs& a) {
+  const auto quoted = [](const std::string& word) {
+    if (word.find_first_of(" \t'\"\\$`*?[]{}()<>|&;!#~") == std::string::npos) return word;
+    std::string out = "'";
+    for (char c : word) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return out + "'";
+  };
+  std::string command = "kiln train --config " + quoted(a.config);
+  for (const std::string& o : a.overrides) command += " --set " + quoted(o);
+  return command + " --resume latest";
+}
+
 }  // namespace
 
 int run_train(const Arguments& args) {
@@ -97,15 +111,28 @@ int run_train(const Arguments& args) {
     to.config_path = a.config;
     to.resume = a.resume;
     to.quiet = a.quiet;
+    to.lock_directories = true;
     train::Trainer trainer(e, world, to);
     train::TrainResult r = trainer.train();
     if (world.rank == 0) {
+      if (r.interrupted) {
+        // To stderr, and with --json too: the user stopped the run and wants to know how to go on.
+        std::fprintf(stderr,
+                     "kiln train: interrupted (SIGINT) at step %lld after a checkpoint (%s); "
+                     "resume with: %s\n",
+                     static_cast<long long>(r.steps), r.last_checkpoint.c_str(),
+                     resume_command(a).c_str());
+      }
       if (a.json) {
         std::printf(
             "{\"steps\":%lld,\"skipped_steps\":%lld,\"final_loss\":%.6g,\"eval_loss\":%.6g,"
-            "\"eval_accuracy\":%.6g,\"samples_per_s\":%.6g,\"preempted\":%s}\n",
+            "\"eval_accuracy\":%.6g,\"samples_per_s\":%.6g,\"preempted\":%s,"
+            "\"interrupted\":%s}\n",
             static_cast<long long>(r.steps), static_cast<long long>(r.skipped_steps), r.final_loss,
-            r.eval.loss, r.eval.accuracy, r.samples_per_s, r.preempted ? "true" : "false");
+            r.eval.loss, r.eval.accuracy, r.samples_per_s, r.preempted ? "true" : "false",
+            r.interrupted ? "true" : "false");
+      } else if (r.interrupted) {
+        // The message above says it all.
       } else if (r.preempted) {
         std::printf("stopped at step %lld after a checkpoint (%s); resume with --resume latest\n",
                     static_cast<long long>(r.steps), r.last_checkpoint.c_str());
@@ -120,7 +147,7 @@ int run_train(const Arguments& args) {
             static_cast<long long>(r.eval.samples));
       }
     }
-    return 0;
+    return r.interrupted ? train::kExitInterrupted : 0;
   });
 }
 

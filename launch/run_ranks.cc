@@ -16,22 +16,27 @@ int run_on_all_ranks(const char* command, const std::function<int(const World&)>
   const std::string rank_tag =
       world.size > 1 ? " [rank " + std::to_string(world.rank) + "]" : std::string();
   int code = 0;
+  bool failed = false;  // an exception: the other ranks may be waiting in a collective
   try {
     code = body(world);
   } catch (const config::ConfigError& e) {
     // Every rank loaded the same experiment: one copy of the message is enough.
     if (world.rank == 0) std::cerr << "kiln " << command << ": " << e.what() << "\n";
     code = 2;
+    failed = true;
   } catch (const InputError& e) {
     std::cerr << "kiln " << command << rank_tag << ": " << e.what() << "\n";
     code = 2;
+    failed = true;
   } catch (const std::exception& e) {
     std::cerr << "kiln " << command << rank_tag << ": " << e.what() << "\n";
     code = 1;
+    failed = true;
   }
   std::fflush(stdout);
   std::fflush(stderr);
-  if (code != 0 && world.size > 1) MPI_Abort(MPI_COMM_WORLD, code);
+  // A code body returned (kiln train's 130 after SIGINT) is every rank's, agreed: no abort.
+  if (failed && world.size > 1) MPI_Abort(MPI_COMM_WORLD, code);
   finalize_world();
   return code;
 }

@@ -10,8 +10,8 @@ namespace kiln::launch {
 
 // Starts the world, runs `body` on every rank and finalises the world. An error on any rank is
 // printed ("kiln COMMAND: ...", configuration errors once, by rank 0; others tagged with the
-// rank) and ends the whole job with MPI_Abort. Returns body's exit code, 2 for bad input
-// (ConfigError, InputError), 1 for any other exception.
+// rank) and ends the whole job with MPI_Abort. Returns body's exit code (each rank returns its
+// own, without an abort), 2 for bad input (ConfigError, InputError), 1 for any other exception.
 int run_on_all_ranks(const char* command, const std::function<int(const World&)>& body);
 
 }  // namespace kiln::launch

@@ -2,18 +2,34 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+
+#include "core/check.h"
 
 namespace kiln::train {
 namespace {
 
 std::atomic<bool> g_stop{false};
 std::atomic<int> g_signal{0};
+std::atomic<bool> g_interrupted{false};
 
 extern "C" void on_stop_signal(int signal_number) {
+  if (signal_number == SIGINT) {
+    if (g_interrupted.exchange(true)) {
+      // The second Ctrl-C: the user will not wait for the checkpoint. Only async-signal-safe
+      // calls here; a checkpoint being written stays a temporary directory that is never loaded.
+      static const char kMessage[] =
+          "\nkiln: second SIGINT: exiting at once, without a checkpoint of this step\n";
+      const ssize_t ignored = ::write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
+      (void)ignored;
+      ::_exit(kExitInterrupted);
+    }
+  }
   g_signal = signal_number;
   g_stop = true;
 }
@@ -24,8 +40,22 @@ void install_preemption_handlers() {
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
   sigemptyset(&action.sa_mask);
-  sigaction(SIGTERM, &action, nullptr);
-  sigaction(SIGUSR1, &action, nullptr);
+  const auto install = [&](int signal_number, const char* name) {
+    if (sigaction(signal_number, &action, nullptr) != 0) {
+      throw Error(std::string("sigaction(") + name + "): " + std::strerror(errno));
+    }
+  };
+  install(SIGTERM, "SIGTERM");
+  install(SIGUSR1, "SIGUSR1");
+  struct sigaction previous {};
+  if (sigaction(SIGINT, nullptr, &previous) != 0) {
+    throw Error(std::string("sigaction(SIGINT): ") + std::strerror(errno));
+  }
+  if (previous.sa_handler != SIG_IGN) install(SIGINT, "SIGINT");
+}
+
+bool interrupt_requested() {
+  return g_interrupted.load();
 }
 
 std::atomic<bool>& stop_requested() {

@@ -3,6 +3,8 @@
 // the time limit) asks the trainer to finish its step, write a checkpoint and stop. The request
 // comes with a deadline, train.preemption_grace_s: a process that has not finished by then exits
 // on its own, so the scheduler's SIGKILL never lands in the middle of a checkpoint it trusts.
+// SIGINT (Ctrl-C) is the user's own stop: the same step-and-checkpoint, but the process exits
+// with kExitInterrupted, not 0; a second SIGINT exits at once.
 
 #include <atomic>
 #include <condition_variable>
@@ -12,11 +14,17 @@
 
 namespace kiln::train {
 
-// Installs the SIGTERM and SIGUSR1 handlers (idempotent).
+// `kiln train`'s exit code after a SIGINT (the shells' 128 + SIGINT), with or without a checkpoint.
+constexpr int kExitInterrupted = 130;
+
+// Installs the SIGTERM, SIGUSR1 and SIGINT handlers (idempotent). A SIGINT the parent ignores
+// (a background job of a script) stays ignored, as the shells expect.
 void install_preemption_handlers();
 
 // Set by the handlers; the trainer reads it once per step.
 std::atomic<bool>& stop_requested();
+// A SIGINT has arrived (stays true whatever signal follows).
+bool interrupt_requested();
 // The signal that asked, for messages ("SIGTERM", "SIGUSR1"), or "" when none has.
 std::string stop_signal_name();
 

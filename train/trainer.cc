@@ -153,6 +153,12 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
   s.e = experiment;
   s.world = world;
   s.options = options;
+  if (options.lock_directories && world.rank == 0) {
+    // Before the checkpoint store removes partial checkpoints or metrics.jsonl is truncated:
+    // those belong to the run that holds the lock.
+    s.directory_locks = lock_run_directories(
+        {{"logging.dir", s.e.logging().dir()}, {"checkpoint.dir", s.e.checkpoint().dir()}});
+  }
   const config::TrainConfig& t = s.e.train();
   s.device = choose_device(t, world);
   configure_process(s.e, s.device, options.heuristic_algorithms);
@@ -397,16 +403,17 @@ TrainResult Trainer::train() {
       s.metrics->tick(s.step);
     }
 
-    bool stop = stop_requested().load();
-    if (s.world.size > 1) {
-      stop = s.comm->all_reduce_host(static_cast<std::int64_t>(stop), HostReduceOp::Max) != 0;
-    }
-    if (stop) {
+    // 0: go on, 1: preemption, 2: SIGINT; every rank stops at the same step, and as interrupted
+    // if any rank was.
+    std::int64_t stop = stop_requested().load() ? (interrupt_requested() ? 2 : 1) : 0;
+    if (s.world.size > 1) stop = s.comm->all_reduce_host(stop, HostReduceOp::Max);
+    if (stop != 0) {
       const std::string signal = stop_signal_name();
       s.metrics->print("stop requested (" + (signal.empty() ? "on another rank" : signal) +
                        "): checkpointing at step " + std::to_string(s.step));
       checkpoint();
       result.preempted = true;
+      result.interrupted = stop == 2;
       break;
     }
     const std::int64_t every = s.e.checkpoint().every_steps();

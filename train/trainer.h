@@ -37,7 +37,8 @@ struct TrainResult {
   double final_loss = 0;           // mean training loss of the last logging interval
   EvalResult eval;                 // the last evaluation (at the end)
   double samples_per_s = 0;        // over the whole run, all ranks
-  bool preempted = false;          // stopped by SIGTERM after a checkpoint
+  bool preempted = false;    // stopped by a signal (SIGTERM, SIGUSR1, SIGINT) after a checkpoint
+  bool interrupted = false;  // of which by SIGINT on some rank (kiln train exits 130)
   std::string last_checkpoint;
 };
 
@@ -76,6 +77,9 @@ struct TrainerOptions {
   bool evaluate_only = false;
   // The heuristic's convolution and GEMM algorithms, no autotune (autobatch's probes).
   bool heuristic_algorithms = false;
+  // Lock logging.dir and checkpoint.dir on rank 0 for the trainer's life (kiln train; a second
+  // run on the same directory is refused: train/run_lock.h).
+  bool lock_directories = false;
 };
 
 class Trainer {

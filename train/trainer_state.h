@@ -18,6 +18,7 @@
 #include "train/checkpoint.h"
 #include "train/fault_injection.h"
 #include "train/metrics_sink.h"
+#include "train/run_lock.h"
 #include "train/step_optimizer.h"
 #include "train/trainer.h"
 
@@ -33,6 +34,8 @@ struct Trainer::State {
   config::Experiment e;
   World world;
   TrainerOptions options;
+  // Held (rank 0, kiln train) until the trainer ends, before anything is written.
+  std::vector<std::unique_ptr<RunLock>> directory_locks;
   Device device;
   Model model;
   std::vector<Parameter*> parameters;  // model.net->parameters(), listed once, not every step
