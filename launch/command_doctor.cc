@@ -714,14 +714,14 @@ void print_table(const std::vector<Check>& checks, const std::vector<Facts>& ran
                  const std::string& device, Verdict overall) {
   std::cout << "kiln doctor: " << ranks.size() << " rank" << (ranks.size() == 1 ? "" : "s")
             << ", device " << device << "\n\n";
-  std::printf("%5s  %-20s %-6s %-5s %-14s %s\n", "rank", "host", "local", "gpu", "pci bus id",
+  std::printf("%5s  %-16s %-6s %-7s %-17s %s\n", "rank", "host", "local", "gpu", "pci bus id",
               "name");
   for (const Facts& f : ranks) {
     std::string local = get(f, "local_rank") + "/" + get(f, "local_size");
     std::string gpu = get(f, "gpu") == "-1" ? "-" : "cuda:" + get(f, "gpu");
     std::string bus = get(f, "pci_bus_id").empty() ? "-" : get(f, "pci_bus_id");
     std::string name = get(f, "gpu_name").empty() ? "-" : get(f, "gpu_name");
-    std::printf("%5s  %-20s %-6s %-5s %-14s %s\n", get(f, "rank").c_str(), get(f, "host").c_str(),
+    std::printf("%5s  %-16s %-6s %-7s %-17s %s\n", get(f, "rank").c_str(), get(f, "host").c_str(),
                 local.c_str(), gpu.c_str(), bus.c_str(), name.c_str());
   }
   std::printf("\n");
