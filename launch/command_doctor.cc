@@ -695,8 +695,11 @@ void print_json(const std::vector<Check>& checks, const std::vector<Facts>& rank
   for (const Facts& f : ranks) {
     j.begin_object();
     for (const auto& [k, v] : f) {
-      bool numeric = !v.empty() && v.find_first_not_of("-0123456789.") == std::string::npos &&
-                     k != "pci_bus_id";
+      static const std::set<std::string> numeric_keys = {
+          "rank",          "local_rank", "local_size",    "gpu_count",    "gpu",
+          "temperature_c", "power_w",    "power_limit_w", "sm_clock_mhz", "sm_clock_max_mhz",
+          "p2p_pairs",     "p2p_yes",    "write_bytes",   "write_seconds"};
+      bool numeric = numeric_keys.count(k) > 0 && !v.empty();
       if (numeric) {
         j.field(k, std::strtod(v.c_str(), nullptr));
       } else {
