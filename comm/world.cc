@@ -130,6 +130,28 @@ void finalize_world() {
   g_world_ready = false;
 }
 
+std::vector<std::string> all_gather_strings(const World& world, const std::string& mine,
+                                            double timeout_s) {
+  KILN_CHECK(mine.size() < static_cast<std::size_t>(1) << 30,
+             "all_gather_strings: string too long");
+  const int length = static_cast<int>(mine.size());
+  std::vector<int> lengths(world.size), offsets(world.size);
+  WatchdogScope watch("collective all_gather_strings", 0, timeout_s);
+  KILN_MPI_CHECK(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, MPI_COMM_WORLD));
+  long long total = 0;
+  for (int r = 0; r < world.size; ++r) {
+    offsets[r] = static_cast<int>(total);
+    total += lengths[r];
+  }
+  KILN_CHECK(total < (1LL << 31), "all_gather_strings: more than 2 GiB in all");
+  std::string all(static_cast<std::size_t>(total), '\0');
+  KILN_MPI_CHECK(MPI_Allgatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(),
+                                offsets.data(), MPI_CHAR, MPI_COMM_WORLD));
+  std::vector<std::string> out(world.size);
+  for (int r = 0; r < world.size; ++r) out[r] = all.substr(offsets[r], lengths[r]);
+  return out;
+}
+
 void check_local_gpu_count(int local_size, int gpu_count, const std::string& host) {
   if (local_size <= gpu_count) return;
   throw InputError(

@@ -4,6 +4,7 @@
 // mpirun MPI_Init starts a singleton and the world has one rank.
 
 #include <string>
+#include <vector>
 
 #include "core/device.h"
 
@@ -29,6 +30,12 @@ const World& init_world(int* argc = nullptr, char*** argv = nullptr, double init
 const World& world();
 // MPI_Finalize if init_world() initialised MPI. Call after every communicator is destroyed.
 void finalize_world();
+
+// Every rank's `mine`, indexed by rank (MPI_Allgatherv over MPI_COMM_WORLD), for reports that one
+// rank prints about all. Collective; watched: a rank that does not arrive within `timeout_s` ends
+// the process with a message.
+std::vector<std::string> all_gather_strings(const World& world, const std::string& mine,
+                                            double timeout_s);
 
 // The CUDA device of this rank: local_rank, made current with cudaSetDevice. Throws
 // InputError when the host has more local ranks than visible GPUs.

@@ -15,6 +15,7 @@ using NvmlInit = int (*)();
 using NvmlByPci = int (*)(const char*, NvmlDevice*);
 using NvmlUint = int (*)(NvmlDevice, unsigned*);
 using NvmlTemperature = int (*)(NvmlDevice, int, unsigned*);
+using NvmlClock = int (*)(NvmlDevice, int, unsigned*);  // NVML_CLOCK_SM is 1
 using NvmlDriverVersion = int (*)(char*, unsigned);
 struct NvmlMemory {
   unsigned long long total, free, used;
@@ -93,6 +94,14 @@ std::optional<GpuSample> NvmlSampler::sample(int cuda_device) const {
   if (auto f = symbol<NvmlUtilizationRates>(library_, "nvmlDeviceGetUtilizationRates");
       f && f(device, &utilization) == 0) {
     s.utilization_percent = utilization.gpu;
+  }
+  if (auto f = symbol<NvmlClock>(library_, "nvmlDeviceGetClockInfo");
+      f && f(device, 1, &value) == 0) {
+    s.sm_clock_mhz = value;
+  }
+  if (auto f = symbol<NvmlClock>(library_, "nvmlDeviceGetMaxClockInfo");
+      f && f(device, 1, &value) == 0) {
+    s.sm_clock_max_mhz = value;
   }
   return s;
 #else

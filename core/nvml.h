@@ -14,6 +14,8 @@ struct GpuSample {
   double memory_used_bytes = 0;
   double memory_total_bytes = 0;
   unsigned utilization_percent = 0;
+  double sm_clock_mhz = 0;      // now
+  double sm_clock_max_mhz = 0;  // the GPU's highest
 };
 
 class NvmlSampler {

@@ -66,11 +66,19 @@ SystemInfo collect_system_info() {
     g.compute_minor = prop.minor;
     g.memory_bytes = static_cast<double>(prop.totalGlobalMem);
     g.multiprocessors = prop.multiProcessorCount;
+    char bus_id[64] = {0};
+    if (cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), d) == cudaSuccess) {
+      g.pci_bus_id = bus_id;
+    } else {
+      static_cast<void>(cudaGetLastError());
+    }
     if (auto s = nvml.sample(d)) {
       g.nvml = true;
       g.temperature_c = s->temperature_c;
       g.power_w = s->power_w;
       g.power_limit_w = s->power_limit_w;
+      g.sm_clock_mhz = s->sm_clock_mhz;
+      g.sm_clock_max_mhz = s->sm_clock_max_mhz;
     }
     info.gpus.push_back(g);
   }
@@ -79,6 +87,30 @@ SystemInfo collect_system_info() {
   info.nvml_status = "not used without CUDA";
 #endif
   return info;
+}
+
+std::vector<std::vector<bool>> gpu_peer_access() {
+  std::vector<std::vector<bool>> access;
+#if KILN_WITH_CUDA
+  // A diagnostic, not a failure: an error reads as "no access" and is cleared.
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    static_cast<void>(cudaGetLastError());
+    return access;
+  }
+  access.assign(count, std::vector<bool>(count, false));
+  for (int a = 0; a < count; ++a) {
+    for (int b = 0; b < count; ++b) {
+      int can = a == b ? 1 : 0;
+      if (a != b && cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess) {
+        static_cast<void>(cudaGetLastError());
+        can = 0;
+      }
+      access[a][b] = can != 0;
+    }
+  }
+#endif
+  return access;
 }
 
 double dense_half_peak_flops(const std::string& gpu_name) {

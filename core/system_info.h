@@ -14,10 +14,13 @@ struct GpuInfo {
   int compute_minor = 0;
   double memory_bytes = 0;
   int multiprocessors = 0;
+  std::string pci_bus_id;  // "0000:01:00.0"
   bool nvml = false;
   double temperature_c = 0;
   double power_w = 0;
   double power_limit_w = 0;
+  double sm_clock_mhz = 0;
+  double sm_clock_max_mhz = 0;
 };
 
 struct SystemInfo {
@@ -34,6 +37,10 @@ struct SystemInfo {
 };
 
 SystemInfo collect_system_info();
+
+// cudaDeviceCanAccessPeer between every pair of visible GPUs: [a][b] is true when a can read b's
+// memory directly. Empty without CUDA or without a GPU; the diagonal is true.
+std::vector<std::vector<bool>> gpu_peer_access();
 
 // Dense fp16/bf16 tensor-core peak in FLOP/s of a GPU by its name (the datasheet figure; used
 // for MFU), or 0 for a GPU not in the table.

@@ -19,5 +19,6 @@ int run_autobatch(const Arguments& args);
 int run_replay(const Arguments& args);
 int run_export(const Arguments& args);
 int run_sample(const Arguments& args);
+int run_doctor(const Arguments& args);
 
 }  // namespace kiln::launch

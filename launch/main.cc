@@ -30,6 +30,7 @@ const std::map<std::string, Command>& commands() {
       {"replay", {kiln::launch::run_replay, "steps on a fixed batch (framework comparisons)"}},
       {"export", {kiln::launch::run_export, "the eval-mode model as ONNX (docs/deploy.md)"}},
       {"sample", {kiln::launch::run_sample, "generate from a GPT-2 model (docs/sample.md)"}},
+      {"doctor", {kiln::launch::run_doctor, "check a (multi-node) job: GPUs, links, disk"}},
   };
   return table;
 }

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "comm/bandwidth.h"
 #include "comm/mpi_communicator.h"
 #include "comm/watchdog.h"
 #include "comm/world.h"
@@ -157,6 +158,39 @@ TEST(MakeCommunicator, MpiAndAutoOnTheCpuGiveAWorkingMpiCommunicator) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("parallel.backend"), std::string::npos) << e.what();
   }
+}
+
+// kiln doctor's pieces: strings of different lengths gathered by rank, and the all-reduce
+// bandwidth with nccl-tests' bus factor and a closed-form check of the sums.
+TEST(Doctor, AllGatherStringsIndexesByRank) {
+  std::string mine(static_cast<std::size_t>(comm().rank()) * 3, 'x');
+  mine += "rank " + std::to_string(comm().rank());
+  std::vector<std::string> all = all_gather_strings(world(), mine, 120);
+  ASSERT_EQ(static_cast<int>(all.size()), comm().size());
+  for (int r = 0; r < comm().size(); ++r) {
+    EXPECT_EQ(all[r],
+              std::string(static_cast<std::size_t>(r) * 3, 'x') + "rank " + std::to_string(r));
+  }
+}
+
+TEST(Doctor, BusBandwidthFactorAndSizes) {
+  EXPECT_EQ(all_reduce_bus_factor(1), 0.0);
+  EXPECT_EQ(all_reduce_bus_factor(2), 1.0);
+  EXPECT_EQ(all_reduce_bus_factor(8), 1.75);
+  EXPECT_EQ(all_reduce_sizes(1024, 4 << 20),
+            (std::vector<std::size_t>{1024, 4096, 16384, 65536, 262144, 1 << 20, 4 << 20}));
+  EXPECT_EQ(all_reduce_sizes(1 << 20, 1 << 20), (std::vector<std::size_t>{1 << 20}));
+  EXPECT_EQ(all_reduce_sizes(1 << 20, 3 << 20), (std::vector<std::size_t>{1 << 20, 3 << 20}));
+}
+
+TEST(Doctor, AllReduceBandwidthIsPositiveAndSumsAreRight) {
+  AllReduceBandwidth r = measure_all_reduce(comm(), 64 << 10, 3);
+  EXPECT_EQ(r.bytes, std::size_t{64} << 10);
+  EXPECT_EQ(r.iterations, 3);
+  EXPECT_GT(r.seconds, 0);
+  EXPECT_GT(r.algbw_gbs, 0);
+  EXPECT_DOUBLE_EQ(r.busbw_gbs, r.algbw_gbs * all_reduce_bus_factor(comm().size()));
+  EXPECT_EQ(r.wrong, 0);
 }
 
 TEST(HostCollectives, ScalarsAndTheFoundInfFlag) {

@@ -23,6 +23,8 @@
 #                   train.max_memory_mb=3072, --max-batch 2
 #   bench         --batch 2 --amp O0 --steps 1 --warmup 0 --device cpu (--half dropped), and
 #                 the same model shrinking
+#   doctor        --dir <scratch> (replacing a documented --dir), or with --config
+#                   --set logging.dir=<scratch> (checkpoint.dir under it); --write-mb 8 --max-mb 1
 #   mpirun, launch/kiln-mpirun: at most 2 ranks (-np 8 -> -np 2), --hostfile dropped
 #   data.path=/data/cifar-10-batches-bin: a CIFAR-10 directory of the real format written here
 #   /data/fineweb10B: llm.c shards (one train, one val, GPT-2's ids) written here
@@ -41,7 +43,7 @@ import atexit, json, os, re, shlex, shutil, signal, struct, subprocess, sys, tem
 
 kiln, src, work, mpiexec = sys.argv[1:5]
 SUBCOMMANDS = {"train", "eval", "export", "config", "model", "bench", "autobatch", "info", "replay",
-               "sample"}
+               "sample", "doctor"}
 
 
 def code_blocks(path, only_after=None):
@@ -259,6 +261,17 @@ def cpu_form(kiln_args, ranks):
         args = out + ["--batch", "2", "--amp", "O0", "--steps", "1", "--warmup", "0",
                       "--device", "cpu"]
         sets = shrink(model)
+    elif sub == "doctor":
+        counter[0] += 1
+        scratch = os.path.join(work, "doctor-%d" % counter[0])
+        os.makedirs(scratch, exist_ok=True)
+        if "--dir" in args:
+            args = [scratch if i > 0 and args[i - 1] == "--dir" else a for i, a in enumerate(args)]
+        elif stem is not None:
+            sets = ["logging.dir=" + scratch]
+        else:
+            args += ["--dir", scratch]
+        args += ["--write-mb", "8", "--max-mb", "1"]
     for s in sets:
         args += ["--set", s]
     return [kiln, sub] + args
