@@ -79,7 +79,7 @@ class Tensor {
   }
 
   // Views (share storage).
-  Tensor view(const Shape& shape) const;     // contiguous tensors only; one -1 allowed
+  Tensor view(const Shape& shape) const;  // contiguous tensors only; one -1 allowed
   // A view when the strides allow (contiguous, or merging/splitting dimensions that are laid out
   // contiguously among themselves, as PyTorch's), else a contiguous copy.
   Tensor reshape(const Shape& shape) const;

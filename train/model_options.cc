@@ -18,6 +18,21 @@ ModelOptions default_model_options(const std::string& name,
   return model_options_from(e);
 }
 
+namespace {
+
+// BertShape and GptShape share these fields' names and meanings.
+template <typename Shape>
+void take_transformer_shape(const Shape& s, ModelOptions& o) {
+  o.vocab_size = s.vocab_size();
+  o.seq_len = s.seq_len();
+  o.hidden_size = s.hidden_size();
+  o.num_layers = s.num_layers();
+  o.num_heads = s.num_heads();
+  o.intermediate_size = s.intermediate_size();
+}
+
+}  // namespace
+
 ModelOptions model_options_from(const config::Experiment& experiment) {
   config::Experiment e = experiment;
   config::fill_defaults(e);  // idempotent: an experiment from load_experiment is already filled
@@ -30,24 +45,10 @@ ModelOptions model_options_from(const config::Experiment& experiment) {
   o.dropout = m.dropout();
   o.cifar_stem = m.cifar_stem();
   o.mlp_hidden.assign(m.mlp_hidden().begin(), m.mlp_hidden().end());
-  if (m.has_bert()) {
-    const config::BertShape& b = m.bert();
-    o.vocab_size = b.vocab_size();
-    o.seq_len = b.seq_len();
-    o.hidden_size = b.hidden_size();
-    o.num_layers = b.num_layers();
-    o.num_heads = b.num_heads();
-    o.intermediate_size = b.intermediate_size();
-  }
+  if (m.has_bert()) take_transformer_shape(m.bert(), o);
   if (config::is_gpt_model(m.name())) {
-    const config::GptShape& g = m.gpt();
-    o.vocab_size = g.vocab_size();
-    o.seq_len = g.seq_len();
-    o.hidden_size = g.hidden_size();
-    o.num_layers = g.num_layers();
-    o.num_heads = g.num_heads();
-    o.intermediate_size = g.intermediate_size();
-    o.max_positions = g.max_positions();
+    take_transformer_shape(m.gpt(), o);
+    o.max_positions = m.gpt().max_positions();
   }
   return o;
 }
