@@ -5,7 +5,8 @@ SRC=${KILN_SOURCE_DIR:?}
 WORK=$(mktemp -d /tmp/kiln-test.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 TINY=$SRC/tests/train/tiny.pbtxt
-MPIRUN=(${MPIEXEC:-mpirun} --allow-run-as-root --oversubscribe --timeout 300)
+# A hung rank ends the run; a test that trains for minutes raises MPIRUN_TIMEOUT before sourcing.
+MPIRUN=(${MPIEXEC:-mpirun} --allow-run-as-root --oversubscribe --timeout ${MPIRUN_TIMEOUT:-300})
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 pass() { echo "PASS: $*"; }
