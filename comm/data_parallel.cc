@@ -65,6 +65,9 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
   std::uint64_t hash = 14695981039346656037ull;
   hash = fnv1a(hash, static_cast<std::int64_t>(options_.bucket_bytes));
   hash = fnv1a(hash, static_cast<std::int64_t>(options_.reduce_in_half));
+  hash = fnv1a(hash, static_cast<std::int64_t>(options_.first_bucket_bytes));
+  const std::size_t first_bucket_bytes =
+      options_.first_bucket_bytes > 0 ? options_.first_bucket_bytes : options_.bucket_bytes;
   std::unordered_map<int, std::size_t> open;  // dtype -> bucket index
   std::vector<std::int64_t> fill;             // elements used per bucket
   for (auto it = params_.rbegin(); it != params_.rend(); ++it) {
@@ -78,7 +81,7 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
     auto found = open.find(key);
     if (found == open.end() ||
         static_cast<std::size_t>(fill[found->second] + padded) * dtype_size(dtype) >
-            options_.bucket_bytes) {
+            (found->second == 0 ? first_bucket_bytes : options_.bucket_bytes)) {
       Bucket b;
       b.dtype = dtype;
       buckets_.push_back(std::move(b));
@@ -162,9 +165,48 @@ void DataParallel::launch_ready_buckets() {
   }
 }
 
+void DataParallel::mark(TimePoint& point, void* stream) {
+  if (comm_.device().is_cuda()) {
+    if (!point.event) point.event = std::make_unique<Event>(comm_.device(), true);
+    point.event->record(stream);
+  } else {
+    point.host = std::chrono::steady_clock::now();
+  }
+}
+
+void DataParallel::set_timing(bool on) {
+  timing_ = on;
+}
+
+CommStepTiming DataParallel::step_timing(
+    const Event* reference, std::chrono::steady_clock::time_point host_reference) const {
+  KILN_CHECK(timing_, "DataParallel::step_timing needs set_timing(true) before the step");
+  const bool cuda = comm_.device().is_cuda();
+  KILN_CHECK(!cuda || reference != nullptr, "DataParallel::step_timing on CUDA needs an event");
+  KILN_CHECK(cuda ? reduced_.event != nullptr : reduced_.host != decltype(reduced_.host){},
+             "DataParallel::step_timing before any step finished");
+  if (cuda) reduced_.event->synchronize();
+  auto ms = [&](const TimePoint& p) {
+    if (cuda) return static_cast<double>(reference->elapsed_ms(*p.event));
+    return std::chrono::duration<double, std::milli>(p.host - host_reference).count();
+  };
+  CommStepTiming t;
+  t.backward_end_ms = ms(backward_end_);
+  t.reduced_ms = ms(reduced_);
+  t.exposed_ms = t.reduced_ms - t.backward_end_ms;
+  for (const Bucket& b : buckets_) {
+    BucketTiming bt{ms(b.ready), ms(b.start), ms(b.end)};
+    if (!cuda && bt.end_ms <= t.backward_end_ms) t.exposed_ms += bt.end_ms - bt.start_ms;
+    t.buckets.push_back(bt);
+  }
+  return t;
+}
+
 void DataParallel::launch(Bucket& bucket) {
+  if (timing_) mark(bucket.ready, current_stream(comm_.device()));
   // The bucket's gradients were written on the compute stream: the comm stream waits for them.
   comm_.comm_stream_wait_for_current();
+  if (timing_) mark(bucket.start, comm_.comm_stream());
   if (bucket.staging.defined()) {
     void* stream = comm_.comm_stream();
     if (stream != nullptr) {
@@ -180,17 +222,20 @@ void DataParallel::launch(Bucket& bucket) {
   } else {
     comm_.all_reduce_on_comm_stream(bucket.flat, ReduceOp::Average);
   }
+  if (timing_) mark(bucket.end, comm_.comm_stream());
   bucket.launched = true;
   ++bucket_all_reduces_;
 }
 
 void DataParallel::finish() {
   if (micro_step_) return;
+  if (timing_) mark(backward_end_, current_stream(comm_.device()));
   // Buckets whose hook never fired (unused parameters, or no hook installed) are reduced now,
   // in bucket order, so every rank issues the same collectives.
   for (Bucket& b : buckets_) b.pending = 0;
   launch_ready_buckets();
   comm_.current_stream_wait_for_comm();
+  if (timing_) mark(reduced_, current_stream(comm_.device()));
   reset_step();
 }
 

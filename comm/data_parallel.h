@@ -27,19 +27,25 @@
 // A gradient must be complete when its owner layer's backward calls the hook: a parameter shared
 // by several layers (tied weights) must be owned by the layer whose backward runs last.
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/stream.h"
 #include "layers/layer.h"
 
 namespace kiln {
 
 struct DataParallelOptions {
   std::size_t bucket_bytes = 25u << 20;  // 25 MiB; a larger parameter gets a bucket of its own
+  // The first bucket (the last layers' gradients, ready first) closes at this size, so the first
+  // all-reduce starts early in backward (PyTorch DDP: 1 MiB); 0 = bucket_bytes.
+  std::size_t first_bucket_bytes = 0;
   // All-reduce f32 gradients in half_dtype (half the traffic; sums rounded to half precision).
   bool reduce_in_half = false;
   DType half_dtype = DType::BF16;
@@ -51,6 +57,23 @@ struct GradientBucketInfo {
   DType dtype = DType::F32;
   std::int64_t numel = 0;                    // of the flat buffer, padding included
   std::vector<std::string> parameter_names;  // in layout order
+};
+
+// When each bucket's reduction happened in one step, in ms from a reference point the caller
+// records just before the step (an event on the compute stream, or the host clock on the CPU).
+struct BucketTiming {
+  double ready_ms = 0;  // the compute stream had written the bucket's last gradient
+  double start_ms = 0;  // its reduction began (the comm stream got to it)
+  double end_ms = 0;    // its reduction finished
+};
+struct CommStepTiming {
+  std::vector<BucketTiming> buckets;  // in bucket order
+  double backward_end_ms = 0;         // finish() was called: backward's compute is queued
+  double reduced_ms = 0;              // the compute stream has every reduced gradient
+  // Communication not hidden behind backward: from backward's end to the last reduction's end.
+  // On the CPU the collectives block the compute thread, so the buckets reduced during backward
+  // count as well.
+  double exposed_ms = 0;
 };
 
 class DataParallel {
@@ -83,7 +106,22 @@ class DataParallel {
   std::uint64_t bucket_all_reduces() const { return bucket_all_reduces_; }
   Communicator& communicator() { return comm_; }
 
+  // Records when each bucket is ready, starts and ends (CUDA events, or host clocks on the CPU);
+  // off by default since on CUDA it adds three event records per bucket.
+  void set_timing(bool on);
+  // The last finished step's timing relative to `reference` (recorded on the compute stream
+  // before the step) or, on the CPU, to `host_reference`. Synchronises with the device.
+  CommStepTiming step_timing(const Event* reference,
+                             std::chrono::steady_clock::time_point host_reference) const;
+
  private:
+  // One point in time: an event on CUDA, the host clock on the CPU.
+  struct TimePoint {
+    std::unique_ptr<Event> event;
+    std::chrono::steady_clock::time_point host;
+  };
+  void mark(TimePoint& point, void* stream);
+
   struct Bucket {
     DType dtype;
     Tensor flat;     // (numel,) the gradients' storage
@@ -92,6 +130,7 @@ class DataParallel {
     std::vector<std::int64_t> offsets;
     int pending = 0;  // parameters whose hook has not fired this step
     bool launched = false;
+    TimePoint ready, start, end;  // with set_timing(true)
   };
   struct Slot {
     std::size_t bucket;
@@ -113,6 +152,8 @@ class DataParallel {
   bool micro_step_ = false;
   std::uint64_t layout_hash_ = 0;
   std::uint64_t bucket_all_reduces_ = 0;
+  bool timing_ = false;
+  TimePoint backward_end_, reduced_;
 };
 
 }  // namespace kiln

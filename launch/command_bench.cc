@@ -117,6 +117,24 @@ int run_bench(const Arguments& args) {
         };
         layer_times("layers", "layer", r.layers);
         layer_times("layer_types", "type", r.layer_types);
+        if (r.exposed_comm_ms >= 0) j.field("exposed_comm_ms", r.exposed_comm_ms);
+        if (!r.comm_timeline.buckets.empty()) {
+          j.field("backward_end_ms", r.comm_timeline.backward_end_ms);
+          j.field("reduced_ms", r.comm_timeline.reduced_ms);
+          j.key("buckets");
+          j.begin_array();
+          for (std::size_t i = 0; i < r.comm_timeline.buckets.size(); ++i) {
+            const auto& b = r.comm_timeline.buckets[i];
+            j.begin_object();
+            j.field("bucket", static_cast<int>(i));
+            j.field("bytes", static_cast<double>(r.bucket_bytes[i]));
+            j.field("ready_ms", b.ready_ms);
+            j.field("start_ms", b.start_ms);
+            j.field("end_ms", b.end_ms);
+            j.end_object();
+          }
+          j.end_array();
+        }
         j.end_object();
         std::printf("%s\n", j.str().c_str());
       } else {
@@ -134,6 +152,22 @@ int run_bench(const Arguments& args) {
             100 * r.fragmentation,
             static_cast<unsigned long long>(r.raw_allocations_in_timed_steps),
             100 * r.data_wait_fraction);
+        if (r.exposed_comm_ms >= 0) {
+          std::printf("  exposed communication %.3f ms per step (not hidden behind backward)\n",
+                      r.exposed_comm_ms);
+        }
+        if (!r.comm_timeline.buckets.empty()) {
+          std::printf(
+              "\n  %-8s %12s %10s %10s %10s   (ms from the step's start; backward ends at "
+              "%.3f, gradients reduced at %.3f)\n",
+              "bucket", "MiB", "ready", "start", "end", r.comm_timeline.backward_end_ms,
+              r.comm_timeline.reduced_ms);
+          for (std::size_t i = 0; i < r.comm_timeline.buckets.size(); ++i) {
+            const auto& b = r.comm_timeline.buckets[i];
+            std::printf("  %-8zu %12.3f %10.3f %10.3f %10.3f\n", i, r.bucket_bytes[i] / 1048576.0,
+                        b.ready_ms, b.start_ms, b.end_ms);
+          }
+        }
         if (!r.layers.empty()) {
           std::printf("\n  %-36s %12s %12s\n", "layer", "forward ms", "backward ms");
           for (const auto& l : r.layers) {

@@ -64,6 +64,8 @@ BenchResult Trainer::benchmark(int warmup, int steps, bool profile) {
     };
   }
   double wait_before = s.loader->wait_time();
+  if (s.dp) s.dp->set_timing(true);
+  std::vector<CommStepTiming> comm_timings;
   auto wall_start = Clock::now();
   for (int i = 0; i < steps; ++i) {
     if (s.device.is_cuda()) {
@@ -73,10 +75,28 @@ BenchResult Trainer::benchmark(int warmup, int steps, bool profile) {
       end.record(current_stream(s.device));
       end.synchronize();
       r.step_ms.push_back(begin.elapsed_ms(end));
+      if (s.dp) comm_timings.push_back(s.dp->step_timing(&begin, {}));
     } else {
       auto t0 = Clock::now();
       s.run_step(ctx, loss_sum, &micro, &samples);
       r.step_ms.push_back(1e3 * seconds_since(t0));
+      if (s.dp) comm_timings.push_back(s.dp->step_timing(nullptr, t0));
+    }
+  }
+  if (s.dp) s.dp->set_timing(false);
+  if (!comm_timings.empty()) {
+    std::vector<std::size_t> order(comm_timings.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return comm_timings[a].exposed_ms < comm_timings[b].exposed_ms;
+    });
+    const CommStepTiming& median = comm_timings[order[order.size() / 2]];
+    r.exposed_comm_ms = s.comm->all_reduce_host(median.exposed_ms, HostReduceOp::Max);
+    if (profile) {
+      r.comm_timeline = median;
+      for (const GradientBucketInfo& b : s.dp->bucket_layout()) {
+        r.bucket_bytes.push_back(static_cast<std::size_t>(b.numel) * dtype_size(b.dtype));
+      }
     }
   }
   double wall = seconds_since(wall_start);

@@ -185,6 +185,10 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
     DataParallelOptions dp;
     dp.bucket_bytes = static_cast<std::size_t>(s.e.parallel().bucket_mb() * (1 << 20));
     dp.reduce_in_half = s.e.parallel().allreduce_in_half();
+    if (s.e.parallel().has_first_bucket_mb()) {
+      dp.first_bucket_bytes =
+          static_cast<std::size_t>(s.e.parallel().first_bucket_mb() * (1 << 20));
+    }
     dp.half_dtype =
         s.e.precision().half() == config::PrecisionConfig::BF16 ? DType::BF16 : DType::F16;
     s.dp = std::make_unique<DataParallel>(s.model.net->parameters(), s.model.net->buffers(),

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "comm/data_parallel.h"
 #include "comm/world.h"
 #include "configs/kiln.pb.h"
 #include "train/preemption.h"
@@ -66,6 +67,12 @@ struct BenchResult {
   std::uint64_t raw_allocations_in_timed_steps = 0;  // cudaMalloc calls after warm-up
   std::vector<LayerTime> layers;                     // with profiling: top-level layers
   std::vector<LayerTime> layer_types;  // with profiling: leaf layers by type, mean per step
+  // Data parallelism (more than one rank): the median over the timed steps of the communication
+  // not hidden behind backward (DataParallel's CommStepTiming::exposed_ms); -1 with one rank.
+  double exposed_comm_ms = -1;
+  // With profiling and data parallelism: the median step's bucket timeline, from the step's start.
+  CommStepTiming comm_timeline;
+  std::vector<std::size_t> bucket_bytes;
 };
 
 struct TrainerOptions {

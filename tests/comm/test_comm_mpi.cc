@@ -272,6 +272,55 @@ TEST(DataParallel, BucketSizesGiveIdenticalResults) {
   EXPECT_EQ(a.values, c.values);
 }
 
+TEST(DataParallel, SmallFirstBucketClosesEarly) {
+  auto model = testing::make_tiny_model(5, Device::cpu(), DType::F32);
+  DataParallelOptions options;  // 25 MiB buckets: the whole model fits one
+  options.first_bucket_bytes = 1;
+  DataParallel dp(model->parameters(), model->buffers(), comm(), options);
+  auto layout = dp.bucket_layout();
+  ASSERT_EQ(layout.size(), 2u);  // the first parameter alone, then all the others
+  EXPECT_EQ(layout[0].parameter_names, std::vector<std::string>{"fc2.bias"});
+  EXPECT_EQ(layout[1].parameter_names.size(), model->parameters().size() - 1);
+  DpRun small_first;
+  small_first.options.first_bucket_bytes = 1;
+  EXPECT_EQ(testing::data_parallel_run(comm(), 3, DType::F32, small_first).values,
+            testing::data_parallel_run(comm(), 3, DType::F32, DpRun{}).values);
+}
+
+TEST(DataParallel, TimingFollowsEachBucket) {
+  auto model = testing::make_tiny_model(6, Device::cpu(), DType::F32);
+  DataParallelOptions options;
+  options.bucket_bytes = 1;
+  DataParallel dp(model->parameters(), model->buffers(), comm(), options);
+  dp.set_timing(true);
+  EXPECT_THROW(dp.step_timing(nullptr, std::chrono::steady_clock::now()), Error);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto hook = dp.grad_ready_hook();
+  dp.zero_grad();
+  auto params = model->parameters();
+  for (auto it = params.rbegin(); it != params.rend(); ++it) {  // backward's order
+    (*it)->grad.fill(1.0 + comm().rank());
+    hook(**it);
+  }
+  dp.finish();
+  CommStepTiming t = dp.step_timing(nullptr, t0);
+  ASSERT_EQ(t.buckets.size(), dp.bucket_count());
+  double previous_end = 0;
+  for (const BucketTiming& b : t.buckets) {
+    EXPECT_GE(b.ready_ms, 0);
+    EXPECT_GE(b.start_ms, b.ready_ms);
+    EXPECT_GE(b.end_ms, b.start_ms);
+    EXPECT_GE(b.start_ms, previous_end);  // in bucket order, one after the other
+    previous_end = b.end_ms;
+  }
+  // Every bucket was reduced during "backward" (the hooks), before finish() was called.
+  EXPECT_GE(t.backward_end_ms, previous_end);
+  EXPECT_GE(t.reduced_ms, t.backward_end_ms);
+  EXPECT_GE(t.exposed_ms, t.reduced_ms - t.backward_end_ms);
+  const float mean = (1.0f + static_cast<float>(comm().size())) / 2;  // of 1, 2, ..., size
+  for (Parameter* p : params) EXPECT_EQ(p->grad.to_vector<float>()[0], mean);
+}
+
 TEST(DataParallel, UnusedParametersAndMissingHooksDoNotHang) {
   DpRun unused;
   unused.with_unused = true;

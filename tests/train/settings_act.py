@@ -227,6 +227,7 @@ CASES = {
     "data.augmentation.random_resized_crop_scale": "test_train_run_setup (RunSetup.DatasetOptionsFollowTheExperiment) and the JPEG augmentation tests",
     "model.memory_format": "CUDA only (NHWC convolutions): test_layers_conv_gpu on the GPU machine; test_train_run_setup (RunSetup.ChannelsLast)",
     "parallel.bucket_mb": "test_comm_mpi (DataParallelCpu): bucket layouts of every size give the same sums",
+    "parallel.first_bucket_mb": "test_comm_mpi (DataParallel.SmallFirstBucketClosesEarly) and tests/train/test_bench_comm.sh: a bucket of its own for the last layer",
     "parallel.collective_timeout_s": "tests/train/test_faults.sh and test_comm_rank_hang: a hung rank ends the job after the timeout",
 }
 
