@@ -2,9 +2,10 @@
 # launch/slurm/kiln.sbatch on a real Slurm cluster (one node, CPUs only; scripts/start-slurm.sh
 # starts it, as CI does): sbatch, srun --mpi=pmix, 2 ranks.
 #   plain    the job trains to its last step and writes its checkpoint (the reference);
-#   usr1     `scancel --signal=USR1` mid-run (what --signal=USR1@180 sends before the time
-#            limit): every rank checkpoints and exits 75, the script requeues the job, the
-#            requeued job resumes from that checkpoint and ends with the reference's weights;
+#   usr1     `scancel --batch --signal=USR1` mid-run (what the template's --signal=B:USR1@180
+#            sends before the time limit; the script passes it on): every rank checkpoints and
+#            exits 75, the script requeues the job, the requeued job resumes from that
+#            checkpoint and ends with the reference's weights;
 #   term     the same after SIGTERM to the ranks, as Slurm's preemption sends it (GraceTime).
 # Fails (does not skip) when no Slurm answers: the `slurm` label needs scripts/start-slurm.sh.
 source "$(dirname "$0")/../train/lib.sh"
@@ -79,6 +80,9 @@ signalled_run() {  # name signal-name scancel-options...
   local out="$WORK/$name.out"
   grep -q "stop requested ($signal): checkpointing at step" "$out" || { cat "$out"; fail "$name: no stop message naming $signal"; }
   grep -q "stopped by $signal at step .* exit code 75 (preempted)" "$out" || { cat "$out"; fail "$name: kiln did not exit 75"; }
+  if [ "$1" = --batch ]; then
+    grep -q "kiln.sbatch: SIGUSR1 received; passing SIGUSR1 to the ranks" "$out" || { cat "$out"; fail "$name: the script did not pass the signal on"; }
+  fi
   grep -q "requeueing job $job" "$out" || { cat "$out"; fail "$name: the script did not requeue the job"; }
   grep -q "kiln.sbatch: job $job (start 2)" "$out" || { cat "$out"; fail "$name: the job did not start again"; }
   grep -q "trained $STEPS steps" "$out" || { cat "$out"; fail "$name: the requeued job did not finish"; }
@@ -99,7 +103,7 @@ grep -q "kiln.sbatch: kiln exited with code 0" "$WORK/plain.out" || { cat "$WORK
 [ "$(losses "$WORK/plain/metrics.jsonl" | wc -l)" = $STEPS ] || fail "plain: expected $STEPS loss records"
 echo "plain: $STEPS steps on 2 ranks in $(( $(date +%s) - start ))s"
 
-signalled_run usr1 SIGUSR1 --signal=USR1
+signalled_run usr1 SIGUSR1 --batch --signal=USR1
 # Preemption's GraceTime starts with SIGTERM to the job's steps (job_signal without the batch
 # flag, as this scancel sends it); the batch shell and srun are not signalled.
 signalled_run term SIGTERM --signal=TERM
