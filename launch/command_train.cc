@@ -134,8 +134,11 @@ int run_train(const Arguments& args) {
       } else if (r.interrupted) {
         // The message above says it all.
       } else if (r.preempted) {
-        std::printf("stopped at step %lld after a checkpoint (%s); resume with --resume latest\n",
-                    static_cast<long long>(r.steps), r.last_checkpoint.c_str());
+        std::printf(
+            "stopped by %s at step %lld after a checkpoint (%s); exit code %d (preempted); "
+            "resume with --resume latest\n",
+            train::signal_name(r.stop_signal).c_str(), static_cast<long long>(r.steps),
+            r.last_checkpoint.c_str(), train::kExitPreempted);
       } else if (r.eval.samples == 0) {
         std::printf("trained %lld steps (%.0f samples/s); no evaluation (data.eval_split: none)\n",
                     static_cast<long long>(r.steps), r.samples_per_s);
@@ -147,7 +150,8 @@ int run_train(const Arguments& args) {
             static_cast<long long>(r.eval.samples));
       }
     }
-    return r.interrupted ? train::kExitInterrupted : 0;
+    if (r.interrupted) return train::kExitInterrupted;
+    return r.preempted ? train::kExitPreempted : 0;
   });
 }
 

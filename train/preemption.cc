@@ -62,8 +62,16 @@ std::atomic<bool>& stop_requested() {
   return g_stop;
 }
 
+int stop_signal() {
+  return g_signal.load();
+}
+
 std::string stop_signal_name() {
-  switch (g_signal.load()) {
+  return signal_name(stop_signal());
+}
+
+std::string signal_name(int signal_number) {
+  switch (signal_number) {
     case SIGTERM:
       return "SIGTERM";
     case SIGUSR1:
@@ -73,7 +81,7 @@ std::string stop_signal_name() {
     case 0:
       return "";
     default:
-      return "signal " + std::to_string(g_signal.load());
+      return "signal " + std::to_string(signal_number);
   }
 }
 

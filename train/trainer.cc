@@ -407,17 +407,22 @@ TrainResult Trainer::train() {
       s.metrics->tick(s.step);
     }
 
-    // 0: go on, 1: preemption, 2: SIGINT; every rank stops at the same step, and as interrupted
-    // if any rank was.
-    std::int64_t stop = stop_requested().load() ? (interrupt_requested() ? 2 : 1) : 0;
+    // 0: go on, else the signal number, + kInterruptFlag where a SIGINT came: the maximum
+    // over ranks stops every rank at the same step, interrupted if any rank was, and tells
+    // rank 0 the signal even where only another rank received it.
+    constexpr std::int64_t kInterruptFlag = 256;
+    std::int64_t stop =
+        stop_requested().load() ? stop_signal() + (interrupt_requested() ? kInterruptFlag : 0) : 0;
     if (s.world.size > 1) stop = s.comm->all_reduce_host(stop, HostReduceOp::Max);
-    if (stop != 0) {
-      const std::string signal = stop_signal_name();
-      s.metrics->print("stop requested (" + (signal.empty() ? "on another rank" : signal) +
+    const bool interrupted = stop >= kInterruptFlag;
+    // A scheduler's stop after the last step changes nothing: the run ends as it would have.
+    if (stop != 0 && (interrupted || s.step < s.total_steps)) {
+      result.stop_signal = static_cast<int>(stop % kInterruptFlag);
+      s.metrics->print("stop requested (" + signal_name(result.stop_signal) +
                        "): checkpointing at step " + std::to_string(s.step));
       checkpoint();
       result.preempted = true;
-      result.interrupted = stop == 2;
+      result.interrupted = interrupted;
       break;
     }
     const std::int64_t every = s.e.checkpoint().every_steps();

@@ -39,7 +39,8 @@ struct TrainResult {
   EvalResult eval;                 // the last evaluation (at the end)
   double samples_per_s = 0;        // over the whole run, all ranks
   bool preempted = false;    // stopped by a signal (SIGTERM, SIGUSR1, SIGINT) after a checkpoint
-  bool interrupted = false;  // of which by SIGINT on some rank (kiln train exits 130)
+  bool interrupted = false;  // of which by SIGINT on some rank (kiln train exits 130, else 75)
+  int stop_signal = 0;       // the signal that stopped it (on any rank), 0 when none did
   std::string last_checkpoint;
 };
 

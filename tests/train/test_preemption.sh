@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SIGTERM to every rank of the job, as a cluster scheduler's preemption (scancel --signal=TERM,
 # Slurm's pre-emption) delivers it: the current step finishes, a checkpoint is committed, every
-# rank and mpirun exit 0, and resuming reproduces the uninterrupted run's losses exactly.
+# rank and mpirun exit 75 (kExitPreempted: stopped early, resumable), and resuming reproduces the
+# uninterrupted run's losses exactly.
 source "$(dirname "$0")/lib.sh"
 STEPS=60
 "${MPIRUN[@]}" -np 2 "$KILN" train --config "$TINY" --set train.steps=$STEPS --set checkpoint.every_steps=0 \
@@ -19,10 +20,11 @@ start=$(date +%s.%N)
 pkill -TERM -f "^$KILN train .*$WORK/p" || fail "no rank process to signal"
 code=0; wait "$job" || code=$?
 took=$(python3 -c "import time; print(round(time.time() - $start, 1))")
-[ "$code" = 0 ] || { cat "$WORK/p.log"; fail "preempted job exited $code, expected 0"; }
+[ "$code" = 75 ] || { cat "$WORK/p.log"; fail "preempted job exited $code, expected 75"; }
 python3 -c "import sys; sys.exit(0 if $took < 120 else 1)" || fail "preemption took ${took}s (limit 120)"
 ckpt=$(ls -d "$WORK/p/checkpoints"/step-* | tail -1)
-grep -q "stopped at step" "$WORK/p.log" || { cat "$WORK/p.log"; fail "no stop message"; }
+grep -q "stop requested (SIGTERM): checkpointing at step" "$WORK/p.log" || { cat "$WORK/p.log"; fail "no stop message naming SIGTERM"; }
+grep -q "stopped by SIGTERM at step .* exit code 75 (preempted)" "$WORK/p.log" || { cat "$WORK/p.log"; fail "no final message"; }
 step=$(basename "$ckpt" | sed 's/step-0*//')
 [ "$step" -lt $STEPS ] || fail "the job finished before it was preempted (step $step)"
 
@@ -31,4 +33,4 @@ step=$(basename "$ckpt" | sed 's/step-0*//')
 diff <(losses "$WORK/ref/metrics.jsonl") <(losses "$WORK/p/metrics.jsonl") || fail "losses differ from the reference"
 cmp "$WORK/ref/checkpoints/step-0000$STEPS/model.safetensors" "$WORK/p/checkpoints/step-0000$STEPS/model.safetensors" \
   || fail "final weights differ"
-pass "SIGTERM at step $step: exit 0 after ${took}s with a checkpoint; resume matches the reference bit for bit"
+pass "SIGTERM at step $step: exit 75 after ${took}s with a checkpoint; resume matches the reference bit for bit"

@@ -2,7 +2,7 @@
 # train.preemption_grace_s: after SIGTERM (or SIGUSR1) the step and its checkpoint must finish
 # within the grace period. A step too slow for it ends the process (exit 1, a message naming the
 # setting) before the scheduler's SIGKILL would, and leaves no half-written checkpoint; with
-# enough grace the same signal gives a checkpoint and exit 0.
+# enough grace the same signal gives a checkpoint and exit 75 (preempted, resumable).
 source "$(dirname "$0")/lib.sh"
 ARGS=(--config "$TINY" --set train.steps=50 --set checkpoint.every_steps=0 --set train.log_every=1)
 
@@ -29,7 +29,8 @@ grep -q "SIGTERM.*train.preemption_grace_s = 1 s" "$WORK/short.log" || { cat "$W
 [ "$took" -le 6 ] || fail "took ${took}s to give up after a 1 s grace period"
 
 code=$(run_and_signal long 30 USR1)
-[ "$code" = 0 ] || { cat "$WORK/long.log"; fail "expected exit 0 within the grace period, got $code"; }
+[ "$code" = 75 ] || { cat "$WORK/long.log"; fail "expected exit 75 within the grace period, got $code"; }
 grep -q "stop requested (SIGUSR1): checkpointing at step 2" "$WORK/long.log" || { cat "$WORK/long.log"; fail "no stop message naming SIGUSR1"; }
+grep -q "stopped by SIGUSR1 at step 2 .*exit code 75 (preempted)" "$WORK/long.log" || { cat "$WORK/long.log"; fail "no final message naming SIGUSR1 and exit 75"; }
 [ -d "$WORK/long/checkpoints/step-000002" ] || { cat "$WORK/long.log"; fail "no checkpoint of step 2"; }
-pass "past train.preemption_grace_s: exit 1 with the reason after ${took}s; within it: a checkpoint and exit 0"
+pass "past train.preemption_grace_s: exit 1 with the reason after ${took}s; within it: a checkpoint and exit 75"
