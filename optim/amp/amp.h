@@ -141,6 +141,11 @@ class MixedPrecisionOptimizer {
   Tensor& found_inf_flag() { return found_inf_; }
   // Called inside step() after the unscale pass with the flag, e.g. an all-reduce (MAX or SUM).
   void set_found_inf_hook(std::function<void(Tensor& found_inf)> hook) { hook_ = std::move(hook); }
+  // Sharded optimizers (ZeRO) see part of the gradients: the hook turns this rank's sum of squares
+  // into the global one (an all-reduce), from which the norm for clipping and logging is taken.
+  void set_sumsq_hook(std::function<double(double local_sumsq)> hook) {
+    sumsq_hook_ = std::move(hook);
+  }
 
   StepResult step();
 
@@ -168,6 +173,8 @@ class MixedPrecisionOptimizer {
   Tensor found_inf_;  // view of stats_[0]
   detail::MultiTensorTable unscale_table_;
   std::function<void(Tensor&)> hook_;
+  std::function<double(double)> sumsq_hook_;
+  double cpu_sumsq_ = 0.0;  // the CPU pass's exact sum of squares (CUDA keeps only the norm)
   bool unscaled_ = false;
   float inv_scale_ = 1.0f;  // the factor of the last unscale pass
   std::uint64_t weights_version_ = 0;

@@ -228,6 +228,8 @@ CASES = {
     "model.memory_format": "CUDA only (NHWC convolutions): test_layers_conv_gpu on the GPU machine; test_train_run_setup (RunSetup.ChannelsLast)",
     "parallel.bucket_mb": "test_comm_mpi (DataParallelCpu): bucket layouts of every size give the same sums",
     "parallel.collective_timeout_s": "tests/train/test_faults.sh and test_comm_rank_hang: a hung rank ends the job after the timeout",
+    "parallel.zero_stage": "tests/train/test_zero.sh: stages 1 and 2 shard the optimizer state (per-rank bytes fall by the "
+                           "world size) and write one optimizer shard file per rank",
 }
 
 
