@@ -155,7 +155,8 @@ struct StepOptimizer::Impl {
        DataParallel* dp)
       : sharded(dp != nullptr && dp->zero_stage() > 0 ? dp : nullptr),
         shards(sharded ? shard_parameters(parameters, *sharded) : ShardedParameters{}),
-        optimizer(sharded ? shards.list() : parameters, optimizer_options(e), amp_options(e)),
+        optimizer(sharded ? shards.list() : parameters, optimizer_options(e), amp_options(e),
+                  sharded ? sharded->communicator().device() : Device::cpu()),
         schedule(schedule_options(e, total)),
         model_parameters(parameters) {
     for (Parameter* p : parameters) {

@@ -405,9 +405,11 @@ TrainResult Trainer::train() {
                    std::to_string(s.plan.per_gpu) + " x " + std::to_string(s.plan.accumulation) +
                    " x " + std::to_string(s.world.size) + " = " + std::to_string(s.plan.global) +
                    ", " + std::to_string(s.total_steps) + " steps");
-  s.metrics->print("optimizer state: " + std::to_string(s.optimizer_bytes) +
-                   " bytes on this rank (zero_stage " +
-                   std::to_string(s.dp ? s.dp->zero_stage() : 0) + ")");
+  if (s.dp) {
+    s.metrics->print("optimizer state: " + std::to_string(s.optimizer_bytes) +
+                     " bytes on this rank (parallel.zero_stage " +
+                     std::to_string(s.dp->zero_stage()) + ")");
+  }
 
   Tensor loss_sum = Tensor::zeros({}, DType::F32, s.device);
   std::int64_t interval_micro = 0, interval_samples = 0;

@@ -140,9 +140,9 @@ void LossScaler::load_state(const State& state) {
 
 MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<Parameter*>& params,
                                                  const OptimizerOptions& optim,
-                                                 const AmpOptions& amp)
+                                                 const AmpOptions& amp, Device device)
     : amp_((validate(amp), amp)), scaler_(amp.scaler, resolved_mode(amp)), params_(params) {
-  if (!params_.empty()) device_ = params_.front()->value.device();
+  device_ = params_.empty() ? device : params_.front()->value.device();
   masters_.resize(params_.size());
   std::vector<OptimizedTensor> tensors;
   for (std::size_t i = 0; i < params_.size(); ++i) {

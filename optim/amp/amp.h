@@ -120,8 +120,10 @@ class MixedPrecisionOptimizer {
   // `params` are the model's parameters, already converted with Layer::to(device,
   // parameter_dtype(amp)); in O2 the fp32 masters are copied from them here. The optimizer keeps
   // each parameter's `grad` tensor as it is now: rebind gradients (DataParallel buckets) first.
+  // `device` places the step's flags when `params` is empty (a ZeRO rank whose shard of a tiny
+  // model is only padding); otherwise the parameters' device is used.
   MixedPrecisionOptimizer(const std::vector<Parameter*>& params, const OptimizerOptions& optim,
-                          const AmpOptions& amp);
+                          const AmpOptions& amp, Device device = Device::cpu());
   ~MixedPrecisionOptimizer();
   MixedPrecisionOptimizer(const MixedPrecisionOptimizer&) = delete;
   MixedPrecisionOptimizer& operator=(const MixedPrecisionOptimizer&) = delete;
