@@ -2,7 +2,7 @@
 # ZeRO (parallel.zero_stage 1 and 2) under mpirun -np $NP (default 2) on the CPU: after 20 steps
 # the weights equal stage 0's (SGD and AdamW bit for bit: the reduce-scatter folds ranks in the
 # order the all-reduce does; LAMB with clipping within 1e-6 relative: its norms add up partial
-# sums), with gradient accumulation and an injected inf; the per-rank optimizer state falls by
+# sums), with gradient accumulation, an injected inf and tied weights (GPT-2); the per-rank optimizer state falls by
 # the world size; a sharded checkpoint resumes bit for bit on NP ranks and with equal weights and
 # optimizer state on other world sizes (np 2: 1 and 3; np 3: 1 and 2).
 source "$(dirname "$0")/lib.sh"
@@ -10,8 +10,8 @@ NP=${NP:-2}
 run() {  # np dir overrides...
   local np=$1 dir=$2; shift 2
   local sets=() opt; for opt in "$@"; do sets+=(--set "$opt"); done
-  if [ "$np" = 1 ]; then "$KILN" train --config "$TINY" --set logging.dir="$dir" "${sets[@]}" > "$dir.log" 2>&1
-  else "${MPIRUN[@]}" -np "$np" "$KILN" train --config "$TINY" --set logging.dir="$dir" "${sets[@]}" > "$dir.log" 2>&1; fi \
+  local cmd=("$KILN" train --config "${CONFIG:-$TINY}" --set logging.dir="$dir" "${sets[@]}")
+  if [ "$np" = 1 ]; then "${cmd[@]}" > "$dir.log" 2>&1; else "${MPIRUN[@]}" -np "$np" "${cmd[@]}" > "$dir.log" 2>&1; fi \
     || { tail -30 "$dir.log"; fail "run $dir ($*)"; }
 }
 # Max relative difference of the parameters of two model.safetensors (buffers left out).
@@ -59,6 +59,24 @@ for case in ${CASES:-accum sgd lamb inf}; do
   done
   pass "$case: stages $stages agree after 20 steps (tolerance $tol, np $NP)"
 done
+
+# Tied weights: GPT-2's embedding is also its output head (one parameter, two uses), with the
+# global clip norm, on llm.c token shards written here.
+mkdir -p "$W/shards"
+python3 - "$W/shards" <<'PY'
+import random, struct, sys
+random.seed(11)
+pattern = random.sample(range(512), 13)
+tokens = [pattern[i % 13] for i in range(20000)]
+with open(f"{sys.argv[1]}/tiny_train_000001.bin", "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
+    f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+PY
+GPT=(data.path="$W/shards/tiny_train_*.bin" data.eval_split=none train.steps=20 train.global_batch=24
+     train.batch_per_gpu=$((24 / NP)))
+for z in 0 1; do CONFIG=$SRC/tests/train/tiny_gpt.pbtxt run "$NP" "$W/gpt$z" "${GPT[@]}" parallel.zero_stage=$z; done
+compare "$W/gpt0" "$W/gpt1" 1e-6 || fail "tied weights (GPT-2): stage 1 differs from stage 0 (np $NP)"
+pass "tied weights (GPT-2, clipped AdamW): stage 1 agrees with stage 0 (np $NP)"
 
 # Per-rank optimizer state (allocator statistics, rank 0): stage 1 holds about 1/NP of stage 0's.
 b0=$(sed -n 's/.*optimizer state: \([0-9]*\) bytes.*/\1/p' "$W/accum0.log" | head -1)
