@@ -121,6 +121,12 @@ void Communicator::all_gather(const Tensor& in, Tensor& out) {
 }
 
 void Communicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
+  comm_stream_wait_for_current();
+  reduce_scatter_on_comm_stream(in, out, op);
+  current_stream_wait_for_comm();
+}
+
+void Communicator::reduce_scatter_on_comm_stream(const Tensor& in, Tensor& out, ReduceOp op) {
   check_tensor(in, "reduce_scatter");
   check_tensor(out, "reduce_scatter");
   KILN_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size(),
@@ -128,9 +134,7 @@ void Communicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
                  out.str());
   KILN_CHECK(op == ReduceOp::Sum || is_floating(in.dtype()),
              std::string("reduce_scatter average of ") + dtype_name(in.dtype()));
-  comm_stream_wait_for_current();
   do_reduce_scatter(in, out, op);
-  current_stream_wait_for_comm();
 }
 
 void Communicator::barrier() {

@@ -81,6 +81,7 @@ class Communicator {
   // Enqueues on the communication stream only; the caller orders it (see above).
   void all_reduce_on_comm_stream(Tensor& t, ReduceOp op = ReduceOp::Sum);
   void broadcast_on_comm_stream(Tensor& t, int root = 0);
+  void reduce_scatter_on_comm_stream(const Tensor& in, Tensor& out, ReduceOp op = ReduceOp::Sum);
   // The host waits for everything queued on the communication stream.
   virtual void synchronize() {}
   // Collectives issued so far (the sequence number of the next one).

@@ -1,5 +1,6 @@
 #include "comm/data_parallel.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "core/check.h"
@@ -44,6 +45,11 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
                            Communicator& comm, DataParallelOptions options)
     : comm_(comm), options_(options), params_(std::move(parameters)), buffers_(std::move(buffers)) {
   KILN_CHECK(options_.bucket_bytes > 0, "DataParallel bucket_bytes must be positive");
+  KILN_CHECK(
+      options_.zero_stage >= 0 && options_.zero_stage <= 2,
+      "DataParallel zero_stage must be 0, 1 or 2, got " + std::to_string(options_.zero_stage));
+  KILN_CHECK(options_.zero_stage == 0 || !options_.reduce_in_half,
+             "DataParallel: reduce_in_half is not supported with zero_stage > 0");
   KILN_CHECK(!options_.reduce_in_half || is_half(options_.half_dtype),
              std::string("DataParallel half_dtype must be f16 or bf16, got ") +
                  dtype_name(options_.half_dtype));
@@ -68,6 +74,7 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
   hash = fnv1a(hash, static_cast<std::int64_t>(options_.first_bucket_bytes));
   const std::size_t first_bucket_bytes =
       options_.first_bucket_bytes > 0 ? options_.first_bucket_bytes : options_.bucket_bytes;
+  hash = fnv1a(hash, static_cast<std::int64_t>(options_.zero_stage));
   std::unordered_map<int, std::size_t> open;  // dtype -> bucket index
   std::vector<std::int64_t> fill;             // elements used per bucket
   for (auto it = params_.rbegin(); it != params_.rend(); ++it) {
@@ -106,23 +113,44 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
                                 "shapes, dtypes and bucket size)");
 
   // Flat buffers; each gradient becomes a view into its bucket, keeping its current values.
+  const std::int64_t ranks = comm_.size();
   for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
     Bucket& b = buckets_[bi];
+    // ZeRO: every rank's shard of the bucket has the same length (padding at the end).
+    if (options_.zero_stage > 0) fill[bi] = (fill[bi] + ranks - 1) / ranks * ranks;
+    b.numel = fill[bi];
     b.flat = Tensor::zeros({fill[bi]}, b.dtype, device);
     if (options_.reduce_in_half && b.dtype == DType::F32) {
       b.staging = Tensor::empty({fill[bi]}, options_.half_dtype, device);
     }
     for (std::size_t i = 0; i < b.params.size(); ++i) {
       Parameter* p = b.params[i];
-      const std::int64_t n = p->value.numel();
-      Tensor view = b.flat.slice(0, b.offsets[i], b.offsets[i] + n).view(p->value.shape());
       if (p->grad.defined()) {
         KILN_CHECK(
             p->grad.shape() == p->value.shape(),
             "parameter " + p->name + ": grad " + p->grad.str() + " for value " + p->value.str());
-        view.copy_from(p->grad);
+        const std::int64_t n = p->value.numel();
+        b.flat.slice(0, b.offsets[i], b.offsets[i] + n).view(p->value.shape()).copy_from(p->grad);
       }
-      p->grad = view;
+    }
+    bind_gradients(b);
+    if (options_.zero_stage > 0) {
+      const std::int64_t shard = fill[bi] / ranks;
+      const std::int64_t begin = shard * comm_.rank(), end = begin + shard;
+      b.shard = Tensor::zeros({shard}, b.dtype, device);
+      for (std::size_t i = 0; i < b.params.size(); ++i) {
+        const std::int64_t lo = std::max(begin, b.offsets[i]);
+        const std::int64_t hi = std::min(end, b.offsets[i] + b.params[i]->value.numel());
+        if (lo >= hi) continue;
+        ShardPiece piece;
+        piece.parameter = b.params[i];
+        piece.offset = lo - b.offsets[i];
+        piece.numel = hi - lo;
+        piece.grad = b.shard.slice(0, lo - begin, hi - begin);
+        piece.bucket = bi;
+        piece.shard_offset = lo - begin;
+        pieces_.push_back(std::move(piece));
+      }
     }
   }
   reset_step();
@@ -219,6 +247,8 @@ void DataParallel::launch(Bucket& bucket) {
       comm_.all_reduce_on_comm_stream(bucket.staging, ReduceOp::Average);
       bucket.flat.copy_from(bucket.staging);
     }
+  } else if (options_.zero_stage > 0) {
+    comm_.reduce_scatter_on_comm_stream(bucket.flat, bucket.shard, ReduceOp::Average);
   } else {
     comm_.all_reduce_on_comm_stream(bucket.flat, ReduceOp::Average);
   }
@@ -237,6 +267,54 @@ void DataParallel::finish() {
   comm_.current_stream_wait_for_comm();
   if (timing_) mark(reduced_, current_stream(comm_.device()));
   reset_step();
+  // Stage 2: the full buffers are released once the compute stream has waited for their
+  // reduce-scatters, so a stream-ordered allocator reuses them only after the reads.
+  if (options_.zero_stage == 2) {
+    for (Bucket& b : buckets_) {
+      b.flat = Tensor();
+      for (Parameter* p : b.params) p->grad = Tensor();
+    }
+  }
+}
+
+void DataParallel::bind_gradients(Bucket& b) {
+  for (std::size_t i = 0; i < b.params.size(); ++i) {
+    Parameter* p = b.params[i];
+    const std::int64_t n = p->value.numel();
+    p->grad = b.flat.slice(0, b.offsets[i], b.offsets[i] + n).view(p->value.shape());
+  }
+}
+
+void DataParallel::gather_parameters() {
+  const std::int64_t ranks = comm_.size();
+  for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
+    Bucket& b = buckets_[bi];
+    const std::int64_t shard = b.shard.numel();
+    const DType dtype = b.params.front()->value.dtype();
+    Tensor mine = Tensor::zeros({shard}, dtype, comm_.device());
+    for (const ShardPiece& piece : pieces_) {
+      if (piece.bucket != bi) continue;
+      mine.slice(0, piece.shard_offset, piece.shard_offset + piece.numel)
+          .copy_from(piece.parameter->value.view({piece.parameter->value.numel()})
+                         .slice(0, piece.offset, piece.offset + piece.numel));
+    }
+    Tensor all = Tensor::empty({shard * ranks}, dtype, comm_.device());
+    comm_.all_gather(mine, all);
+    for (std::size_t i = 0; i < b.params.size(); ++i) {
+      Parameter* p = b.params[i];
+      const std::int64_t n = p->value.numel();
+      p->value.copy_from(all.slice(0, b.offsets[i], b.offsets[i] + n).view(p->value.shape()));
+    }
+  }
+}
+
+std::size_t DataParallel::gradient_buffer_bytes() const {
+  std::size_t bytes = 0;
+  for (const Bucket& b : buckets_) {
+    if (b.flat.defined()) bytes += b.flat.nbytes();
+    if (b.shard.defined()) bytes += b.shard.nbytes();
+  }
+  return bytes;
 }
 
 void DataParallel::reset_step() {
@@ -253,7 +331,14 @@ void DataParallel::set_accumulation_micro_step(bool micro_step) {
 }
 
 void DataParallel::zero_grad() {
-  for (Bucket& b : buckets_) b.flat.zero();
+  for (Bucket& b : buckets_) {
+    if (b.flat.defined()) {
+      b.flat.zero();
+    } else {  // stage 2 released it after the last step
+      b.flat = Tensor::zeros({b.numel}, b.dtype, comm_.device());
+      bind_gradients(b);
+    }
+  }
 }
 
 void DataParallel::broadcast_parameters() {
@@ -269,7 +354,7 @@ std::vector<GradientBucketInfo> DataParallel::bucket_layout() const {
   for (const Bucket& b : buckets_) {
     GradientBucketInfo info;
     info.dtype = b.dtype;
-    info.numel = b.flat.numel();
+    info.numel = b.numel;
     for (const Parameter* p : b.params) info.parameter_names.push_back(p->name);
     out.push_back(std::move(info));
   }
@@ -280,8 +365,9 @@ std::string DataParallel::layout_summary() const {
   std::ostringstream os;
   for (std::size_t i = 0; i < buckets_.size(); ++i) {
     const Bucket& b = buckets_[i];
-    os << "bucket " << i << ": " << dtype_name(b.dtype) << ", " << format_bytes(b.flat.nbytes())
-       << ", " << b.params.size() << " parameters (" << b.params.front()->name << " .. "
+    os << "bucket " << i << ": " << dtype_name(b.dtype) << ", "
+       << format_bytes(static_cast<std::size_t>(b.numel) * dtype_size(b.dtype)) << ", "
+       << b.params.size() << " parameters (" << b.params.front()->name << " .. "
        << b.params.back()->name << ")\n";
   }
   return os.str();

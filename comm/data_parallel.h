@@ -26,6 +26,14 @@
 //
 // A gradient must be complete when its owner layer's backward calls the hook: a parameter shared
 // by several layers (tied weights) must be owned by the layer whose backward runs last.
+//
+// ZeRO (options.zero_stage 1 or 2): each bucket is padded to a multiple of the world size and
+// split into size() contiguous shards; rank r owns shard r of every bucket. A full bucket is
+// reduce-scattered (averaged) instead of all-reduced, into the bucket's shard gradient, which is
+// what the optimizer reads (shard_pieces()); after the update, gather_parameters() all-gathers
+// every bucket's updated values so that each rank holds the whole model again. Stage 2 also
+// releases the full gradient buffers in finish() (reallocated by zero_grad()), so between steps
+// a rank holds only its shard of the reduced gradients; Parameter::grad is then undefined.
 
 #include <chrono>
 #include <cstdint>
@@ -51,6 +59,19 @@ struct DataParallelOptions {
   DType half_dtype = DType::BF16;
   // Broadcast parameters and buffers from rank 0 in the constructor.
   bool broadcast_at_start = true;
+  // 0: all-reduce; 1: reduce-scatter into per-rank gradient shards; 2: also free the full
+  // gradient buffers between steps (see above).
+  int zero_stage = 0;
+};
+
+// One contiguous range of one parameter inside this rank's shard of a bucket (ZeRO).
+struct ShardPiece {
+  Parameter* parameter = nullptr;
+  std::int64_t offset = 0;  // into the flattened parameter
+  std::int64_t numel = 0;
+  Tensor grad;  // (numel,) view into the bucket's reduced shard gradient
+  std::size_t bucket = 0;
+  std::int64_t shard_offset = 0;  // of the piece's first element in the bucket's shard
 };
 
 struct GradientBucketInfo {
@@ -114,6 +135,14 @@ class DataParallel {
   CommStepTiming step_timing(const Event* reference,
                              std::chrono::steady_clock::time_point host_reference) const;
 
+  int zero_stage() const { return options_.zero_stage; }
+  // ZeRO: this rank's pieces of every parameter, in bucket order (empty when zero_stage is 0).
+  const std::vector<ShardPiece>& shard_pieces() const { return pieces_; }
+  // ZeRO, collective: every rank's updated pieces of Parameter::value reach every rank.
+  void gather_parameters();
+  // ZeRO: bytes of the full gradient buffers and of this rank's reduced shards now allocated.
+  std::size_t gradient_buffer_bytes() const;
+
  private:
   // One point in time: an event on CUDA, the host clock on the CPU.
   struct TimePoint {
@@ -124,8 +153,10 @@ class DataParallel {
 
   struct Bucket {
     DType dtype;
+    std::int64_t numel = 0;
     Tensor flat;     // (numel,) the gradients' storage
     Tensor staging;  // (numel,) half copy when reduce_in_half
+    Tensor shard;    // ZeRO: (numel / size,) this rank's reduced gradient shard
     std::vector<Parameter*> params;
     std::vector<std::int64_t> offsets;
     int pending = 0;  // parameters whose hook has not fired this step
@@ -140,12 +171,14 @@ class DataParallel {
   void launch_ready_buckets();
   void launch(Bucket& bucket);
   void reset_step();
+  void bind_gradients(Bucket& bucket);  // Parameter::grad = views into bucket.flat
 
   Communicator& comm_;
   DataParallelOptions options_;
   std::vector<Parameter*> params_;
   std::vector<Buffer*> buffers_;
   std::vector<Bucket> buckets_;
+  std::vector<ShardPiece> pieces_;
   std::unordered_map<const Parameter*, Slot> slots_;
   std::vector<char> ready_;
   std::size_t next_launch_ = 0;

@@ -184,14 +184,17 @@ void cpu_adamw(const std::vector<TensorEntry>& entries, const AdamWStep& step) {
   }
 }
 
-void cpu_lamb(const std::vector<TensorEntry>& entries, const LambStep& step) {
-  for (const TensorEntry& e : entries) {
+std::vector<double> cpu_lamb_moments_sumsq(const std::vector<TensorEntry>& entries,
+                                           const LambStep& step) {
+  std::vector<double> sums(2 * entries.size(), 0.0);
+  for (std::size_t t = 0; t < entries.size(); ++t) {
+    const TensorEntry& e = entries[t];
     dispatch_value_grad(e, [&](auto v_tag, auto g_tag) {
       using V = decltype(v_tag);
       using G = decltype(g_tag);
       using C = ComputeOf<V>;
       LambScalars<C> s = lamb_scalars<C>(step, e);
-      V* p = static_cast<V*>(e.value);
+      const V* p = static_cast<const V*>(e.value);
       const G* g = static_cast<const G*>(e.grad);
       C* m = static_cast<C*>(e.state0);
       C* v = static_cast<C*>(e.state1);
@@ -203,7 +206,26 @@ void cpu_lamb(const std::vector<TensorEntry>& entries, const LambStep& step) {
         param_sumsq += static_cast<double>(pv) * static_cast<double>(pv);
         update_sumsq += static_cast<double>(u) * static_cast<double>(u);
       }
-      C ratio = lamb_trust_ratio<C>(param_sumsq, update_sumsq, e.adapt != 0);
+      sums[2 * t] = param_sumsq;
+      sums[2 * t + 1] = update_sumsq;
+    });
+  }
+  return sums;
+}
+
+void cpu_lamb_apply(const std::vector<TensorEntry>& entries, const LambStep& step,
+                    const std::vector<double>& sums) {
+  for (std::size_t t = 0; t < entries.size(); ++t) {
+    const TensorEntry& e = entries[t];
+    dispatch_value_grad(e, [&](auto v_tag, auto g_tag) {
+      using V = decltype(v_tag);
+      using C = ComputeOf<V>;
+      (void)g_tag;
+      LambScalars<C> s = lamb_scalars<C>(step, e);
+      V* p = static_cast<V*>(e.value);
+      const C* m = static_cast<const C*>(e.state0);
+      const C* v = static_cast<const C*>(e.state1);
+      C ratio = lamb_trust_ratio<C>(sums[2 * t], sums[2 * t + 1], e.adapt != 0);
       C step_size = s.lr * ratio;
       for (std::int64_t i = 0; i < e.numel; ++i) {
         C pv = static_cast<C>(cpu::load(p[i]));
@@ -214,6 +236,10 @@ void cpu_lamb(const std::vector<TensorEntry>& entries, const LambStep& step) {
       }
     });
   }
+}
+
+void cpu_lamb(const std::vector<TensorEntry>& entries, const LambStep& step) {
+  cpu_lamb_apply(entries, step, cpu_lamb_moments_sumsq(entries, step));
 }
 
 }  // namespace kiln::optim::detail

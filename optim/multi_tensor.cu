@@ -222,6 +222,33 @@ __global__ void lamb_apply_kernel(const TensorEntry* entries, const ChunkEntry* 
   });
 }
 
+// Sharded LAMB: one block per tensor writes its {param_sumsq, update_sumsq} for the host to
+// combine with the other ranks' pieces of the same parameter.
+__global__ void lamb_tensor_sums_kernel(const TensorEntry* entries, const double* param_partials,
+                                        const double* update_partials, double* sums) {
+  const TensorEntry& e = entries[blockIdx.x];
+  double p_acc = 0.0, u_acc = 0.0;
+  for (int i = threadIdx.x; i < e.chunk_count; i += kThreads) {
+    p_acc += param_partials[e.first_chunk + i];
+    u_acc += update_partials[e.first_chunk + i];
+  }
+  double p_total = block_sum(p_acc);
+  double u_total = block_sum(u_acc);
+  if (threadIdx.x == 0) {
+    sums[2 * blockIdx.x] = p_total;
+    sums[2 * blockIdx.x + 1] = u_total;
+  }
+}
+
+// Sharded LAMB: the trust ratios from the combined sums.
+__global__ void lamb_ratio_from_sums_kernel(const TensorEntry* entries, int num_tensors,
+                                            const double* sums, float* ratios) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t < num_tensors) {
+    ratios[t] = lamb_trust_ratio<float>(sums[2 * t], sums[2 * t + 1], entries[t].adapt != 0);
+  }
+}
+
 }  // namespace
 
 void cuda_unscale_check_sumsq(MultiTensorTable& table, float inv_scale, bool write,
@@ -269,6 +296,30 @@ void cuda_lamb(MultiTensorTable& table, const LambStep& step, void* stream) {
   lamb_ratio_kernel<<<table.num_tensors(), kThreads, 0, as_stream(stream)>>>(
       table.device_entries(), table.chunk_partials(0), table.chunk_partials(1),
       table.tensor_scalars());
+  KILN_CUDA_LAUNCH_CHECK();
+  lamb_apply_kernel<<<table.num_chunks(), kThreads, 0, as_stream(stream)>>>(
+      table.device_entries(), table.device_chunks(), step, table.tensor_scalars());
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+void cuda_lamb_moments_sumsq(MultiTensorTable& table, const LambStep& step, double* sums,
+                             void* stream) {
+  if (table.num_chunks() == 0) return;
+  lamb_moments_kernel<<<table.num_chunks(), kThreads, 0, as_stream(stream)>>>(
+      table.device_entries(), table.device_chunks(), step, table.chunk_partials(0),
+      table.chunk_partials(1));
+  KILN_CUDA_LAUNCH_CHECK();
+  lamb_tensor_sums_kernel<<<table.num_tensors(), kThreads, 0, as_stream(stream)>>>(
+      table.device_entries(), table.chunk_partials(0), table.chunk_partials(1), sums);
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+void cuda_lamb_apply(MultiTensorTable& table, const LambStep& step, const double* sums,
+                     void* stream) {
+  if (table.num_chunks() == 0) return;
+  const int blocks = (table.num_tensors() + kThreads - 1) / kThreads;
+  lamb_ratio_from_sums_kernel<<<blocks, kThreads, 0, as_stream(stream)>>>(
+      table.device_entries(), table.num_tensors(), sums, table.tensor_scalars());
   KILN_CUDA_LAUNCH_CHECK();
   lamb_apply_kernel<<<table.num_chunks(), kThreads, 0, as_stream(stream)>>>(
       table.device_entries(), table.device_chunks(), step, table.tensor_scalars());

@@ -48,6 +48,12 @@ void cpu_scale_grads(const std::vector<TensorEntry>& entries, double factor);  /
 void cpu_sgd(const std::vector<TensorEntry>& entries, const SgdStep& step);
 void cpu_adamw(const std::vector<TensorEntry>& entries, const AdamWStep& step);
 void cpu_lamb(const std::vector<TensorEntry>& entries, const LambStep& step);
+// cpu_lamb in two phases: the moments and {param_sumsq, update_sumsq} per entry (returned), then
+// the update with the trust ratios of the given sums (which a sharded optimizer combines).
+std::vector<double> cpu_lamb_moments_sumsq(const std::vector<TensorEntry>& entries,
+                                           const LambStep& step);
+void cpu_lamb_apply(const std::vector<TensorEntry>& entries, const LambStep& step,
+                    const std::vector<double>& sums);
 
 // ---- CUDA launchers (defined in multi_tensor.cu, present when KILN_WITH_CUDA) ----
 
@@ -60,5 +66,11 @@ void cuda_scale_grads(MultiTensorTable& table, float factor, void* stream);
 void cuda_sgd(MultiTensorTable& table, const SgdStep& step, void* stream);
 void cuda_adamw(MultiTensorTable& table, const AdamWStep& step, void* stream);
 void cuda_lamb(MultiTensorTable& table, const LambStep& step, void* stream);
+// cuda_lamb in two phases (sharded LAMB): the moments and per-tensor {param_sumsq, update_sumsq}
+// into `sums` (device, 2 doubles per tensor), then the update with the ratios of `sums`.
+void cuda_lamb_moments_sumsq(MultiTensorTable& table, const LambStep& step, double* sums,
+                             void* stream);
+void cuda_lamb_apply(MultiTensorTable& table, const LambStep& step, const double* sums,
+                     void* stream);
 
 }  // namespace kiln::optim::detail

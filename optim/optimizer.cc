@@ -317,12 +317,31 @@ void Lamb::apply(double grad_norm, float grad_unscale) {
   s.grad_unscale = grad_unscale;
   auto list = entries({"exp_avg", "exp_avg_sq"});
   if (device_.is_cpu()) {
-    detail::cpu_lamb(list, s);
+    if (tensor_sumsq_hook_) {
+      std::vector<double> sums = detail::cpu_lamb_moments_sumsq(list, s);
+      tensor_sumsq_hook_(sums);
+      detail::cpu_lamb_apply(list, s, sums);
+    } else {
+      detail::cpu_lamb(list, s);
+    }
     return;
   }
 #if KILN_WITH_CUDA
+  const std::int64_t n = static_cast<std::int64_t>(list.size());
   table_.set(std::move(list), device_);
-  detail::cuda_lamb(table_, s, current_stream(device_));
+  void* stream = current_stream(device_);
+  if (tensor_sumsq_hook_) {
+    // The per-tensor sums go through the host (one read per step) to be combined across ranks.
+    Tensor sums = Tensor::zeros({2 * std::max<std::int64_t>(n, 1)}, DType::F64, device_);
+    detail::cuda_lamb_moments_sumsq(table_, s, static_cast<double*>(sums.data()), stream);
+    std::vector<double> host = sums.to_vector<double>();
+    host.resize(static_cast<std::size_t>(2 * n));
+    tensor_sumsq_hook_(host);
+    if (n > 0) sums.slice(0, 0, 2 * n).copy_from(Tensor::from_vector(host, {2 * n}));
+    detail::cuda_lamb_apply(table_, s, static_cast<const double*>(sums.data()), stream);
+  } else {
+    detail::cuda_lamb(table_, s, stream);
+  }
 #endif
 }
 

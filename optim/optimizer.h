@@ -12,6 +12,7 @@
 // to write the half copy (`model_copy`) in the same pass.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -106,6 +107,12 @@ class Optimizer {
   std::vector<std::pair<std::string, Tensor*>> state();
 
   const std::vector<OptimizedTensor>& tensors() const { return tensors_; }
+  // LAMB's trust ratio needs the norms of whole parameters. A sharded optimizer (ZeRO) holds
+  // pieces of them: the hook gets {param_sumsq, update_sumsq} per tensor, in tensor order, and
+  // replaces each with the sum over the parameter's pieces on every rank (an all-reduce).
+  void set_tensor_sumsq_hook(std::function<void(std::vector<double>& sums)> hook) {
+    tensor_sumsq_hook_ = std::move(hook);
+  }
   const OptimizerOptions& options() const { return options_; }
   Device device() const { return device_; }
 
@@ -123,6 +130,7 @@ class Optimizer {
   Device device_;
   double lr_;
   detail::MultiTensorTable table_;
+  std::function<void(std::vector<double>&)> tensor_sumsq_hook_;
 
  private:
   std::vector<std::pair<std::string, std::unique_ptr<Tensor>>> state_;

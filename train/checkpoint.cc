@@ -18,7 +18,6 @@ namespace kiln::train {
 namespace {
 
 const char* kManifest = "MANIFEST";
-const char* kFiles[] = {"model.safetensors", "optimizer.safetensors", "state.pbtxt"};
 
 std::uint32_t crc_of(const std::string& bytes) {
   return static_cast<std::uint32_t>(
@@ -102,22 +101,54 @@ std::string checkpoint_name(std::int64_t step) {
 CheckpointStore::CheckpointStore(std::string dir, int keep_last)
     : dir_(std::move(dir)), keep_last_(std::max(keep_last, 1)) {}
 
+std::string optimizer_shard_name(int rank, int world_size) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "optimizer-rank-%05d-of-%05d.safetensors", rank, world_size);
+  return buf;
+}
+
+std::string CheckpointStore::staging_dir(std::int64_t step) const {
+  return dir_ + "/.tmp-" + checkpoint_name(step) + "-shards";
+}
+
+void CheckpointStore::prepare_staging(std::int64_t step) const {
+  make_dirs(dir_);
+  remove_tree(staging_dir(step));
+  make_dir(staging_dir(step));
+}
+
 std::string CheckpointStore::save(const NamedTensors& model, const NamedTensors& optimizer,
                                   const config::CheckpointState& state) {
   make_dirs(dir_);
-  std::string name = checkpoint_name(state.step());
-  std::string final_path = dir_ + "/" + name;
-  std::string tmp = dir_ + "/.tmp-" + name + "-" + std::to_string(::getpid());
+  std::string tmp =
+      dir_ + "/.tmp-" + checkpoint_name(state.step()) + "-" + std::to_string(::getpid());
   remove_tree(tmp);
   make_dir(tmp);
+  return complete(tmp, model, &optimizer, {"optimizer.safetensors"}, state);
+}
+
+std::string CheckpointStore::save_sharded(const NamedTensors& model,
+                                          const std::vector<std::string>& shard_files,
+                                          const config::CheckpointState& state) {
+  return complete(staging_dir(state.step()), model, nullptr, shard_files, state);
+}
+
+std::string CheckpointStore::complete(const std::string& tmp, const NamedTensors& model,
+                                      const NamedTensors* optimizer, std::vector<std::string> files,
+                                      const config::CheckpointState& state) {
+  std::string final_path = dir_ + "/" + checkpoint_name(state.step());
   try {
     save_safetensors(tmp + "/model.safetensors", model, {{"format", "pt"}});
-    save_safetensors(tmp + "/optimizer.safetensors", optimizer, {{"format", "kiln"}});
+    if (optimizer != nullptr) {
+      save_safetensors(tmp + "/optimizer.safetensors", *optimizer, {{"format", "kiln"}});
+    }
     std::string text;
     google::protobuf::TextFormat::PrintToString(state, &text);
     write_file_atomically(tmp + "/state.pbtxt", text);
+    files.insert(files.begin(), "model.safetensors");
+    files.push_back("state.pbtxt");
     std::string manifest;
-    for (const char* file : kFiles) {
+    for (const std::string& file : files) {
       std::string bytes = read_file(tmp + "/" + file);
       manifest += hex(crc_of(bytes)) + " " + std::to_string(bytes.size()) + " " + file + "\n";
     }
@@ -184,8 +215,11 @@ Checkpoint CheckpointStore::load(const std::string& path) {
   }
   std::istringstream lines(manifest.substr(0, line_start));
   std::string crc, size, file;
-  int listed = 0;
+  std::vector<std::string> listed;
   while (lines >> crc >> size >> file) {
+    if (file.find('/') != std::string::npos) {
+      throw InputError(manifest_path + ": lists '" + file + "', not a file of the checkpoint");
+    }
     std::string file_path = path + "/" + file;
     if (::stat(file_path.c_str(), &st) != 0)
       throw InputError(file_path + ": missing from checkpoint");
@@ -198,14 +232,36 @@ Checkpoint CheckpointStore::load(const std::string& path) {
       throw InputError(file_path + ": checksum mismatch (CRC-32 " + hex(crc_of(bytes)) +
                        ", manifest says " + crc + "): the file is corrupt");
     }
-    ++listed;
+    listed.push_back(file);
   }
-  if (listed != 3)
-    throw InputError(manifest_path + ": lists " + std::to_string(listed) + " files, expected 3");
+  auto has = [&](const std::string& f) {
+    return std::find(listed.begin(), listed.end(), f) != listed.end();
+  };
+  std::vector<std::string> shards;
+  for (const std::string& f : listed) {
+    if (f.rfind("optimizer-rank-", 0) == 0) shards.push_back(f);
+  }
+  // Shard files of a run on N ranks: exactly ranks 0..N-1 of N.
+  bool shards_complete = !shards.empty();
+  for (std::size_t r = 0; r < shards.size(); ++r) {
+    shards_complete = shards_complete && has(optimizer_shard_name(static_cast<int>(r),
+                                                                  static_cast<int>(shards.size())));
+  }
+  if (!has("model.safetensors") || !has("state.pbtxt") ||
+      (has("optimizer.safetensors") == !shards.empty()) || (!shards.empty() && !shards_complete) ||
+      listed.size() != 2 + (shards.empty() ? 1 : shards.size())) {
+    throw InputError(manifest_path + ": lists " + std::to_string(listed.size()) +
+                     " files; expected model.safetensors, state.pbtxt and either "
+                     "optimizer.safetensors or optimizer-rank-R-of-N.safetensors for every rank");
+  }
   Checkpoint c;
   c.path = path;
   c.model = load_safetensors(path + "/model.safetensors");
-  c.optimizer = load_safetensors(path + "/optimizer.safetensors");
+  if (shards.empty()) c.optimizer = load_safetensors(path + "/optimizer.safetensors");
+  for (std::size_t r = 0; r < shards.size(); ++r) {
+    c.optimizer_shards.push_back(load_safetensors(
+        path + "/" + optimizer_shard_name(static_cast<int>(r), static_cast<int>(shards.size()))));
+  }
   std::string text = read_file(path + "/state.pbtxt");
   if (!google::protobuf::TextFormat::ParseFromString(text, &c.state)) {
     throw InputError(path + "/state.pbtxt: cannot parse the checkpoint state");

@@ -4,6 +4,11 @@
 // them), optimizer.safetensors (moments, master weights), state.pbtxt (CheckpointState: step,
 // data position, loss scale, seed, the experiment), and MANIFEST (size and CRC-32 of each file,
 // and of itself). A directory is either complete and verified, or never loaded.
+//
+// A sharded run (parallel.zero_stage > 0) writes, instead of optimizer.safetensors, one
+// optimizer-rank-RRRRR-of-WWWWW.safetensors per rank (its pieces; the safetensors metadata gives
+// the ranges), each rank into the same staging directory (staging_dir()) before rank 0 completes
+// the checkpoint and renames it; the manifest lists every shard file.
 
 #include <cstdint>
 #include <optional>
@@ -18,7 +23,8 @@ namespace kiln::train {
 struct Checkpoint {
   std::string path;
   SafetensorsFile model;
-  SafetensorsFile optimizer;
+  SafetensorsFile optimizer;                      // empty in a sharded checkpoint
+  std::vector<SafetensorsFile> optimizer_shards;  // by rank; empty in an unsharded one
   config::CheckpointState state;
 };
 
@@ -31,6 +37,14 @@ class CheckpointStore {
   // partial directory under a final name.
   std::string save(const NamedTensors& model, const NamedTensors& optimizer,
                    const config::CheckpointState& state);
+  // Sharded: the shard files (names in the directory) were written into staging_dir(step) by
+  // every rank; this writes the rest there, the manifest, and renames it (rank 0).
+  std::string save_sharded(const NamedTensors& model, const std::vector<std::string>& shard_files,
+                           const config::CheckpointState& state);
+  // The directory every rank of a sharded save writes its shard into (created by
+  // prepare_staging(), rank 0, before the others write).
+  std::string staging_dir(std::int64_t step) const;
+  void prepare_staging(std::int64_t step) const;
 
   // Complete checkpoint directories, oldest first (partial ones are ignored).
   std::vector<std::string> list() const;
@@ -46,10 +60,15 @@ class CheckpointStore {
 
  private:
   void prune() const;
+  std::string complete(const std::string& tmp, const NamedTensors& model,
+                       const NamedTensors* optimizer, std::vector<std::string> files,
+                       const config::CheckpointState& state);
   std::string dir_;
   int keep_last_;
 };
 
 std::string checkpoint_name(std::int64_t step);  // "step-000500"
+// "optimizer-rank-00001-of-00002.safetensors"
+std::string optimizer_shard_name(int rank, int world_size);
 
 }  // namespace kiln::train

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "comm/communicator.h"
+#include "comm/data_parallel.h"
 #include "configs/checkpoint.pb.h"
 #include "configs/kiln.pb.h"
 #include "core/safetensors.h"
@@ -36,8 +37,12 @@ class StepOptimizer {
   // `parameters` are on their device in the parameter dtype, gradients in their final place
   // (data parallelism's buckets). `fp32_init` holds the fp32 initial values by parameter name
   // (O2's master weights start from them rather than from the rounded half copy).
+  // `sharded`: data parallelism with zero_stage > 0 (ZeRO): the optimizer then holds fp32 masters
+  // and moments only for this rank's shard pieces, reads their reduced gradient shards, combines
+  // norms across ranks and all-gathers the updated weights after each step.
   StepOptimizer(const std::vector<Parameter*>& parameters, const NamedTensors& fp32_init,
-                const config::Experiment& experiment, std::int64_t total_steps);
+                const config::Experiment& experiment, std::int64_t total_steps,
+                DataParallel* sharded = nullptr);
   ~StepOptimizer();
 
   double loss_scale() const;              // multiply the loss by this before backward
@@ -49,6 +54,18 @@ class StepOptimizer {
 
   NamedTensors state();                                           // for checkpoints
   void load_state(const std::map<std::string, Tensor>& tensors);  // InputError if missing
+  // Sharded (ZeRO) checkpoints: state() holds this rank's pieces; the metadata says which
+  // ("zero_world_size", "zero_rank", and "piece:<parameter>" = "<offset> <numel>").
+  bool sharded() const;
+  std::map<std::string, std::string> shard_metadata() const;
+  // Restores from optimizer files of any sharding (one whole file, or every rank's shard file of a
+  // run on any number of ranks): each state tensor's range is cut from the pieces that cover it.
+  // `what` names the checkpoint in errors.
+  void load_state(const std::vector<const SafetensorsFile*>& files, const std::string& what);
+  // The parameters whose pieces this rank updates (the whole ones without sharding).
+  std::vector<Parameter*> updated_parameters();
+  // Bytes of optimizer-owned tensors (masters and moments) on this rank.
+  std::size_t state_bytes();
   config::LossScalerState scaler_state() const;
   void load_scaler_state(const config::LossScalerState& state);
 

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "core/allocator.h"
 #include "core/npy.h"
 #include "core/nvtx.h"
 #include "core/ops.h"
@@ -91,16 +92,25 @@ std::string resolve_resume(Trainer::State& s) {
 void restore_checkpoint(Trainer::State& s, const std::string& path) {
   Checkpoint c = load_model_checkpoint(path, s.e.model().name(), *s.model.net);
   const config::CheckpointState& st = c.state;
-  s.optimizer->load_state(c.optimizer.tensors);
+  // One whole optimizer file, or the shards of a ZeRO run on any number of ranks (resharded).
+  std::vector<const SafetensorsFile*> optimizer_files;
+  if (c.optimizer_shards.empty()) optimizer_files.push_back(&c.optimizer);
+  for (const SafetensorsFile& f : c.optimizer_shards) optimizer_files.push_back(&f);
+  s.optimizer->load_state(optimizer_files, path);
   s.optimizer->load_scaler_state(st.loss_scaler());
+  // A sharded checkpoint carries the whole optimizer state, so another world size may resume it
+  // when the data position means the same (the same batches per epoch: a fixed global batch).
+  const bool reshardable = !c.optimizer_shards.empty() || s.e.parallel().zero_stage() > 0;
   if (!s.options.evaluate_only &&
-      (st.world_size() != s.world.size ||
+      ((st.world_size() != s.world.size && !reshardable) ||
        st.data().batches_per_epoch() != s.loader->batches_per_epoch())) {
     throw InputError(path + "/state.pbtxt: written by " + std::to_string(st.world_size()) +
                      " rank(s) with " + std::to_string(st.data().batches_per_epoch()) +
                      " batches per epoch; this run has " + std::to_string(s.world.size) +
                      " rank(s) and " + std::to_string(s.loader->batches_per_epoch()) +
-                     ": resume with the same world size and batch size");
+                     ": resume with the same world size and batch size (a ZeRO checkpoint, "
+                     "parallel.zero_stage > 0, resumes on any world size with the same "
+                     "train.global_batch)");
   }
   data::LoaderState ls;
   ls.seed = st.data().seed();
@@ -135,10 +145,27 @@ std::string save_checkpoint(Trainer::State& s) {
   st.set_kiln_version(kiln_version());
   st.set_experiment_hash(config::experiment_hash(s.e));
   *st.mutable_experiment() = s.e;
+  NamedTensors model;
   if (s.rank0()) {
-    NamedTensors model;
     for (Parameter* p : s.model.net->parameters()) model.emplace_back(p->name, stored_layout(*p));
     for (Buffer* b : s.model.net->buffers()) model.emplace_back(b->name, b->value);
+  }
+  if (s.optimizer->sharded()) {
+    // Every rank writes its optimizer shard into rank 0's staging directory; rank 0 completes it.
+    if (s.rank0()) s.store->prepare_staging(s.step);
+    s.comm->barrier();
+    const std::string shard = optimizer_shard_name(s.world.rank, s.world.size);
+    auto metadata = s.optimizer->shard_metadata();
+    metadata["format"] = "kiln";
+    save_safetensors(s.store->staging_dir(s.step) + "/" + shard, s.optimizer->state(), metadata);
+    s.comm->barrier();
+    if (s.rank0()) {
+      std::vector<std::string> shards;
+      for (int r = 0; r < s.world.size; ++r)
+        shards.push_back(optimizer_shard_name(r, s.world.size));
+      s.metrics->print("checkpoint " + s.store->save_sharded(model, shards, st));
+    }
+  } else if (s.rank0()) {
     s.metrics->print("checkpoint " + s.store->save(model, s.optimizer->state(), st));
   }
   s.comm->barrier();  // nobody moves on (or exits) before the checkpoint is complete
@@ -191,6 +218,12 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
     }
     dp.half_dtype =
         s.e.precision().half() == config::PrecisionConfig::BF16 ? DType::BF16 : DType::F16;
+    dp.zero_stage = s.e.parallel().zero_stage();
+    if (dp.zero_stage > 0 && dp.reduce_in_half) {
+      throw InputError(
+          "parallel.allreduce_in_half is not supported with parallel.zero_stage > 0 (the "
+          "gradients are reduce-scattered in their own dtype): set one of them off");
+    }
     s.dp = std::make_unique<DataParallel>(s.model.net->parameters(), s.model.net->buffers(),
                                           *s.comm, dp);
   }
@@ -213,8 +246,13 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
     s.total_steps = std::max<std::int64_t>(
         1, static_cast<std::int64_t>(std::ceil(micro / s.plan.accumulation)));
   }
-  s.optimizer =
-      std::make_unique<StepOptimizer>(s.model.net->parameters(), fp32_init, s.e, s.total_steps);
+  // The optimizer's own tensors (masters, moments) as the allocator counts them: ZeRO divides
+  // them by the world size.
+  const std::size_t allocated_before = allocator_for(s.device).stats().allocated_bytes;
+  s.optimizer = std::make_unique<StepOptimizer>(s.model.net->parameters(), fp32_init, s.e,
+                                                s.total_steps, s.dp.get());
+  const std::size_t allocated_after = allocator_for(s.device).stats().allocated_bytes;
+  s.optimizer_bytes = allocated_after > allocated_before ? allocated_after - allocated_before : 0;
   Shape input = s.model.sample_shape;
   input.insert(input.begin(), 1);
   s.flops_per_sample = 3.0 * s.model.net->forward_flops(input);
@@ -278,8 +316,15 @@ StepOutcome Trainer::State::run_step(Context& ctx, Tensor& loss_sum, std::int64_
     ++*micro_count;
     *sample_count += batch.size();
   }
-  faults.gradients(step, parameters);
-  if (dp) dp->finish();
+  if (dp && dp->zero_stage() > 0) {
+    // ZeRO: the optimizer reads this rank's reduced shard, so the fault goes there.
+    dp->finish();
+    std::vector<Parameter*> pieces = optimizer->updated_parameters();
+    faults.gradients(step, pieces);
+  } else {
+    faults.gradients(step, parameters);
+    if (dp) dp->finish();
+  }
   StepOutcome outcome;
   {
     NvtxRange range("optimizer");
@@ -364,6 +409,11 @@ TrainResult Trainer::train() {
                    std::to_string(s.plan.per_gpu) + " x " + std::to_string(s.plan.accumulation) +
                    " x " + std::to_string(s.world.size) + " = " + std::to_string(s.plan.global) +
                    ", " + std::to_string(s.total_steps) + " steps");
+  if (s.dp) {
+    s.metrics->print("optimizer state: " + std::to_string(s.optimizer_bytes) +
+                     " bytes on this rank (parallel.zero_stage " +
+                     std::to_string(s.dp->zero_stage()) + ")");
+  }
 
   Tensor loss_sum = Tensor::zeros({}, DType::F32, s.device);
   std::int64_t interval_micro = 0, interval_samples = 0;

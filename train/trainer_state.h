@@ -54,8 +54,9 @@ struct Trainer::State {
   std::int64_t micro_step = 0;  // forward/backward passes completed
   std::int64_t total_steps = 0;
   std::int64_t skipped = 0;
-  double flops_per_sample = 0;  // forward + backward
-  double peak_flops = 0;        // the GPU's dense half-precision peak, 0 if unknown
+  double flops_per_sample = 0;      // forward + backward
+  double peak_flops = 0;            // the GPU's dense half-precision peak, 0 if unknown
+  std::size_t optimizer_bytes = 0;  // allocated by the optimizer's construction (this rank)
 
   bool rank0() const { return world.rank == 0; }
   Context make_context(bool training) const;

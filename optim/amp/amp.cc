@@ -140,9 +140,9 @@ void LossScaler::load_state(const State& state) {
 
 MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<Parameter*>& params,
                                                  const OptimizerOptions& optim,
-                                                 const AmpOptions& amp)
+                                                 const AmpOptions& amp, Device device)
     : amp_((validate(amp), amp)), scaler_(amp.scaler, resolved_mode(amp)), params_(params) {
-  if (!params_.empty()) device_ = params_.front()->value.device();
+  device_ = params_.empty() ? device : params_.front()->value.device();
   masters_.resize(params_.size());
   std::vector<OptimizedTensor> tensors;
   for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -207,6 +207,7 @@ void MixedPrecisionOptimizer::unscale_and_check() {
     float* stats = stats_.data<float>();
     stats[0] = found_inf ? 1.0f : 0.0f;
     stats[1] = static_cast<float>(std::sqrt(sumsq));
+    cpu_sumsq_ = sumsq;
   } else {
 #if KILN_WITH_CUDA
     void* stream = current_stream(device_);
@@ -228,6 +229,10 @@ StepResult MixedPrecisionOptimizer::step() {
   StepResult result;
   result.found_inf = stats[0] > 0.0f;
   result.grad_norm = stats[1];
+  if (sumsq_hook_) {
+    const double local = device_.is_cuda() ? static_cast<double>(stats[1]) * stats[1] : cpu_sumsq_;
+    result.grad_norm = static_cast<float>(std::sqrt(sumsq_hook_(local)));
+  }
   result.scale = scaler_.scale();
   unscaled_ = false;
   result.skipped = scaler_.update(result.found_inf);

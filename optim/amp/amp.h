@@ -120,8 +120,10 @@ class MixedPrecisionOptimizer {
   // `params` are the model's parameters, already converted with Layer::to(device,
   // parameter_dtype(amp)); in O2 the fp32 masters are copied from them here. The optimizer keeps
   // each parameter's `grad` tensor as it is now: rebind gradients (DataParallel buckets) first.
+  // `device` places the step's flags when `params` is empty (a ZeRO rank whose shard of a tiny
+  // model is only padding); otherwise the parameters' device is used.
   MixedPrecisionOptimizer(const std::vector<Parameter*>& params, const OptimizerOptions& optim,
-                          const AmpOptions& amp);
+                          const AmpOptions& amp, Device device = Device::cpu());
   ~MixedPrecisionOptimizer();
   MixedPrecisionOptimizer(const MixedPrecisionOptimizer&) = delete;
   MixedPrecisionOptimizer& operator=(const MixedPrecisionOptimizer&) = delete;
@@ -141,6 +143,11 @@ class MixedPrecisionOptimizer {
   Tensor& found_inf_flag() { return found_inf_; }
   // Called inside step() after the unscale pass with the flag, e.g. an all-reduce (MAX or SUM).
   void set_found_inf_hook(std::function<void(Tensor& found_inf)> hook) { hook_ = std::move(hook); }
+  // Sharded optimizers (ZeRO) see part of the gradients: the hook turns this rank's sum of squares
+  // into the global one (an all-reduce), from which the norm for clipping and logging is taken.
+  void set_sumsq_hook(std::function<double(double local_sumsq)> hook) {
+    sumsq_hook_ = std::move(hook);
+  }
 
   StepResult step();
 
@@ -168,6 +175,8 @@ class MixedPrecisionOptimizer {
   Tensor found_inf_;  // view of stats_[0]
   detail::MultiTensorTable unscale_table_;
   std::function<void(Tensor&)> hook_;
+  std::function<double(double)> sumsq_hook_;
+  double cpu_sumsq_ = 0.0;  // the CPU pass's exact sum of squares (CUDA keeps only the norm)
   bool unscaled_ = false;
   float inv_scale_ = 1.0f;  // the factor of the last unscale pass
   std::uint64_t weights_version_ = 0;

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <memory>
@@ -379,6 +380,78 @@ TEST(DataParallel, GradientsAreViewsOfBucketsAndBuffersBroadcast) {
   EXPECT_THROW(dp.grad_ready_hook()(*first), Error);
   dp.finish();
 }
+
+// ZeRO: every parameter element is in exactly one rank's shard (uneven splits included), the
+// shards receive the average over ranks, and gather_parameters() gives every rank the pieces
+// every other rank updated.
+class DataParallelZero : public ::testing::TestWithParam<int> {};
+
+TEST_P(DataParallelZero, ShardsPartitionTheModelAverageAndGather) {
+  const int r = comm().rank(), n = comm().size();
+  auto model = testing::make_tiny_model(11, Device::cpu(), DType::F32);
+  DataParallelOptions options;
+  options.bucket_bytes = 1024;  // several buckets whose sizes do not divide by 2 or 3
+  options.zero_stage = GetParam();
+  DataParallel dp(model->parameters(), model->buffers(), comm(), options);
+  const std::vector<Parameter*> params = model->parameters();
+  std::vector<double> covered(params.size(), 0.0);
+  for (const ShardPiece& piece : dp.shard_pieces()) {
+    const auto at = std::find(params.begin(), params.end(), piece.parameter) - params.begin();
+    ASSERT_LT(static_cast<std::size_t>(at), params.size());
+    ASSERT_EQ(covered[at], 0.0) << "two pieces of " << piece.parameter->name << " on one rank";
+    covered[at] = static_cast<double>(piece.numel);
+    EXPECT_GE(piece.offset, 0);
+    EXPECT_LE(piece.offset + piece.numel, piece.parameter->value.numel());
+  }
+  comm().all_reduce_host(covered, HostReduceOp::Sum);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(covered[i], static_cast<double>(params[i]->value.numel())) << params[i]->name;
+  }
+
+  // Rank k's gradients are all k + 1: each shard receives the average (n + 1) / 2, exactly.
+  const std::size_t full_bytes = dp.gradient_buffer_bytes();
+  dp.zero_grad();
+  for (Parameter* p : params) p->grad.fill(r + 1.0);
+  dp.finish();  // no hook installed: every bucket is reduce-scattered here
+  for (const ShardPiece& piece : dp.shard_pieces()) {
+    for (float v : piece.grad.to_vector<float>()) ASSERT_EQ(v, (n + 1) / 2.0f);
+  }
+  if (GetParam() == 2) {  // the full buffers are gone until the next zero_grad()
+    for (Parameter* p : params) EXPECT_FALSE(p->grad.defined()) << p->name;
+    EXPECT_LT(dp.gradient_buffer_bytes(), full_bytes);
+  }
+  dp.zero_grad();
+  for (Parameter* p : params) {
+    ASSERT_TRUE(p->grad.defined());
+    for (float v : p->grad.to_vector<float>()) ASSERT_EQ(v, 0.0f);
+  }
+
+  // Each rank writes 10 + rank into its pieces; after the gather all ranks hold the same model,
+  // every element from its owner.
+  for (const ShardPiece& piece : dp.shard_pieces()) {
+    piece.parameter->value.view({piece.parameter->value.numel()})
+        .slice(0, piece.offset, piece.offset + piece.numel)
+        .fill(10.0 + r);
+  }
+  dp.gather_parameters();
+  std::vector<double> all;
+  for (Parameter* p : params) {
+    for (float v : p->value.to_vector<float>()) {
+      ASSERT_TRUE(v >= 10.0f && v < 10.0f + n && v == std::floor(v)) << p->name << " " << v;
+      all.push_back(v);
+    }
+  }
+  EXPECT_TRUE(testing::bitwise_equal_on_all_ranks(comm(), all));
+  for (const ShardPiece& piece : dp.shard_pieces()) {
+    auto mine = piece.parameter->value.view({piece.parameter->value.numel()})
+                    .slice(0, piece.offset, piece.offset + piece.numel)
+                    .to_vector<float>();
+    for (float v : mine) ASSERT_EQ(v, 10.0f + r);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, DataParallelZero, ::testing::Values(1, 2),
+                         [](const auto& info) { return "stage" + std::to_string(info.param); });
 
 }  // namespace
 }  // namespace kiln

@@ -158,6 +158,43 @@ TEST(Nccl, AllReduceBusBandwidth) {
   }
 }
 
+// ZeRO over NCCL: bucket reduce-scatters on the communication stream land the average in each
+// rank's shard, stage 2 frees the full buffers, and the all-gather returns every rank's pieces.
+TEST(Nccl, ZeroShardsAverageAndGather) {
+  const int r = comm().rank(), n = comm().size();
+  for (int stage : {1, 2}) {
+    auto model = testing::make_tiny_model(11, comm().device(), DType::F32);
+    DataParallelOptions options;
+    options.bucket_bytes = 1024;
+    options.zero_stage = stage;
+    DataParallel dp(model->parameters(), model->buffers(), comm(), options);
+    dp.zero_grad();
+    for (Parameter* p : model->parameters()) p->grad.fill(r + 1.0);
+    dp.finish();
+    for (const ShardPiece& piece : dp.shard_pieces()) {
+      for (float v : piece.grad.to_vector<float>()) ASSERT_EQ(v, (n + 1) / 2.0f) << stage;
+    }
+    if (stage == 2) {
+      for (Parameter* p : model->parameters()) EXPECT_FALSE(p->grad.defined());
+    }
+    dp.zero_grad();
+    for (const ShardPiece& piece : dp.shard_pieces()) {
+      piece.parameter->value.view({piece.parameter->value.numel()})
+          .slice(0, piece.offset, piece.offset + piece.numel)
+          .fill(10.0 + r);
+    }
+    dp.gather_parameters();
+    std::vector<double> all;
+    for (Parameter* p : model->parameters()) {
+      for (float v : p->value.to_vector<float>()) {
+        ASSERT_TRUE(v >= 10.0f && v < 10.0f + n) << p->name << " " << v;
+        all.push_back(v);
+      }
+    }
+    EXPECT_TRUE(testing::bitwise_equal_on_all_ranks(comm(), all)) << stage;
+  }
+}
+
 }  // namespace
 }  // namespace kiln
 

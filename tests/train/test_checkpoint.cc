@@ -110,6 +110,35 @@ TEST(CheckpointStore, FlippedByteTruncationAndMissingFilesAreRefused) {
   EXPECT_NE(m.find("corrupt manifest"), std::string::npos) << m;
 }
 
+// ZeRO: every rank's optimizer shard in one directory, listed by the manifest; a checkpoint
+// missing a shard is refused.
+TEST(CheckpointStore, ShardedOptimizerFilesRoundTrip) {
+  CheckpointStore store(fresh_dir("sharded"), 5);
+  auto save_two_shards = [&](std::int64_t step) {
+    store.prepare_staging(step);
+    for (int r = 0; r < 2; ++r) {
+      save_safetensors(store.staging_dir(step) + "/" + optimizer_shard_name(r, 2),
+                       {{"fc.bias.exp_avg", Tensor::full({2}, r + 1.0, DType::F32)}},
+                       {{"zero_world_size", "2"}, {"zero_rank", std::to_string(r)}});
+    }
+    return store.save_sharded(
+        some_weights(1), {optimizer_shard_name(0, 2), optimizer_shard_name(1, 2)}, state_at(step));
+  };
+  EXPECT_EQ(optimizer_shard_name(1, 2), "optimizer-rank-00001-of-00002.safetensors");
+  std::string a = save_two_shards(10);
+  Checkpoint c = CheckpointStore::load(a);
+  ASSERT_EQ(c.optimizer_shards.size(), 2u);
+  EXPECT_TRUE(c.optimizer.tensors.empty());
+  EXPECT_EQ(c.optimizer_shards[1].tensors.at("fc.bias.exp_avg").to_vector<float>()[0], 2.0f);
+  EXPECT_EQ(c.optimizer_shards[1].metadata.at("zero_rank"), "1");
+  EXPECT_EQ(c.model.tensors.size(), 2u);
+
+  std::string b = save_two_shards(20);
+  std::remove((b + "/" + optimizer_shard_name(1, 2)).c_str());
+  std::string m = load_error(b);
+  EXPECT_NE(m.find(optimizer_shard_name(1, 2) + ": missing"), std::string::npos) << m;
+}
+
 TEST(CheckpointStore, UnwritableDirectoryIsAClearError) {
   CheckpointStore store("/proc/kiln-cannot-write-here", 1);
   try {

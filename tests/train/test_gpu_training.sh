@@ -7,13 +7,14 @@
 #   dead rank (SIGKILL at step 50): the job ends non-zero within 60 s naming rank 1, and the
 #     resumed run reproduces the reference losses bit for bit; rank 1 exiting with code 3;
 #   an inf in rank 1's gradients: every rank skips the step, weights unchanged, scale halved;
+#   ZeRO stage 2 (AdamW, LAMB) equals stage 0, and its sharded checkpoint reloads on one GPU;
 #   hung rank (SIGSTOP) with a 30 s collective timeout: rank 0's watchdog names the
 #     operation, its sequence number and the time waited, and the job ends within 90 s.
-# KILN_GPU_TRAINING_PARTS (default "resume faults inf hang") selects parts; KILN_GPU_TRAINING_NP
+# KILN_GPU_TRAINING_PARTS (default "resume faults inf zero hang") selects parts; KILN_GPU_TRAINING_NP
 # (default 2) the number of ranks, one GPU each (bench/scaling.sh runs the faults at 8).
 source "$(dirname "$0")/lib.sh"
 export NCCL_NVLS_ENABLE=0 NCCL_ALGO=Ring
-PARTS=" ${KILN_GPU_TRAINING_PARTS:-resume faults inf hang} "
+PARTS=" ${KILN_GPU_TRAINING_PARTS:-resume faults inf zero hang} "
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 NP=${KILN_GPU_TRAINING_NP:-2}
 GPUS=$(nvidia-smi -L 2>/dev/null | grep -c GPU || true)
@@ -68,6 +69,36 @@ PY
 same_parameters "$WORK/inf/checkpoints/step-000004/model.safetensors" \
   "$WORK/inf/checkpoints/step-000005/model.safetensors" || fail "weights changed on the skipped step"
 pass "inf in rank 1's gradients at step 5 on NCCL: skipped on every rank, weights unchanged, scale halved"
+fi
+
+# 3b. ZeRO on NCCL (fp16 O2: fp32 masters sharded): stage 2 against stage 0 after 20 steps with
+# AdamW and LAMB (clipped), weights within a few half-precision ulps; the sharded checkpoint
+# reloads on one GPU.
+if want zero; then
+  for opt in ADAMW LAMB; do
+    for z in 0 2; do
+      run_np --set optimizer.kind=$opt --set optimizer.max_grad_norm=1 --set parallel.zero_stage=$z \
+        --set logging.dir="$WORK/z$opt$z" > "$WORK/z$opt$z.log" 2>&1 || { cat "$WORK/z$opt$z.log"; fail "zero_stage $z $opt"; }
+    done
+    python3 - "$WORK/z${opt}0/checkpoints/step-000020/model.safetensors" "$WORK/z${opt}2/checkpoints/step-000020/model.safetensors" <<'PY' \
+      || fail "$opt: zero_stage 2 differs from 0 on NCCL"
+import json, struct, sys
+import numpy as np
+def load(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        h, data = json.loads(f.read(n)), f.read()
+    kinds = {"F16": np.float16, "F32": np.float32}
+    return {k: np.frombuffer(data[v["data_offsets"][0]:v["data_offsets"][1]], kinds[v["dtype"]]).astype(np.float64)
+            for k, v in h.items() if k != "__metadata__" and v["dtype"] in kinds and "running_" not in k}
+a, b = load(sys.argv[1]), load(sys.argv[2])
+worst = max(float(np.max(np.abs(a[k] - b[k]) / np.maximum(np.abs(a[k]), 1e-2))) for k in a)
+sys.exit(0 if worst < 4e-3 else f"max relative difference {worst:.3g}")
+PY
+  done
+  "$KILN" eval --config "$TINY" "${GPU[@]}" --set logging.dir="$WORK/zADAMW2" --set data.eval_split=train \
+    --set train.eval_batches=2 > "$WORK/zeval.log" 2>&1 || { cat "$WORK/zeval.log"; fail "kiln eval of a sharded checkpoint"; }
+  pass "ZeRO stage 2 on $NP GPUs (fp16 O2, AdamW and LAMB) matches stage 0; its checkpoint reloads on one GPU"
 fi
 
 # 4. Hung rank: SIGSTOP with a 30 s collective timeout (last: it is the slowest part).
