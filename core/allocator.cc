@@ -262,8 +262,10 @@ void CachingAllocator::throw_out_of_memory(std::size_t requested, const char* re
   std::size_t total = source_->total_bytes();
   if (total != 0) os << ", total " << format_bytes(total);
   os << ")" << reason
-     << ": lower train.batch_per_gpu, use mixed precision (precision.opt_level: O2), or run "
-        "kiln autobatch to find the largest batch that fits";
+     << ": lower train.batch_per_gpu, recompute activations (train.recompute: BLOCKS), shard "
+        "the optimizer state (parallel.zero_stage: 1 or 2) or use mixed precision "
+        "(precision.opt_level: O2); kiln plan shows what each of these saves, kiln autobatch "
+        "finds the largest batch that fits";
   throw OutOfMemoryError(os.str(), requested);
 }
 

@@ -1,5 +1,7 @@
 // kiln autobatch --config FILE: the largest per-GPU batch that trains without running out of
-// memory, found by running real training steps and recovering from out-of-memory.
+// memory, found by running real training steps and recovering from out-of-memory. The first
+// two (batch 1 and 2) fit kiln plan's linear memory model (train/memory_plan.h), whose
+// prediction under the limit is the next batch tried; doubling and bisection take it from there.
 
 #include <boost/program_options.hpp>
 
@@ -13,63 +15,17 @@
 #include "core/check.h"
 #include "core/device.h"
 #include "launch/commands.h"
-#include "train/trainer.h"
+#include "train/memory_plan.h"
 
 namespace po = boost::program_options;
 
 namespace kiln::launch {
 namespace {
 
-struct Trial {
-  bool fits = false;
-  std::size_t peak_bytes = 0;
-};
-
 CachingAllocator& allocator_of(const config::Experiment& e) {
   bool cuda = e.train().device() == config::TrainConfig::CUDA ||
               (e.train().device() == config::TrainConfig::AUTO && cuda_device_count() > 0);
   return cuda ? cuda_allocator(0) : host_allocator();
-}
-
-// The experiment a probe runs: two steps at `batch`, nothing written or read besides the data.
-// Every change leaves the memory of a step as it is in training: the learning rate is a host
-// scalar, so a constant schedule stands in for one that cannot span two steps (a warmup of
-// 10000 steps followed by cosine decay).
-config::Experiment probe_experiment(config::Experiment e, int batch) {
-  e.mutable_train()->set_batch_per_gpu(batch);
-  e.mutable_train()->clear_global_batch();
-  e.mutable_train()->set_accumulation_steps(1);
-  e.mutable_train()->set_steps(2);
-  e.mutable_schedule()->set_kind(config::ScheduleConfig::CONSTANT);
-  e.mutable_schedule()->set_warmup_steps(0);
-  e.mutable_data()->set_eval_split("none");
-  e.mutable_logging()->set_jsonl(false);
-  e.mutable_logging()->set_tensorboard(false);
-  e.mutable_checkpoint()->set_resume("");  // an earlier run's checkpoint has another batch size
-  return e;
-}
-
-// Two real training steps at `batch`; an out-of-memory anywhere in them means it does not fit.
-Trial try_batch(const config::Experiment& experiment, int batch, const World& world) {
-  config::Experiment e = probe_experiment(experiment, batch);
-  CachingAllocator& allocator = allocator_of(e);
-  allocator.empty_cache();
-  allocator.reset_peak_stats();
-  Trial t;
-  try {
-    train::TrainerOptions to;
-    to.quiet = true;
-    // A probe times nothing: the heuristic's algorithms, not an autotune at every batch size.
-    to.heuristic_algorithms = true;
-    train::Trainer trainer(e, world, to);
-    trainer.benchmark(1, 1, false);
-    t.fits = true;
-  } catch (const OutOfMemoryError&) {
-    t.fits = false;
-  }
-  t.peak_bytes = allocator.stats().peak_reserved_bytes;
-  allocator.empty_cache();  // everything of the trial was freed with it
-  return t;
 }
 
 }  // namespace
@@ -100,35 +56,51 @@ int run_autobatch(const Arguments& args) {
   config::validate(e, {1, cuda_device_count() > 0, path, overrides});
   int max_batch = vm["max-batch"].as<int>();
 
-  // Double until a batch does not fit, then bisect between the last fit and the first failure.
-  int good = 0, bad = 0;
-  std::size_t good_peak = 0;
-  for (int b = 1; b <= max_batch; b *= 2) {
-    Trial t = try_batch(e, b, world);
+  auto probe = [&](int b) {
+    train::MemoryProbe t = train::probe_step_memory(e, b, world);
     std::printf("  batch %5d: %s (peak %s)\n", b, t.fits ? "fits" : "out of memory",
                 format_bytes(t.peak_bytes).c_str());
     std::fflush(stdout);
+    return t;
+  };
+  // Batch 1 and 2, then the memory model's prediction, then doubling until a batch does not fit,
+  // then bisection between the last fit and the first failure.
+  int good = 0, bad = 0;
+  std::size_t good_peak = 0;
+  train::MemoryProbe first;
+  for (int b = 1; b <= max_batch;) {
+    train::MemoryProbe t = probe(b);
     if (!t.fits) {
       bad = b;
       break;
     }
     good = b;
     good_peak = t.peak_bytes;
+    int next = b * 2;
+    if (b == 1) first = t;
+    if (b == 2) {
+      const double limit = static_cast<double>(allocator_of(e).memory_limit());
+      const std::int64_t predicted = train::predicted_largest_batch(first, t, limit);
+      if (predicted > 2) {
+        std::printf("  the memory model predicts %lld\n", static_cast<long long>(predicted));
+        next = static_cast<int>(std::min<std::int64_t>(predicted, max_batch));
+      }
+      if (next <= b) next = b * 2;
+    }
+    b = next;
   }
   if (good == 0) {
     std::fprintf(stderr,
                  "kiln autobatch: even batch 1 runs out of memory (limit %s): use mixed "
-                 "precision or a smaller model\n",
+                 "precision, train.recompute: BLOCKS or a smaller model (kiln plan shows the "
+                 "memory by part)\n",
                  format_bytes(allocator_of(e).memory_limit()).c_str());
     finalize_world();
     return 1;
   }
   while (bad != 0 && bad - good > 1) {
     int mid = good + (bad - good) / 2;
-    Trial t = try_batch(e, mid, world);
-    std::printf("  batch %5d: %s (peak %s)\n", mid, t.fits ? "fits" : "out of memory",
-                format_bytes(t.peak_bytes).c_str());
-    std::fflush(stdout);
+    train::MemoryProbe t = probe(mid);
     if (t.fits) {
       good = mid;
       good_peak = t.peak_bytes;

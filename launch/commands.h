@@ -16,6 +16,7 @@ int run_train(const Arguments& args);
 int run_eval(const Arguments& args);
 int run_bench(const Arguments& args);
 int run_autobatch(const Arguments& args);
+int run_plan(const Arguments& args);
 int run_replay(const Arguments& args);
 int run_export(const Arguments& args);
 int run_sample(const Arguments& args);

@@ -27,6 +27,7 @@ const std::map<std::string, Command>& commands() {
       {"eval", {kiln::launch::run_eval, "evaluate a checkpoint on the eval split"}},
       {"bench", {kiln::launch::run_bench, "training throughput on synthetic data"}},
       {"autobatch", {kiln::launch::run_autobatch, "the largest per-GPU batch that fits"}},
+      {"plan", {kiln::launch::run_plan, "per-GPU memory by ZeRO stage and recompute"}},
       {"replay", {kiln::launch::run_replay, "steps on a fixed batch (framework comparisons)"}},
       {"export", {kiln::launch::run_export, "the eval-mode model as ONNX (docs/deploy.md)"}},
       {"sample", {kiln::launch::run_sample, "generate from a GPT-2 model (docs/sample.md)"}},

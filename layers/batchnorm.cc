@@ -101,13 +101,17 @@ Tensor BatchNorm2d::forward_impl(Context& ctx, const Tensor& x) {
     saved_mean_ = Tensor::empty({channels_}, DType::F32, x.device());
     saved_invstd_ = Tensor::empty({channels_}, DType::F32, x.device());
     if (batch_stats) {
-      batchnorm_cuda::forward_training(xp, weight_->value, bias_->value, cl, eps_, momentum_, true,
-                                       running_mean_->value, running_var_->value, yp, saved_mean_,
-                                       saved_invstd_, fused_relu_);
-      if (!one_.defined() || one_.device() != nbt.device() || one_.dtype() != nbt.dtype()) {
-        one_ = Tensor::full(nbt.shape(), 1.0, nbt.dtype(), nbt.device());
+      // A recomputed forward (activation recomputation) has counted this batch already.
+      const bool update_running = !ctx.recomputing;
+      batchnorm_cuda::forward_training(xp, weight_->value, bias_->value, cl, eps_, momentum_,
+                                       update_running, running_mean_->value, running_var_->value,
+                                       yp, saved_mean_, saved_invstd_, fused_relu_);
+      if (update_running) {
+        if (!one_.defined() || one_.device() != nbt.device() || one_.dtype() != nbt.dtype()) {
+          one_ = Tensor::full(nbt.shape(), 1.0, nbt.dtype(), nbt.device());
+        }
+        ops::axpy(1.0, one_, nbt);
       }
-      ops::axpy(1.0, one_, nbt);
     } else {
       saved_mean_ = running_mean_->value;
       batchnorm_cuda::forward_inference(xp, weight_->value, bias_->value, cl, eps_,
@@ -148,16 +152,18 @@ Tensor BatchNorm2d::forward_impl(Context& ctx, const Tensor& x) {
       stats(double{});
     else
       stats(float{});
-    std::vector<double> rm = running_mean_->value.to_vector<double>();
-    std::vector<double> rv = running_var_->value.to_vector<double>();
-    const double unbiased = static_cast<double>(n) / static_cast<double>(n - 1);
-    for (std::int64_t c = 0; c < channels_; ++c) {
-      rm[c] = (1 - momentum_) * rm[c] + momentum_ * mean[c];
-      rv[c] = (1 - momentum_) * rv[c] + momentum_ * var[c] * unbiased;
+    if (!ctx.recomputing) {  // a recomputed forward has counted this batch already
+      std::vector<double> rm = running_mean_->value.to_vector<double>();
+      std::vector<double> rv = running_var_->value.to_vector<double>();
+      const double unbiased = static_cast<double>(n) / static_cast<double>(n - 1);
+      for (std::int64_t c = 0; c < channels_; ++c) {
+        rm[c] = (1 - momentum_) * rm[c] + momentum_ * mean[c];
+        rv[c] = (1 - momentum_) * rv[c] + momentum_ * var[c] * unbiased;
+      }
+      running_mean_->value.copy_from(f64_vector(rm));
+      running_var_->value.copy_from(f64_vector(rv));
+      nbt.fill(nbt.item() + 1);
     }
-    running_mean_->value.copy_from(f64_vector(rm));
-    running_var_->value.copy_from(f64_vector(rv));
-    nbt.fill(nbt.item() + 1);
   } else {
     mean = running_mean_->value.to_vector<double>();
     var = running_var_->value.to_vector<double>();

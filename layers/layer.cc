@@ -16,6 +16,14 @@ Tensor Layer::forward(Context& ctx, const Tensor& x) {
   NvtxRange range(name_.empty() ? "forward" : name_.c_str());
   if (ctx.on_layer) ctx.on_layer(*this, true, true);
   Tensor y = forward_impl(ctx, x);
+  // A re-run forward (ctx.recomputing) keeps everything: its backward comes next.
+  if (recompute_ && ctx.training && !ctx.recomputing) {
+    release_saved_recursive();
+    recompute_input_ = x;
+    recompute_ctx_ = std::make_unique<Context>(ctx);
+    recompute_ctx_->recomputing = true;
+    recompute_pending_ = true;
+  }
   if (ctx.on_layer) ctx.on_layer(*this, true, false);
   return y;
 }
@@ -23,6 +31,13 @@ Tensor Layer::forward(Context& ctx, const Tensor& x) {
 Tensor Layer::backward(Context& ctx, const Tensor& dy) {
   NvtxRange range(name_.empty() ? "backward" : name_.c_str());
   if (ctx.on_layer) ctx.on_layer(*this, false, true);
+  if (recompute_pending_) {
+    recompute_pending_ = false;
+    // The forward's own context: the caller's may have moved on (attention mask, step).
+    forward_impl(*recompute_ctx_, recompute_input_);
+    recompute_input_ = Tensor();
+    recompute_ctx_.reset();
+  }
   Tensor dx = backward_impl(ctx, dy);
   release_saved();
   if (ctx.on_layer) ctx.on_layer(*this, false, false);
@@ -30,6 +45,11 @@ Tensor Layer::backward(Context& ctx, const Tensor& dy) {
     for (auto& p : params_) ctx.on_grad_ready(*p);
   }
   return dx;
+}
+
+void Layer::release_saved_recursive() {
+  release_saved();
+  for (auto& [local, child] : children_) child->release_saved_recursive();
 }
 
 std::vector<Parameter*> Layer::parameters() {

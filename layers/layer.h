@@ -62,6 +62,9 @@ struct Context {
   KvCache* kv_cache = nullptr;
   std::function<void(Parameter&)> on_grad_ready;
   std::function<void(Layer& layer, bool forward, bool begin)> on_layer;  // profiling
+  // Set while a recomputing layer re-runs its forward inside backward: layers must not change
+  // state a second time (BatchNorm's running statistics), only rebuild what backward needs.
+  bool recomputing = false;
 };
 
 class Layer {
@@ -98,6 +101,12 @@ class Layer {
   // skip computing it and return an undefined tensor from backward.
   void set_input_gradient(bool needed) { input_gradient_ = needed; }
   bool input_gradient() const { return input_gradient_; }
+  // Activation recomputation (train.recompute: BLOCKS): in training, forward keeps only this
+  // layer's input and drops what it and its children saved; backward re-runs the forward with
+  // the forward's context (the same dropout keys and streams, so the same masks) before the real
+  // backward, so gradients are bit for bit those without recomputation.
+  void set_recompute(bool on) { recompute_ = on; }
+  bool recompute() const { return recompute_; }
   // Moves parameters and buffers to `device`; parameter values to `dtype` except fp32_in_half
   // ones, which stay fp32. Gradients are allocated to match (zeroed).
   void to(Device device, DType parameter_dtype = DType::F32);
@@ -113,6 +122,8 @@ class Layer {
   // are freed as backward walks down the model (as autograd frees saved tensors) and the
   // backward pass's temporaries reuse their memory instead of adding to the peak.
   virtual void release_saved() {}
+  // release_saved() of this layer and every layer below it.
+  void release_saved_recursive();
 
   // Registers a parameter named `local_name` (e.g. "weight"); value uninitialised, grad zero.
   Parameter& add_parameter(const std::string& local_name, const Shape& shape,
@@ -141,6 +152,11 @@ class Layer {
   std::vector<std::string> buffer_local_names_;
   std::vector<std::pair<std::string, std::unique_ptr<Layer>>> children_;
   std::vector<Parameter*> shared_;
+  bool recompute_ = false;
+  // A recomputing layer's forward input and context, kept from forward until backward re-runs it.
+  bool recompute_pending_ = false;
+  Tensor recompute_input_;
+  std::unique_ptr<Context> recompute_ctx_;
   std::uint64_t layer_id_ = next_layer_id();
   static std::uint64_t next_layer_id();
 };

@@ -45,6 +45,7 @@ ModelOptions model_options_from(const config::Experiment& experiment) {
   o.dropout = m.dropout();
   o.cifar_stem = m.cifar_stem();
   o.mlp_hidden.assign(m.mlp_hidden().begin(), m.mlp_hidden().end());
+  o.recompute_blocks = e.train().recompute() == config::TrainConfig::BLOCKS;
   if (m.has_bert()) take_transformer_shape(m.bert(), o);
   if (config::is_gpt_model(m.name())) {
     take_transformer_shape(m.gpt(), o);

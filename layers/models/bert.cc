@@ -86,6 +86,7 @@ class BertForMaskedLM : public Layer {
           &add_child("bert.encoder.layer." + std::to_string(i),
                      std::make_unique<TransformerBlock>(TransformerBlockConfig::bert(
                          o.hidden_size, o.num_heads, o.intermediate_size, o.dropout))));
+      layers_.back()->set_recompute(o.recompute_blocks);
     }
     transform_ = &add_child(
         "cls.predictions.transform.dense",

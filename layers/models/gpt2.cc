@@ -40,6 +40,7 @@ class Gpt2LMHeadModel : public Layer {
           &add_child("transformer.h." + std::to_string(i),
                      std::make_unique<TransformerBlock>(TransformerBlockConfig::gpt2(
                          o.hidden_size, o.num_heads, o.intermediate_size, o.dropout))));
+      blocks_.back()->set_recompute(o.recompute_blocks);
     }
     ln_f_ = &add_child("transformer.ln_f",
                        std::make_unique<LayerNorm>(o.hidden_size, kGptLayerNormEps));

@@ -17,6 +17,9 @@ struct ModelOptions {
   int image_channels = 1;
   bool cifar_stem = false;  // ResNet: 3x3 stride-1 stem without max-pool, for 32x32 images
   double dropout = 0.1;     // transformers
+  // train.recompute: BLOCKS: transformer blocks and ResNet stages recompute their activations in
+  // backward from their input (Layer::set_recompute).
+  bool recompute_blocks = false;
   // mlp: hidden widths (empty: none). Kiln's commands take them from the experiment, whose
   // default is declared once, in configs/kiln.proto (model.mlp_hidden).
   std::vector<int> mlp_hidden;

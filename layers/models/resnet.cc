@@ -172,6 +172,7 @@ Model make_resnet(const ModelOptions& options, int depth) {
                  std::make_unique<ResNetBlock>(in_planes, planes, stride, bottleneck));
       in_planes = planes * expansion;
     }
+    layer->set_recompute(options.recompute_blocks);
     net->add("layer" + std::to_string(stage + 1), std::move(layer));
   }
   net->add("avgpool", std::make_unique<GlobalAvgPool>());

@@ -123,6 +123,7 @@ class VisionTransformer : public Layer {
       layers_.push_back(&add_child("encoder.layers.encoder_layer_" + std::to_string(i),
                                    std::make_unique<TransformerBlock>(TransformerBlockConfig::vit(
                                        hidden_, o.num_heads, o.intermediate_size, o.dropout))));
+      layers_.back()->set_recompute(o.recompute_blocks);
     }
     norm_ = &add_child("encoder.ln", std::make_unique<LayerNorm>(hidden_, kVitLayerNormEps));
     head_ = &add_child("heads.head", std::make_unique<Linear>(hidden_, classes_));

@@ -162,7 +162,10 @@ TEST(CachingAllocator, MemoryLimitGivesAnInformativeOutOfMemory) {
     EXPECT_NE(m.find("out of memory allocating 40.0 MiB"), std::string::npos) << m;
     EXPECT_NE(m.find("in use 40.0 MiB"), std::string::npos) << m;
     EXPECT_NE(m.find("limit 64.0 MiB"), std::string::npos) << m;
-    EXPECT_NE(m.find("autobatch"), std::string::npos) << m;
+    // What to change: the batch, recomputation, ZeRO sharding, and the command that plans them.
+    for (const char* what : {"train.batch_per_gpu", "train.recompute", "parallel.zero_stage",
+                             "kiln plan", "autobatch"})
+      EXPECT_NE(m.find(what), std::string::npos) << what << " missing in: " << m;
     EXPECT_EQ(e.requested_bytes, 40 * kMiB);
   }
   EXPECT_EQ(f.allocator.stats().out_of_memory, 1u);

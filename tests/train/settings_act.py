@@ -28,6 +28,12 @@ SHARDS = ["model.name=gpt2", "model.gpt.vocab_size=64", "model.gpt.seq_len=8", "
           "model.gpt.hidden_size=16", "model.gpt.num_layers=1", "model.gpt.num_heads=2",
           "model.gpt.intermediate_size=32", "data.kind=LLMC_SHARDS", "data.path=@SHARDS/tiny_train_*.bin",
           "data.workers=0", "data.eval_split=test", "train.eval_batches=1"]
+# A 6-layer GPT whose step exceeds RECOMPUTE_CAP MiB of host memory unless its blocks recompute
+# (tests/train/test_recompute.sh runs the same model).
+RECOMPUTE = ["model.name=gpt2", "model.gpt.vocab_size=64", "model.gpt.seq_len=64",
+             "model.gpt.hidden_size=32", "model.gpt.num_layers=6", "model.gpt.num_heads=2",
+             "model.gpt.intermediate_size=128", "model.gpt.max_positions=64", "data.kind=SYNTHETIC",
+             "train.batch_per_gpu=8", "train.max_memory_mb=6"]
 # On the CPU, the loss scaler runs with O1 in bf16.
 SCALED = ["precision.opt_level=O1", "precision.half=BF16", "precision.loss_scale.dynamic=true",
           "precision.loss_scale.init_scale=1024", "precision.loss_scale.growth_interval=1"]
@@ -88,6 +94,10 @@ def run_once(overrides, env, mpi):
 
 def fails_with(text):
     return lambda base, changed: changed["exit"] != 0 and text in changed["out"]
+
+
+def fits_only_when_changed(base, changed):
+    return base["exit"] != 0 and "out of memory" in base["out"] and changed["exit"] == 0
 
 
 def differs(key):
@@ -210,6 +220,7 @@ CASES = {
     "train.log_every": ([], ["train.log_every=2"], differs("log_lines")),
     "train.cuda_graphs": ([], ["train.cuda_graphs=true"], fails_with("cuda_graphs")),
     "train.max_memory_mb": ([], ["train.max_memory_mb=1"], fails_with("memory")),
+    "train.recompute": (RECOMPUTE, RECOMPUTE + ["train.recompute=BLOCKS"], fits_only_when_changed),
     "train.preemption_grace_s": "tests/train/test_preemption_grace.sh: past the grace period the process exits 1 naming it",
     "train.deterministic": "test_train_run_setup (RunSetup.DeterministicSetsReductionOrder): NCCL_ALGO, cuBLAS workspace and "
                            "heuristic cuDNN algorithms; bit-identical GPU runs in test_gpu_attention_resume.sh",

@@ -21,6 +21,7 @@
 #                   validates the experiment against this machine's devices)
 #   autobatch     + the train settings' device, backend, precision, workers and model size,
 #                   train.max_memory_mb=3072, --max-batch 2
+#   plan          + the train settings' device, backend, precision, workers and model size
 #   bench         --batch 2 --amp O0 --steps 1 --warmup 0 --device cpu (--half dropped), and
 #                 the same model shrinking
 #   doctor        --dir <scratch> (replacing a documented --dir), or with --config
@@ -42,8 +43,8 @@ python3 - "$KILN" "$SRC" "$WORK" "${MPIEXEC:-mpirun}" <<'PY'
 import atexit, json, os, re, shlex, shutil, signal, struct, subprocess, sys, tempfile, time
 
 kiln, src, work, mpiexec = sys.argv[1:5]
-SUBCOMMANDS = {"train", "eval", "export", "config", "model", "bench", "autobatch", "info", "replay",
-               "sample", "doctor"}
+SUBCOMMANDS = {"train", "eval", "export", "config", "model", "bench", "autobatch", "plan", "info",
+               "replay", "sample", "doctor"}
 
 
 def code_blocks(path, only_after=None):
@@ -243,6 +244,9 @@ def cpu_form(kiln_args, ranks):
                 "logging.dir=" + os.path.join(work, "autobatch")]
         sets += shrink(stem)
         args += ["--max-batch", "2"]
+    elif sub == "plan":
+        sets = ["train.device=CPU", "parallel.backend=AUTO", "precision.opt_level=O0",
+                "data.workers=1", "logging.dir=" + os.path.join(work, "plan")] + shrink(stem)
     elif sub == "config":
         sets = ["train.device=CPU", "parallel.backend=AUTO", "precision.opt_level=O0"]
     elif sub == "bench":

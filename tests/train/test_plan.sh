@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# kiln plan on the shipped GPT-2 124M and BERT-base experiments (made CPU-sized): the table for
+# 1, 2 and 4 GPUs, ZeRO's sharding dividing exactly what it shards, a memory limit's verdicts;
+# bad command lines exit 2 naming the problem.
+source "$(dirname "$0")/lib.sh"
+# CPU-sized: the probes run at half the batch and the batch, so the batch is small too.
+CPU=(--set train.device=CPU --set parallel.backend=AUTO --set precision.opt_level=O0
+     --set data.workers=1 --set logging.dir="$WORK/log" --set train.batch_per_gpu=4)
+GPT=(--config "$SRC/configs/gpt2_124m.pbtxt" "${CPU[@]}" --set model.gpt.num_layers=2
+     --set model.gpt.hidden_size=64 --set model.gpt.num_heads=2 --set model.gpt.seq_len=64)
+BERT=(--config "$SRC/configs/bert_base.pbtxt" "${CPU[@]}" --set model.bert.num_layers=2 --set model.bert.hidden_size=64
+      --set model.bert.num_heads=2 --set model.bert.intermediate_size=128
+      --set model.bert.seq_len=32 --set model.bert.vocab_size=1024)
+
+"$KILN" plan "${GPT[@]}" --world-size 2 --memory-mb 2048 > "$WORK/table" 2>&1 ||
+  { cat "$WORK/table"; fail "kiln plan failed"; }
+cat "$WORK/table"
+[ "$(grep -cE '^[012] +(NONE|BLOCKS) ' "$WORK/table")" = 6 ] || fail "expected 6 rows (3 stages x 2)"
+grep -q "fits" "$WORK/table" || fail "no verdict under --memory-mb"
+
+for name in GPT BERT; do
+  declare -n args=$name
+  for n in 1 2 4; do
+    "$KILN" plan "${args[@]}" --world-size $n --json > "$WORK/$name-$n.json" 2> "$WORK/err" ||
+      { cat "$WORK/err"; fail "kiln plan --json for $name on $n GPUs failed"; }
+  done
+  python3 - "$WORK" "$name" <<'PY' || fail "$name: the plans do not shard as ZeRO does"
+import json, sys
+work, name = sys.argv[1:3]
+plans = {n: json.load(open(f"{work}/{name}-{n}.json")) for n in (1, 2, 4)}
+def row(p, stage, recompute):
+    return next(r for r in p["plans"] if r["zero_stage"] == stage and r["recompute"] == recompute)
+def close(a, b):
+    return abs(a - b) <= 1e-6 * max(1.0, abs(a), abs(b))
+base = row(plans[1], 0, "NONE")
+assert base["weights_mb"] > 0 and base["gradients_mb"] > 0 and base["moments_mb"] > 0, base
+assert base["activations_per_sample_mb"] > 0, base
+# AdamW in fp32: two moments of 4 bytes per parameter; fp32 gradients like the weights.
+assert close(base["moments_mb"], 2 * base["weights_mb"]), base
+assert close(base["gradients_mb"], base["weights_mb"]), base
+for n, p in plans.items():
+    assert p["world_size"] == n
+    for rec in ("NONE", "BLOCKS"):
+        s0, s1, s2 = (row(p, s, rec) for s in (0, 1, 2))
+        for r in (s0, s1, s2):
+            assert close(r["weights_mb"], base["weights_mb"]), r  # never sharded
+            assert r["nccl_mb"] == 0, r  # MPI on the CPU: no NCCL buffers
+        assert close(s0["moments_mb"], base["moments_mb"]) and close(s0["gradients_mb"], base["gradients_mb"])
+        assert close(s1["moments_mb"], base["moments_mb"] / n), (n, s1)          # stage 1: moments
+        assert close(s1["gradients_mb"], base["gradients_mb"]), (n, s1)
+        shard = base["gradients_mb"] / n
+        grads = shard + min(25.0, base["gradients_mb"] - shard)  # its shard and one bucket
+        assert close(s2["gradients_mb"], grads), (n, s2)                          # stage 2: + grads
+        assert close(s2["moments_mb"], base["moments_mb"] / n), (n, s2)
+        assert s2["total_mb"] <= s1["total_mb"] + 1e-9 or n == 1, (s1, s2)
+    blocks, none = row(p, 0, "BLOCKS"), row(p, 0, "NONE")
+    assert blocks["activations_per_sample_mb"] <= none["activations_per_sample_mb"], (none, blocks)
+print(name, "shards as ZeRO does on 1, 2, 4 GPUs")
+PY
+done
+
+# The prediction against a measured step at another batch: the plan's total at batch 16 from its
+# probes at 2 and 4, against the peak kiln autobatch measures running batch 16.
+"$KILN" autobatch "${GPT[@]}" --max-batch 16 > "$WORK/autobatch" 2>&1 || { cat "$WORK/autobatch"; fail "autobatch failed"; }
+python3 - "$WORK" <<'PY' || { cat "$WORK/autobatch"; fail "the prediction at batch 16 is more than 10 % off"; }
+import json, re, sys
+work = sys.argv[1]
+units = {"B": 1 / 1048576, "KiB": 1 / 1024, "MiB": 1, "GiB": 1024}
+m = re.search(r"batch +16: fits \(peak ([\d.]+) (\w+)\)", open(f"{work}/autobatch").read())
+measured = float(m.group(1)) * units[m.group(2)]
+r = next(r for r in json.load(open(f"{work}/GPT-1.json"))["plans"] if r["zero_stage"] == 0 and r["recompute"] == "NONE")
+predicted = r["total_mb"] + 12 * r["activations_per_sample_mb"]
+print(f"batch 16: predicted {predicted:.1f} MiB, measured {measured:.1f} MiB")
+assert abs(predicted - measured) <= 0.1 * measured
+PY
+
+# A limit below what anything needs: every row "does not fit", and the advice says so.
+"$KILN" plan "${BERT[@]}" --world-size 1 --memory-mb 1 > "$WORK/tiny" 2>&1 || { cat "$WORK/tiny"; fail "plan under 1 MiB failed"; }
+[ "$(grep -c 'does not fit' "$WORK/tiny")" = 6 ] || { cat "$WORK/tiny"; fail "1 MiB: expected 6 rows that do not fit"; }
+grep -q "fits in no combination" "$WORK/tiny" || fail "1 MiB: no advice"
+
+expect_bad() {  # message-part args...
+  local want=$1; shift
+  local code=0
+  "$KILN" plan "$@" > "$WORK/bad" 2>&1 || code=$?
+  [ "$code" = 2 ] || { cat "$WORK/bad"; fail "kiln plan $* exited $code, expected 2"; }
+  grep -q -- "$want" "$WORK/bad" || { cat "$WORK/bad"; fail "kiln plan $*: message lacks '$want'"; }
+}
+expect_bad "config" --world-size 2
+expect_bad "world-size" --config "$SRC/configs/bert_base.pbtxt"
+expect_bad "world-size must be at least 1" "${BERT[@]}" --world-size 0
+expect_bad "unrecognised\|unrecognized" "${BERT[@]}" --world-size 1 --no-such-flag
+expect_bad "memory-mb must be positive" "${BERT[@]}" --world-size 1 --memory-mb -5
+expect_bad "no_such.pbtxt" --config "$WORK/no_such.pbtxt" --world-size 1
+pass "kiln plan: tables for GPT-2 and BERT on 1, 2, 4 GPUs, ZeRO sharding, limits, bad command lines"

@@ -1,0 +1,220 @@
+#include "train/memory_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+
+#include "configs/experiment.h"
+#include "core/allocator.h"
+#include "core/check.h"
+#include "core/device.h"
+#include "layers/models/model.h"
+#include "train/model_options.h"
+#include "train/trainer.h"
+
+namespace kiln::train {
+namespace {
+
+CachingAllocator& allocator_of(const config::Experiment& e) {
+  bool cuda = e.train().device() == config::TrainConfig::CUDA ||
+              (e.train().device() == config::TrainConfig::AUTO && cuda_device_count() > 0);
+  return cuda ? cuda_allocator(0) : host_allocator();
+}
+
+// The experiment a probe runs: two steps at `batch`, nothing written or read besides the data.
+// Every change leaves the memory of a step as it is in training: the learning rate is a host
+// scalar, so a constant schedule stands in for one that cannot span two steps (a warmup of
+// 10000 steps followed by cosine decay).
+config::Experiment probe_experiment(config::Experiment e, int batch) {
+  e.mutable_train()->set_batch_per_gpu(batch);
+  e.mutable_train()->clear_global_batch();
+  e.mutable_train()->set_accumulation_steps(1);
+  e.mutable_train()->set_steps(2);
+  e.mutable_schedule()->set_kind(config::ScheduleConfig::CONSTANT);
+  e.mutable_schedule()->set_warmup_steps(0);
+  e.mutable_data()->set_eval_split("none");
+  e.mutable_logging()->set_jsonl(false);
+  e.mutable_logging()->set_tensorboard(false);
+  e.mutable_checkpoint()->set_resume("");  // an earlier run's checkpoint has another batch size
+  return e;
+}
+
+double env_number(const char* name, double fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  double d = std::strtod(v, &end);
+  return (end != v && d > 0) ? d : fallback;
+}
+
+}  // namespace
+
+MemoryProbe probe_step_memory(const config::Experiment& experiment, int batch, const World& world) {
+  config::Experiment e = probe_experiment(experiment, batch);
+  CachingAllocator& allocator = allocator_of(e);
+  allocator.empty_cache();
+  allocator.reset_peak_stats();
+  MemoryProbe p;
+  try {
+    TrainerOptions to;
+    to.quiet = true;
+    // A probe times nothing: the heuristic's algorithms, not an autotune at every batch size.
+    to.heuristic_algorithms = true;
+    Trainer trainer(e, world, to);
+    trainer.benchmark(1, 1, false);
+    p.fits = true;
+  } catch (const OutOfMemoryError&) {
+    p.fits = false;
+  }
+  p.peak_bytes = allocator.stats().peak_reserved_bytes;
+  p.peak_allocated_bytes = allocator.stats().peak_allocated_bytes;
+  allocator.empty_cache();  // everything of the probe was freed with it
+  return p;
+}
+
+double MemoryEstimate::total(std::int64_t batch) const {
+  return weights + gradients + master + moments + workspaces + nccl +
+         static_cast<double>(batch) * activations_per_sample;
+}
+
+std::int64_t MemoryEstimate::largest_batch(double limit) const {
+  const double fixed = total(0);
+  if (fixed + activations_per_sample > limit) return 0;
+  if (activations_per_sample <= 0) return 1 << 30;
+  return static_cast<std::int64_t>(std::floor((limit - fixed) / activations_per_sample));
+}
+
+std::vector<MemoryEstimate> counted_memory(const config::Experiment& experiment, int world_size,
+                                           std::int64_t* parameters) {
+  KILN_CHECK(world_size >= 1, "counted_memory: world size must be at least 1");
+  config::Experiment e = experiment;
+  config::fill_defaults(e);
+  const auto level = e.precision().opt_level();
+  const bool half_weights =
+      level == config::PrecisionConfig::O2 || level == config::PrecisionConfig::O3;
+  const bool masters = level == config::PrecisionConfig::O2;
+  const bool casts = level == config::PrecisionConfig::O1;
+  const config::OptimizerConfig& o = e.optimizer();
+  double moments_per_parameter = 0;
+  switch (o.kind()) {
+    case config::OptimizerConfig::SGD:
+      moments_per_parameter = o.momentum() > 0 ? 1 : 0;
+      break;
+    case config::OptimizerConfig::LAMB:
+      moments_per_parameter = 2;
+      break;
+    default:
+      moments_per_parameter = o.amsgrad() ? 3 : 2;
+  }
+
+  // The parameters as the model declares them (fp32 on the host; only their sizes are read).
+  Model model = make_model(model_options_from(e));
+  if (parameters != nullptr) *parameters = model.net->parameter_count();
+  double weights = 0, master = 0, moments = 0;
+  for (Parameter* p : model.net->parameters()) {
+    const double n = static_cast<double>(p->value.numel());
+    const bool half = half_weights && !p->fp32_in_half;
+    weights += n * (half ? 2 : 4);
+    if (casts && p->value.dim() >= 2) weights += n * 2;  // O1: the half copy GEMMs read
+    if (masters && half) master += n * 4;
+    moments += n * 4 * moments_per_parameter;
+  }
+  double gradients = 0;
+  for (Parameter* p : model.net->parameters())
+    gradients += static_cast<double>(p->value.numel()) * (half_weights && !p->fp32_in_half ? 2 : 4);
+
+  // NCCL's buffers per rank: per channel, one send and one receive connection (ring), each with
+  // the Simple (NCCL_BUFFSIZE, 4 MiB), LL128 (~4.6 MiB) and LL (256 KiB) protocol buffers.
+  double nccl = 0;
+  const bool cuda = e.train().device() == config::TrainConfig::CUDA ||
+                    (e.train().device() == config::TrainConfig::AUTO && cuda_device_count() > 0);
+  if (world_size > 1 && cuda && e.parallel().backend() != config::ParallelConfig::MPI) {
+    const double simple = env_number("NCCL_BUFFSIZE", 4 << 20);
+    const double channels = env_number("NCCL_MAX_NCHANNELS", 16);
+    nccl = channels * 2 * (simple + 4.6 * (1 << 20) + (256 << 10));
+  }
+  const double bucket = e.parallel().bucket_mb() * 1048576.0;
+
+  std::vector<MemoryEstimate> out;
+  const double ranks = world_size;
+  for (int stage = 0; stage <= 2; ++stage) {
+    for (bool recompute : {false, true}) {
+      MemoryEstimate m;
+      m.zero_stage = stage;
+      m.recompute = recompute;
+      m.weights = weights;
+      // ZeRO-2 keeps its shard and one bucket being reduce-scattered (never more than all).
+      const double shard = gradients / ranks;
+      m.gradients = stage >= 2 ? shard + std::min(bucket, gradients - shard) : gradients;
+      m.master = stage >= 1 ? master / ranks : master;
+      m.moments = stage >= 1 ? moments / ranks : moments;
+      m.nccl = nccl;
+      out.push_back(m);
+    }
+  }
+  return out;
+}
+
+MemoryPlan plan_memory(const config::Experiment& experiment, int world_size, double limit_bytes,
+                       const World& world) {
+  config::Experiment e = experiment;
+  config::fill_defaults(e);
+  MemoryPlan plan;
+  plan.world_size = world_size;
+  plan.batch = e.train().batch_per_gpu();
+  plan.limit = limit_bytes;
+  plan.estimates = counted_memory(e, world_size, &plan.parameters);
+  // The probes measure what the model needs, not whether it fits a cap.
+  e.mutable_train()->set_max_memory_mb(0);
+  CachingAllocator& allocator = allocator_of(e);
+  const std::size_t old_limit = allocator.memory_limit();
+  allocator.set_memory_limit(0);
+  plan.device = allocator.source_name();
+  for (bool recompute : {false, true}) {
+    e.mutable_train()->set_recompute(recompute ? config::TrainConfig::BLOCKS
+                                               : config::TrainConfig::NONE);
+    // Probes at half the experiment's batch and at the batch itself: at batch 1 or 2 a step's
+    // peak can sit where the batch hardly matters (the optimizer's temporaries), and a slope
+    // taken there underestimates what a sample adds. Halved while the larger one does not fit.
+    int low = std::max(1, plan.batch / 2);
+    MemoryProbe at_low, at_high;
+    for (;;) {
+      at_low = probe_step_memory(e, low, world);
+      at_high = probe_step_memory(e, 2 * low, world);
+      if ((at_low.fits && at_high.fits) || low == 1) break;
+      low = std::max(1, low / 2);
+    }
+    if (!at_low.fits || !at_high.fits) {
+      allocator.set_memory_limit(old_limit);
+      throw InputError("kiln plan: two training steps at batch 2 do not fit on " + plan.device +
+                       " even without a limit: shrink the model (--set) to plan on this machine");
+    }
+    plan.probe_batches = {low, 2 * low};
+    // Reserved memory grows by whole segments; allocated memory by exactly what a sample adds.
+    const double per_sample = std::max(0.0, static_cast<double>(at_high.peak_allocated_bytes) -
+                                                static_cast<double>(at_low.peak_allocated_bytes)) /
+                              low;
+    const MemoryEstimate& s = plan.estimates[recompute ? 1 : 0];  // stage 0: nothing sharded
+    const double counted = s.weights + s.gradients + s.master + s.moments;
+    const double workspaces =
+        std::max(0.0, static_cast<double>(at_low.peak_bytes) - low * per_sample - counted);
+    for (MemoryEstimate& m : plan.estimates) {
+      if (m.recompute != recompute) continue;
+      m.activations_per_sample = per_sample;
+      m.workspaces = workspaces;
+    }
+  }
+  allocator.set_memory_limit(old_limit);
+  return plan;
+}
+
+std::int64_t predicted_largest_batch(const MemoryProbe& at1, const MemoryProbe& at2, double limit) {
+  const double per_sample =
+      static_cast<double>(at2.peak_allocated_bytes) - static_cast<double>(at1.peak_allocated_bytes);
+  if (!at1.fits || !at2.fits || per_sample <= 0 || limit <= 0) return 0;
+  const double fixed = static_cast<double>(at1.peak_bytes) - per_sample;
+  return std::max<std::int64_t>(
+      0, static_cast<std::int64_t>(std::floor((limit - fixed) / per_sample)));
+}
+
+}  // namespace kiln::train

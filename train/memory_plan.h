@@ -1,0 +1,77 @@
+#pragma once
+// Per-GPU memory of an experiment, for `kiln plan` and `kiln autobatch` (docs/memory.md).
+//
+// What is fixed by the model and the optimizer is counted from the parameters: weights (and
+// O1's half casts of them), gradients, fp32 master weights (O2), optimizer moments, divided over
+// the ranks where ZeRO shards them (stage 1: masters and moments; stage 2: gradients too, plus one
+// bucket for the reduce-scatter). What depends on the batch is measured: two real training steps
+// at half the experiment's batch and at the batch itself (halved until they fit) on the device
+// the experiment trains on, with and without recomputation; the peak's growth per sample between
+// the two is the activations of one sample, and what the smaller needs beyond its activations
+// and the counted parts is the workspaces and temporaries. NCCL's
+// buffers (allocated outside Kiln's allocator) are estimated from NCCL_BUFFSIZE and channels.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/world.h"
+#include "configs/kiln.pb.h"
+
+namespace kiln::train {
+
+// The peak memory of two training steps at `batch` on the experiment's device, or fits = false
+// on out-of-memory under the experiment's limit.
+struct MemoryProbe {
+  bool fits = false;
+  std::size_t peak_bytes = 0;            // the allocator's peak reserved bytes (what a cap bounds)
+  std::size_t peak_allocated_bytes = 0;  // in live blocks: the growth with the batch, exactly
+};
+MemoryProbe probe_step_memory(const config::Experiment& experiment, int batch, const World& world);
+
+// The memory of one rank, in bytes, for one (zero_stage, recompute).
+struct MemoryEstimate {
+  int zero_stage = 0;
+  bool recompute = false;
+  double weights = 0;    // working weights, and O1's half casts of GEMM weights
+  double gradients = 0;  // in the weights' dtype
+  double master = 0;     // O2's fp32 master weights
+  double moments = 0;    // optimizer state: SGD 1, AdamW 2 (3 with amsgrad), LAMB 2 x fp32
+  double activations_per_sample = 0;  // measured
+  double workspaces = 0;  // measured: cuDNN/cuBLAS workspaces, temporaries, the loader's batches
+  double nccl = 0;        // estimated, world size > 1
+  // Everything at `batch` samples per GPU.
+  double total(std::int64_t batch) const;
+  // The largest batch whose total is at most `limit` bytes; 0 if not even 1 fits.
+  std::int64_t largest_batch(double limit) const;
+};
+
+struct MemoryPlan {
+  std::int64_t parameters = 0;
+  int world_size = 1;
+  int batch = 0;                          // the experiment's train.batch_per_gpu
+  double limit = 0;                       // bytes; 0 = none given
+  std::string device;                     // where the probes ran
+  std::vector<int> probe_batches;         // the two batches measured
+  std::vector<MemoryEstimate> estimates;  // zero_stage 0..2 x recompute NONE, BLOCKS
+};
+
+// The counted (not measured) parts for `world_size` ranks: weights, gradients, master, moments
+// and nccl of every (stage, recompute), activations and workspaces left zero. `parameters`, if
+// given, receives the model's parameter count.
+std::vector<MemoryEstimate> counted_memory(const config::Experiment& experiment, int world_size,
+                                           std::int64_t* parameters = nullptr);
+
+// Counts, then measures with four probes (two batches, recompute NONE and BLOCKS) on this
+// process's device, without the experiment's memory limit. Throws InputError when a probe does
+// not fit even without a limit.
+MemoryPlan plan_memory(const config::Experiment& experiment, int world_size, double limit_bytes,
+                       const World& world);
+
+// The batch the linear model (peak = reserved at batch 1 + (batch - 1) x the growth of the
+// allocated peak from batch 1 to 2) predicts to be the largest under `limit` bytes; 0 when it
+// cannot tell (no growth, no limit).
+std::int64_t predicted_largest_batch(const MemoryProbe& at1, const MemoryProbe& at2, double limit);
+
+}  // namespace kiln::train
