@@ -40,11 +40,23 @@ void broadcast_tensor(Communicator& comm, Tensor& t) {
 
 }  // namespace
 
+const char* gradient_compression_name(GradientCompression c) {
+  switch (c) {
+    case GradientCompression::None:
+      return "none";
+    case GradientCompression::Half:
+      return "half";
+    case GradientCompression::PowerSgd:
+      return "powersgd";
+  }
+  return "?";
+}
+
 DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffer*> buffers,
                            Communicator& comm, DataParallelOptions options)
     : comm_(comm), options_(options), params_(std::move(parameters)), buffers_(std::move(buffers)) {
   KILN_CHECK(options_.bucket_bytes > 0, "DataParallel bucket_bytes must be positive");
-  KILN_CHECK(!options_.reduce_in_half || is_half(options_.half_dtype),
+  KILN_CHECK(options_.compression != GradientCompression::Half || is_half(options_.half_dtype),
              std::string("DataParallel half_dtype must be f16 or bf16, got ") +
                  dtype_name(options_.half_dtype));
   const Device device = comm_.device();
@@ -64,7 +76,11 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
   // Layout: reverse registration order, one open bucket per dtype.
   std::uint64_t hash = 14695981039346656037ull;
   hash = fnv1a(hash, static_cast<std::int64_t>(options_.bucket_bytes));
-  hash = fnv1a(hash, static_cast<std::int64_t>(options_.reduce_in_half));
+  hash = fnv1a(hash, static_cast<std::int64_t>(options_.compression));
+  if (options_.compression == GradientCompression::PowerSgd) {
+    hash = fnv1a(hash, static_cast<std::int64_t>(options_.powersgd.rank));
+    hash = fnv1a(hash, options_.powersgd_start_step);
+  }
   std::unordered_map<int, std::size_t> open;  // dtype -> bucket index
   std::vector<std::int64_t> fill;             // elements used per bucket
   for (auto it = params_.rbegin(); it != params_.rend(); ++it) {
@@ -106,7 +122,7 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
   for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
     Bucket& b = buckets_[bi];
     b.flat = Tensor::zeros({fill[bi]}, b.dtype, device);
-    if (options_.reduce_in_half && b.dtype == DType::F32) {
+    if (options_.compression == GradientCompression::Half && b.dtype == DType::F32) {
       b.staging = Tensor::empty({fill[bi]}, options_.half_dtype, device);
     }
     for (std::size_t i = 0; i < b.params.size(); ++i) {
@@ -120,6 +136,15 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
         view.copy_from(p->grad);
       }
       p->grad = view;
+    }
+    std::vector<Tensor> grads;
+    for (const Parameter* p : b.params) grads.push_back(p->grad);
+    if (options_.compression == GradientCompression::PowerSgd &&
+        (b.dtype == DType::F32 || b.dtype == DType::F64) &&
+        PowerSgdBucket::compresses_any(grads, options_.powersgd.rank)) {
+      PowerSgdOptions powersgd = options_.powersgd;
+      powersgd.seed += bi;  // Qs of different buckets differ; every rank draws the same
+      b.powersgd = std::make_unique<PowerSgdBucket>(std::move(grads), powersgd);
     }
   }
   reset_step();
@@ -165,7 +190,12 @@ void DataParallel::launch_ready_buckets() {
 void DataParallel::launch(Bucket& bucket) {
   // The bucket's gradients were written on the compute stream: the comm stream waits for them.
   comm_.comm_stream_wait_for_current();
-  if (bucket.staging.defined()) {
+  if (bucket.powersgd && finished_steps_ >= options_.powersgd_start_step) {
+    StreamGuard guard(comm_.device(), comm_.comm_stream() != nullptr
+                                          ? comm_.comm_stream()
+                                          : current_stream(comm_.device()));
+    bucket.powersgd->all_reduce(comm_);
+  } else if (bucket.staging.defined()) {
     void* stream = comm_.comm_stream();
     if (stream != nullptr) {
       StreamGuard guard(comm_.device(), stream);
@@ -192,6 +222,39 @@ void DataParallel::finish() {
   launch_ready_buckets();
   comm_.current_stream_wait_for_comm();
   reset_step();
+  ++finished_steps_;
+}
+
+void DataParallel::reset_compression_state() {
+  for (Bucket& b : buckets_) {
+    if (b.powersgd) b.powersgd->reset();
+  }
+}
+
+NamedTensors DataParallel::compression_state() const {
+  NamedTensors out;
+  for (std::size_t i = 0; i < buckets_.size(); ++i) {
+    if (!buckets_[i].powersgd) continue;
+    for (auto& [name, t] : buckets_[i].powersgd->state()) {
+      out.emplace_back("bucket" + std::to_string(i) + "." + name, t);
+    }
+  }
+  return out;
+}
+
+void DataParallel::load_compression_state(const NamedTensors& state, const std::string& where) {
+  const auto find = [&](const std::string& name) {
+    for (const auto& [n, t] : state) {
+      if (n == name) return t;
+    }
+    throw InputError(where + ": no PowerSGD state " + name +
+                     " (written with another parallel.compression, bucket_mb or model)");
+  };
+  for (std::size_t i = 0; i < buckets_.size(); ++i) {
+    if (!buckets_[i].powersgd) continue;
+    const std::string prefix = "bucket" + std::to_string(i) + ".";
+    buckets_[i].powersgd->load_state(find(prefix + "error"), find(prefix + "q"), where);
+  }
 }
 
 void DataParallel::reset_step() {

@@ -29,20 +29,33 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/powersgd.h"
 #include "layers/layer.h"
 
 namespace kiln {
 
+// parallel.compression of the experiment.
+enum class GradientCompression {
+  None,      // all-reduce the gradients as they are
+  Half,      // f32 buckets travel in half_dtype (half the traffic; sums rounded to half)
+  PowerSgd,  // f32/f64 matrices rank-r compressed from powersgd_start_step on (comm/powersgd.h)
+};
+const char* gradient_compression_name(GradientCompression c);  // "none", "half", "powersgd"
+
 struct DataParallelOptions {
   std::size_t bucket_bytes = 25u << 20;  // 25 MiB; a larger parameter gets a bucket of its own
-  // All-reduce f32 gradients in half_dtype (half the traffic; sums rounded to half precision).
-  bool reduce_in_half = false;
-  DType half_dtype = DType::BF16;
+  GradientCompression compression = GradientCompression::None;
+  DType half_dtype = DType::BF16;  // of Half
+  // PowerSgd: the rank, Q's seed; finished optimizer steps before it are all-reduced plainly
+  // (PyTorch's start_powerSGD_iter).
+  PowerSgdOptions powersgd;
+  std::int64_t powersgd_start_step = 1000;
   // Broadcast parameters and buffers from rank 0 in the constructor.
   bool broadcast_at_start = true;
 };
@@ -71,6 +84,18 @@ class DataParallel {
   // Zeroes every bucket (one fill per bucket) on the current stream.
   void zero_grad();
 
+  // Optimizer steps finished (finish() calls outside accumulation micro-steps): PowerSgd starts
+  // compressing at options.powersgd_start_step. set_finished_steps restores it on resume.
+  std::int64_t finished_steps() const { return finished_steps_; }
+  void set_finished_steps(std::int64_t steps) { finished_steps_ = steps; }
+  // After a step whose reduced gradients were not finite (the loss scaler skipped it): PowerSGD's
+  // error feedback and Q hold the NaN too, so they start afresh.
+  void reset_compression_state();
+  // PowerSGD's per-rank state ("bucket<i>.error", "bucket<i>.q"; empty without PowerSgd) and its
+  // restore (tensors of the same names and sizes; InputError naming `where` otherwise).
+  NamedTensors compression_state() const;
+  void load_compression_state(const NamedTensors& state, const std::string& where);
+
   // Collective: rank 0's values to every rank (e.g. BN running stats before eval/checkpoint).
   void broadcast_buffers();
   void broadcast_parameters();
@@ -86,8 +111,9 @@ class DataParallel {
  private:
   struct Bucket {
     DType dtype;
-    Tensor flat;     // (numel,) the gradients' storage
-    Tensor staging;  // (numel,) half copy when reduce_in_half
+    Tensor flat;                               // (numel,) the gradients' storage
+    Tensor staging;                            // (numel,) half copy with GradientCompression::Half
+    std::unique_ptr<PowerSgdBucket> powersgd;  // with GradientCompression::PowerSgd, if any gains
     std::vector<Parameter*> params;
     std::vector<std::int64_t> offsets;
     int pending = 0;  // parameters whose hook has not fired this step
@@ -113,6 +139,7 @@ class DataParallel {
   bool micro_step_ = false;
   std::uint64_t layout_hash_ = 0;
   std::uint64_t bucket_all_reduces_ = 0;
+  std::int64_t finished_steps_ = 0;
 };
 
 }  // namespace kiln

@@ -19,6 +19,7 @@ namespace {
 
 const char* kManifest = "MANIFEST";
 const char* kFiles[] = {"model.safetensors", "optimizer.safetensors", "state.pbtxt"};
+const char* kCompressionFile = "compression.safetensors";  // optional
 
 std::uint32_t crc_of(const std::string& bytes) {
   return static_cast<std::uint32_t>(
@@ -103,7 +104,8 @@ CheckpointStore::CheckpointStore(std::string dir, int keep_last)
     : dir_(std::move(dir)), keep_last_(std::max(keep_last, 1)) {}
 
 std::string CheckpointStore::save(const NamedTensors& model, const NamedTensors& optimizer,
-                                  const config::CheckpointState& state) {
+                                  const config::CheckpointState& state,
+                                  const NamedTensors& compression) {
   make_dirs(dir_);
   std::string name = checkpoint_name(state.step());
   std::string final_path = dir_ + "/" + name;
@@ -116,8 +118,13 @@ std::string CheckpointStore::save(const NamedTensors& model, const NamedTensors&
     std::string text;
     google::protobuf::TextFormat::PrintToString(state, &text);
     write_file_atomically(tmp + "/state.pbtxt", text);
+    std::vector<std::string> files(std::begin(kFiles), std::end(kFiles));
+    if (!compression.empty()) {
+      save_safetensors(tmp + "/" + kCompressionFile, compression, {{"format", "kiln"}});
+      files.push_back(kCompressionFile);
+    }
     std::string manifest;
-    for (const char* file : kFiles) {
+    for (const std::string& file : files) {
       std::string bytes = read_file(tmp + "/" + file);
       manifest += hex(crc_of(bytes)) + " " + std::to_string(bytes.size()) + " " + file + "\n";
     }
@@ -185,6 +192,7 @@ Checkpoint CheckpointStore::load(const std::string& path) {
   std::istringstream lines(manifest.substr(0, line_start));
   std::string crc, size, file;
   int listed = 0;
+  bool has_compression = false;
   while (lines >> crc >> size >> file) {
     std::string file_path = path + "/" + file;
     if (::stat(file_path.c_str(), &st) != 0)
@@ -198,10 +206,16 @@ Checkpoint CheckpointStore::load(const std::string& path) {
       throw InputError(file_path + ": checksum mismatch (CRC-32 " + hex(crc_of(bytes)) +
                        ", manifest says " + crc + "): the file is corrupt");
     }
-    ++listed;
+    if (file == kCompressionFile) {
+      has_compression = true;
+    } else {
+      ++listed;
+    }
   }
-  if (listed != 3)
-    throw InputError(manifest_path + ": lists " + std::to_string(listed) + " files, expected 3");
+  if (listed != 3) {
+    throw InputError(manifest_path + ": lists " + std::to_string(listed) +
+                     " files besides compression.safetensors, expected 3");
+  }
   Checkpoint c;
   c.path = path;
   c.model = load_safetensors(path + "/model.safetensors");
@@ -210,6 +224,7 @@ Checkpoint CheckpointStore::load(const std::string& path) {
   if (!google::protobuf::TextFormat::ParseFromString(text, &c.state)) {
     throw InputError(path + "/state.pbtxt: cannot parse the checkpoint state");
   }
+  if (has_compression) c.compression = load_safetensors(path + "/" + kCompressionFile);
   return c;
 }
 

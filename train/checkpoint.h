@@ -2,8 +2,9 @@
 // Checkpoints are directories (step-000500/) written under a temporary name and renamed when
 // complete: model.safetensors (parameters and buffers under PyTorch's names, so PyTorch reads
 // them), optimizer.safetensors (moments, master weights), state.pbtxt (CheckpointState: step,
-// data position, loss scale, seed, the experiment), and MANIFEST (size and CRC-32 of each file,
-// and of itself). A directory is either complete and verified, or never loaded.
+// data position, loss scale, seed, the experiment), with PowerSGD compression.safetensors (each
+// rank's error feedback and Q, named "rank<r>.<name>"), and MANIFEST (size and CRC-32 of each
+// file, and of itself). A directory is either complete and verified, or never loaded.
 
 #include <cstdint>
 #include <optional>
@@ -20,6 +21,7 @@ struct Checkpoint {
   SafetensorsFile model;
   SafetensorsFile optimizer;
   config::CheckpointState state;
+  std::optional<SafetensorsFile> compression;  // when the run compressed with PowerSGD
 };
 
 class CheckpointStore {
@@ -29,8 +31,9 @@ class CheckpointStore {
   // Writes a complete checkpoint for `state.step()` and returns its directory; then removes all
   // but the newest keep_last. Throws Error (naming the file; a full disk says so) and leaves no
   // partial directory under a final name.
+  // `compression` (every rank's PowerSGD state) is written only when non-empty.
   std::string save(const NamedTensors& model, const NamedTensors& optimizer,
-                   const config::CheckpointState& state);
+                   const config::CheckpointState& state, const NamedTensors& compression = {});
 
   // Complete checkpoint directories, oldest first (partial ones are ignored).
   std::vector<std::string> list() const;
