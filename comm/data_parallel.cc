@@ -140,7 +140,6 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
     std::vector<Tensor> grads;
     for (const Parameter* p : b.params) grads.push_back(p->grad);
     if (options_.compression == GradientCompression::PowerSgd &&
-        (b.dtype == DType::F32 || b.dtype == DType::F64) &&
         PowerSgdBucket::compresses_any(grads, options_.powersgd.rank)) {
       PowerSgdOptions powersgd = options_.powersgd;
       powersgd.seed += bi;  // Qs of different buckets differ; every rank draws the same

@@ -44,7 +44,7 @@ namespace kiln {
 enum class GradientCompression {
   None,      // all-reduce the gradients as they are
   Half,      // f32 buckets travel in half_dtype (half the traffic; sums rounded to half)
-  PowerSgd,  // f32/f64 matrices rank-r compressed from powersgd_start_step on (comm/powersgd.h)
+  PowerSgd,  // matrices rank-r compressed from powersgd_start_step on (comm/powersgd.h)
 };
 const char* gradient_compression_name(GradientCompression c);  // "none", "half", "powersgd"
 

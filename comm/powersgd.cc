@@ -72,7 +72,7 @@ void orthogonalize_columns(Tensor& matrix) {
 
 bool PowerSgdBucket::compresses_any(const std::vector<Tensor>& grads, int rank) {
   for (const Tensor& g : grads) {
-    if (!is_matrix(g) || (g.dtype() != DType::F32 && g.dtype() != DType::F64)) continue;
+    if (!is_matrix(g)) continue;
     if (worth_compressing(rows_of(g), g.numel() / rows_of(g), rank)) return true;
   }
   return false;
@@ -85,8 +85,10 @@ PowerSgdBucket::PowerSgdBucket(std::vector<Tensor> grads, PowerSgdOptions option
   KILN_CHECK(!grads.empty(), "PowerSgdBucket got no gradients");
   const DType dtype = grads.front().dtype();
   const Device device = grads.front().device();
-  KILN_CHECK(dtype == DType::F32 || dtype == DType::F64,
-             std::string("PowerSGD compresses f32 or f64 gradients, got ") + dtype_name(dtype));
+  KILN_CHECK(is_floating(dtype),
+             std::string("PowerSGD compresses floating-point gradients, got ") + dtype_name(dtype));
+  // Half gradients are compressed in f32 (as cuBLAS computes half GEMMs), through a copy.
+  const DType compute = is_half(dtype) ? DType::F32 : dtype;
   std::int64_t error_numel = 0, p_numel = 0, q_numel = 0, rest_numel = 0;
   struct Shape2 {
     std::int64_t n, m, r;
@@ -113,15 +115,17 @@ PowerSgdBucket::PowerSgdBucket(std::vector<Tensor> grads, PowerSgdOptions option
     }
   }
   KILN_CHECK(!compressed.empty(), "PowerSgdBucket: no gradient of the bucket is worth compressing");
-  error_ = Tensor::zeros({error_numel}, dtype, device);
-  p_ = Tensor::zeros({p_numel}, dtype, device);
-  q_ = Tensor::zeros({q_numel}, dtype, device);
+  error_ = Tensor::zeros({error_numel}, compute, device);
+  p_ = Tensor::zeros({p_numel}, compute, device);
+  q_ = Tensor::zeros({q_numel}, compute, device);
+  if (compute != dtype) work_ = Tensor::zeros({error_numel}, compute, device);
   if (rest_numel > 0) rest_ = Tensor::zeros({rest_numel}, dtype, device);
   std::int64_t e = 0, p = 0, q = 0;
   for (std::size_t i = 0; i < compressed.size(); ++i) {
     const Shape2 s = shapes[i];
     Matrix mat;
     mat.grad = compressed[i];
+    mat.m = work_.defined() ? work_.slice(0, e, e + s.n * s.m).view({s.n, s.m}) : mat.grad;
     mat.error = error_.slice(0, e, e + s.n * s.m).view({s.n, s.m});
     mat.p = p_.slice(0, p, p + s.n * s.r).view({s.n, s.r});
     mat.q = q_.slice(0, q, q + s.m * s.r).view({s.m, s.r});
@@ -161,20 +165,22 @@ void PowerSgdBucket::all_reduce(Communicator& comm) {
     }
   }
   for (Matrix& mat : matrices_) {
-    ops::add(mat.grad, mat.error, mat.grad);                    // M += e
-    ops::gemm(false, false, 1.0, mat.grad, mat.q, 0.0, mat.p);  // P = M Q
+    if (work_.defined()) mat.m.copy_from(mat.grad);
+    ops::add(mat.m, mat.error, mat.m);                       // M += e
+    ops::gemm(false, false, 1.0, mat.m, mat.q, 0.0, mat.p);  // P = M Q
   }
   // The sum, not the mean: orthonormalisation removes the scale.
   comm.all_reduce_on_comm_stream(p_, ReduceOp::Sum);
   for (Matrix& mat : matrices_) {
     orthogonalize_columns(mat.p);
-    ops::gemm(true, false, 1.0, mat.grad, mat.p, 0.0, mat.q);  // Q = Mᵀ P
+    ops::gemm(true, false, 1.0, mat.m, mat.p, 0.0, mat.q);  // Q = Mᵀ P
   }
   comm.all_reduce_on_comm_stream(q_, ReduceOp::Average);
   for (Matrix& mat : matrices_) {
-    mat.error.copy_from(mat.grad);
-    ops::gemm(false, true, 1.0, mat.p, mat.q, 0.0, mat.grad);  // M = P Qᵀ
-    ops::axpy(-1.0, mat.grad, mat.error);                      // e = M - P Qᵀ
+    mat.error.copy_from(mat.m);
+    ops::gemm(false, true, 1.0, mat.p, mat.q, 0.0, mat.m);  // M = P Qᵀ
+    ops::axpy(-1.0, mat.m, mat.error);                      // e = M - P Qᵀ
+    if (work_.defined()) mat.grad.copy_from(mat.m);
   }
 }
 

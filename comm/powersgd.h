@@ -13,8 +13,9 @@
 //   Q is kept for the next step (warm start); it starts as seeded normal values, the same on every
 //   rank, orthonormalised. r = min(rank, n, m).
 //
-// State (error e and Q) is per rank: e differs between ranks. Only f32 and f64 gradients are
-// compressed (a half bucket is all-reduced plainly by DataParallel). Every op runs on the current
+// State (error e and Q) is per rank: e differs between ranks. Half gradients (O2, O3) are
+// compressed in f32 through an f32 copy of the matrices; e, P and Q are f32 then (f64 for f64
+// gradients); the vectors of a half bucket travel in half. Every op runs on the current
 // stream; the collectives are enqueued with all_reduce_on_comm_stream, so the caller runs this on
 // the communication stream (DataParallel does) or on an MPI communicator.
 
@@ -40,7 +41,7 @@ void orthogonalize_columns(Tensor& matrix);
 
 class PowerSgdBucket {
  public:
-  // grads: views of the bucket's gradients (contiguous, one dtype, f32 or f64), in layout order.
+  // grads: views of the bucket's gradients (contiguous, one floating dtype), in layout order.
   PowerSgdBucket(std::vector<Tensor> grads, PowerSgdOptions options);
   PowerSgdBucket(const PowerSgdBucket&) = delete;
   PowerSgdBucket& operator=(const PowerSgdBucket&) = delete;
@@ -64,6 +65,7 @@ class PowerSgdBucket {
  private:
   struct Matrix {
     Tensor grad;   // (n, m) view of the gradient
+    Tensor m;      // (n, m): grad itself, or its view in work_ for half gradients
     Tensor error;  // (n, m) view into error_
     Tensor p;      // (n, r) view into p_
     Tensor q;      // (m, r) view into q_
@@ -74,6 +76,7 @@ class PowerSgdBucket {
   std::vector<Matrix> matrices_;
   std::vector<Tensor> uncompressed_;  // gradients all-reduced as they are
   Tensor rest_;                       // (sum of their numel,) staging
+  Tensor work_;                       // (sum n m,) f32 copy of half gradients
   Tensor error_;                      // (sum n m,)
   Tensor p_;                          // (sum n r,)
   Tensor q_;                          // (sum m r,)

@@ -1,6 +1,7 @@
 // PowerSGD (comm/powersgd.h) under mpirun with 2 ranks on the CPU (label mpi): exact for gradients
 // of rank r, error feedback keeps the sum of compressed gradients on the sum of the true ones,
-// every rank gets bitwise the same result, and DataParallel compresses from its start step on.
+// every rank gets bitwise the same result, half gradients go through f32, and DataParallel
+// compresses from its start step on.
 
 #include <gtest/gtest.h>
 
@@ -96,6 +97,35 @@ TEST(PowerSgd, ExactForRankRGradientsAndVectorsTravelUncompressed) {
   EXPECT_TRUE(testing::bitwise_equal_on_all_ranks(comm(), values));
   // Each rank's error is its own gradient minus the average; their average is rounding only.
   EXPECT_LT(norm(average_over_ranks(bucket.state()[0].second)), 1e-10 * norm(weight_avg));
+}
+
+TEST(PowerSgd, HalfGradientsAreCompressedInF32) {
+  // The same values as bf16 and as f32: the bf16 bucket computes in f32, so its result is the f32
+  // bucket's rounded to bf16, step after step (error feedback and warm start included).
+  const int r = comm().rank();
+  const std::int64_t n = 40, m = 30;
+  Tensor half = Tensor::empty({n, m}, DType::BF16);
+  Tensor single = Tensor::empty({n, m}, DType::F32);
+  Tensor half_bias = Tensor::empty({m}, DType::BF16);
+  Tensor single_bias = Tensor::empty({m}, DType::F32);
+  PowerSgdOptions options;
+  options.rank = 2;
+  PowerSgdBucket half_bucket({half, half_bias}, options);
+  PowerSgdBucket single_bucket({single, single_bias}, options);
+  EXPECT_EQ(half_bucket.state()[0].second.dtype(), DType::F32);  // the error
+  for (int step = 0; step < 3; ++step) {
+    half.copy_from(random_matrix(n, m, 400 + 10 * step + r));
+    half_bias.copy_from(random_matrix(1, m, 500 + 10 * step + r).view({m}));
+    single.copy_from(half);
+    single_bias.copy_from(half_bias);
+    half_bucket.all_reduce(comm());
+    single_bucket.all_reduce(comm());
+    EXPECT_EQ(max_abs_difference(half, single.to(DType::BF16)), 0.0) << "step " << step;
+    EXPECT_EQ(max_abs_difference(half_bucket.state()[0].second, single_bucket.state()[0].second),
+              0.0)
+        << "step " << step;
+  }
+  EXPECT_TRUE(testing::bitwise_equal_on_all_ranks(comm(), half.to_vector<double>()));
 }
 
 TEST(PowerSgd, ErrorFeedbackKeepsTheSumOfCompressedGradientsOnTheTrueSum) {
