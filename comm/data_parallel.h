@@ -20,6 +20,10 @@
 //                  // the compute stream wait for every bucket; gradients are then averaged
 //   optimizer step
 //
+// Compression (options.compression, docs/data_parallel.md): Half casts f32 buckets to half around
+// the all-reduce; PowerSgd hands a bucket with matrices worth compressing to a PowerSgdBucket
+// (comm/powersgd.h), which runs on the communication stream like the plain all-reduce.
+//
 // Buckets are launched in bucket order on every rank (a bucket that is ready waits for the ones
 // before it), so ranks whose gradients become ready in different orders still issue the same
 // sequence of collectives.
