@@ -43,7 +43,7 @@ POWERSGD_RANK=${POWERSGD_RANK:-4} POWERSGD_START=${POWERSGD_START:-2}
 KILN_SETS=()  # extra `--set field=value` for kiln bench (the compression rows)
 
 kiln() {  # model batch gpus
-  local args=(bench --model "$1" --batch "$2" --amp "$AMP" --half fp16 --steps $STEPS --warmup $WARMUP --json "${KILN_SETS[@]}")
+  local args=(bench --model "$1" --batch "$2" --amp "$AMP" --half fp16 --steps $STEPS --warmup $WARMUP --json ${KILN_SETS[@]+"${KILN_SETS[@]}"})
   if [ "$3" = 1 ]; then
     timeout 120 "$BUILD/bin/kiln" "${args[@]}" 2>>"$OUT/bench-kiln.err" | tail -1
   else

@@ -93,8 +93,10 @@ void restore_compression_state(Trainer::State& s, const Checkpoint& c) {
   s.dp->set_finished_steps(c.state.step());
   if (s.dp->compression_state().empty()) return;
   if (!c.compression) {
-    s.metrics->print("checkpoint " + c.path +
-                     " holds no PowerSGD state: error feedback starts from zero");
+    if (c.state.step() > s.e.parallel().powersgd_start_step()) {
+      s.metrics->print("checkpoint " + c.path +
+                       " holds no PowerSGD state: error feedback starts from zero");
+    }
     return;
   }
   const std::string prefix = "rank" + std::to_string(s.world.rank) + ".";
