@@ -4,22 +4,27 @@
 # two-GPU data parallelism. Prints a markdown table (samples/s and the ratio per configuration).
 #
 #   bench/compare-pytorch.sh [BUILD_DIR] [--quick] [--no-compile | --compile-only] [--amp O2]
-#                            [--models "resnet50 ..."] [--p2p-off]
+#                            [--models "resnet50 ..."] [--p2p-off] [--net]
 # --p2p-off adds the two-GPU rows again with NCCL_P2P_DISABLE=1 (NCCL through host memory, as
 # between RTX 4090s: ANCHORS.md's 95 % / 90 % targets).
+# --net adds them with NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 (NCCL's socket transport, as between
+# two hosts on Ethernet), once per gradient compression: Kiln's parallel.compression NONE, HALF
+# and POWERSGD against DDP with no hook, fp16_compress_hook and powerSGD_hook (rank
+# POWERSGD_RANK, default 4, from step POWERSGD_START, default 2: both inside the warm-up).
 # --quick: 15 timed steps instead of 30 and no torch.compile rows; --compile-only: only the
 # torch.compile rows (at --quick's step counts when both are given), for a run that has no room
 # for the whole table.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build-gpu}; shift || true
-QUICK=0 COMPILE=1 COMPILE_ONLY=0 P2P_OFF=0 AMP=O2 MODELS="resnet50 bert_base vit_b16" STEPS=30 WARMUP=10
+QUICK=0 COMPILE=1 COMPILE_ONLY=0 P2P_OFF=0 NET=0 AMP=O2 MODELS="resnet50 bert_base vit_b16" STEPS=30 WARMUP=10
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1; STEPS=15; WARMUP=5 ;;
     --no-compile) COMPILE=0 ;;
     --compile-only) COMPILE_ONLY=1 ;;
     --p2p-off) P2P_OFF=1 ;;
+    --net) NET=1 ;;
     --amp) AMP=$2; shift ;;
     --models) MODELS=$2; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
@@ -34,13 +39,17 @@ RESULTS="$OUT/bench-results.jsonl"
 GPUS=$(nvidia-smi -L 2>/dev/null | grep -c GPU || echo 1)
 batches() { case $1 in resnet50) echo "32 64 128" ;; bert_base) echo "8 16 32" ;; vit_b16) echo "16 32 64" ;; esac; }
 
+POWERSGD_RANK=${POWERSGD_RANK:-4} POWERSGD_START=${POWERSGD_START:-2}
+KILN_SETS=()  # extra `--set field=value` for kiln bench (the compression rows)
+
 kiln() {  # model batch gpus
-  local args=(bench --model "$1" --batch "$2" --amp "$AMP" --half fp16 --steps $STEPS --warmup $WARMUP --json)
+  local args=(bench --model "$1" --batch "$2" --amp "$AMP" --half fp16 --steps $STEPS --warmup $WARMUP --json ${KILN_SETS[@]+"${KILN_SETS[@]}"})
   if [ "$3" = 1 ]; then
     timeout 120 "$BUILD/bin/kiln" "${args[@]}" 2>>"$OUT/bench-kiln.err" | tail -1
   else
     timeout 150 mpirun --allow-run-as-root --bind-to none -np "$3" -x NCCL_NVLS_ENABLE \
-      ${NCCL_P2P_DISABLE:+-x NCCL_P2P_DISABLE} "$BUILD/bin/kiln" "${args[@]}" 2>>"$OUT/bench-kiln.err" | tail -1
+      ${NCCL_P2P_DISABLE:+-x NCCL_P2P_DISABLE} ${NCCL_SHM_DISABLE:+-x NCCL_SHM_DISABLE} \
+      "$BUILD/bin/kiln" "${args[@]}" 2>>"$OUT/bench-kiln.err" | tail -1
   fi
 }
 torch_ref() { timeout 150 python3 bench/pytorch_reference.py --steps $STEPS --warmup $WARMUP "$@" 2>>"$OUT/bench-torch.err" | tail -1; }
@@ -89,6 +98,25 @@ if [ "$GPUS" -ge 2 ] && [ "$COMPILE_ONLY" = 0 ]; then
       set -- $mb
       record "$1|$2|fp16 AMP, DDP, P2P off|2" "$(NCCL_P2P_DISABLE=1 kiln "$1" "$2" 2)" \
         "$(NCCL_P2P_DISABLE=1 torch_ref --model "$1" --batch "$2" --gpus 2)"
+    done
+  fi
+  if [ "$NET" = 1 ]; then  # NCCL over sockets, as between two hosts on Ethernet
+    for mb in "resnet50 128" "bert_base 32"; do
+      set -- $mb
+      for compression in NONE HALF POWERSGD; do
+        case $compression in
+          NONE) hook=none ;;
+          HALF) hook=fp16 ;;
+          POWERSGD) hook=powersgd ;;
+        esac
+        KILN_SETS=(--set parallel.compression=$compression --set parallel.powersgd_rank=$POWERSGD_RANK
+                   --set parallel.powersgd_start_step=$POWERSGD_START)
+        k=$(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 kiln "$1" "$2" 2)
+        KILN_SETS=()
+        t=$(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 torch_ref --model "$1" --batch "$2" --gpus 2 \
+              --comm-hook $hook --powersgd-rank $POWERSGD_RANK --powersgd-start $POWERSGD_START)
+        record "$1|$2|fp16 AMP, DDP, net, $compression / $hook hook|2" "$k" "$t"
+      done
     done
   fi
 fi

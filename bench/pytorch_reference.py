@@ -5,6 +5,13 @@ warm-up, measured with CUDA events. Prints one JSON object per configuration.
 
   python3 bench/pytorch_reference.py --model resnet50 --batch 128 [--channels-last] [--compile]
   python3 bench/pytorch_reference.py --model bert_base --batch 32 --gpus 2      # DDP
+  python3 bench/pytorch_reference.py --model bert_base --batch 32 --gpus 2 --comm-hook powersgd \
+      --powersgd-rank 4 --powersgd-start 2     # DDP with a gradient compression hook
+
+--comm-hook: none (plain all-reduce), fp16 / bf16 (fp16_compress_hook / bf16_compress_hook:
+gradients travel in half), powersgd (PowerSGDState + powerSGD_hook: rank --powersgd-rank with
+error feedback and warm start, plain all-reduce before step --powersgd-start, which PyTorch
+requires to be at least 2). Kiln's parallel.compression NONE / HALF / POWERSGD match them.
 """
 import argparse
 import json
@@ -39,6 +46,20 @@ def build(name, batch, device):
     raise SystemExit(f"unknown model {name}")
 
 
+def register_comm_hook(model, args):
+    """DDP's gradient compression for --comm-hook (the counterparts of parallel.compression)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    if args.comm_hook == "fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif args.comm_hook == "bf16":
+        model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif args.comm_hook == "powersgd":
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=args.powersgd_rank,
+            start_powerSGD_iter=args.powersgd_start, use_error_feedback=True, warm_start=True)
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+
+
 def run(rank, args, result_queue=None):
     import torch
     device = torch.device("cuda", rank)
@@ -54,6 +75,7 @@ def run(rank, args, result_queue=None):
         inputs = tuple(i.to(memory_format=torch.channels_last) if i.dim() == 4 else i for i in inputs)
     if args.gpus > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
+        register_comm_hook(model, args)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     scaler = torch.amp.GradScaler("cuda")
     step_model = torch.compile(model) if args.compile else model
@@ -84,7 +106,7 @@ def run(rank, args, result_queue=None):
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         median = t.item()
     if rank == 0:
-        mode = "fp16 AMP" + (", channels_last" if args.channels_last else "") + (", torch.compile" if args.compile else "") + (", DDP" if args.gpus > 1 else "")
+        mode = "fp16 AMP" + (", channels_last" if args.channels_last else "") + (", torch.compile" if args.compile else "") + (", DDP" if args.gpus > 1 else "") + (f", {args.comm_hook} hook" if args.comm_hook != "none" else "")
         print(json.dumps({
             "framework": "pytorch", "model": args.model, "batch_per_gpu": args.batch, "gpus": args.gpus,
             "mode": mode, "median_step_ms": median,
@@ -104,6 +126,10 @@ def main():
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--comm-hook", choices=["none", "fp16", "bf16", "powersgd"], default="none",
+                   help="DDP gradient compression (with --gpus 2 or more)")
+    p.add_argument("--powersgd-rank", type=int, default=4)
+    p.add_argument("--powersgd-start", type=int, default=2)
     args = p.parse_args()
     if args.gpus > 1:
         import torch.multiprocessing as mp

@@ -41,6 +41,18 @@ void broadcast_tensor(Communicator& comm, Tensor& t) {
 
 }  // namespace
 
+const char* gradient_compression_name(GradientCompression c) {
+  switch (c) {
+    case GradientCompression::None:
+      return "none";
+    case GradientCompression::Half:
+      return "half";
+    case GradientCompression::PowerSgd:
+      return "powersgd";
+  }
+  return "?";
+}
+
 DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffer*> buffers,
                            Communicator& comm, DataParallelOptions options)
     : comm_(comm), options_(options), params_(std::move(parameters)), buffers_(std::move(buffers)) {
@@ -48,9 +60,9 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
   KILN_CHECK(
       options_.zero_stage >= 0 && options_.zero_stage <= 2,
       "DataParallel zero_stage must be 0, 1 or 2, got " + std::to_string(options_.zero_stage));
-  KILN_CHECK(options_.zero_stage == 0 || !options_.reduce_in_half,
-             "DataParallel: reduce_in_half is not supported with zero_stage > 0");
-  KILN_CHECK(!options_.reduce_in_half || is_half(options_.half_dtype),
+  KILN_CHECK(options_.zero_stage == 0 || options_.compression == GradientCompression::None,
+             "DataParallel: gradient compression is not supported with zero_stage > 0");
+  KILN_CHECK(options_.compression != GradientCompression::Half || is_half(options_.half_dtype),
              std::string("DataParallel half_dtype must be f16 or bf16, got ") +
                  dtype_name(options_.half_dtype));
   const Device device = comm_.device();
@@ -70,7 +82,11 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
   // Layout: reverse registration order, one open bucket per dtype.
   std::uint64_t hash = 14695981039346656037ull;
   hash = fnv1a(hash, static_cast<std::int64_t>(options_.bucket_bytes));
-  hash = fnv1a(hash, static_cast<std::int64_t>(options_.reduce_in_half));
+  hash = fnv1a(hash, static_cast<std::int64_t>(options_.compression));
+  if (options_.compression == GradientCompression::PowerSgd) {
+    hash = fnv1a(hash, static_cast<std::int64_t>(options_.powersgd.rank));
+    hash = fnv1a(hash, options_.powersgd_start_step);
+  }
   hash = fnv1a(hash, static_cast<std::int64_t>(options_.first_bucket_bytes));
   const std::size_t first_bucket_bytes =
       options_.first_bucket_bytes > 0 ? options_.first_bucket_bytes : options_.bucket_bytes;
@@ -120,7 +136,7 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
     if (options_.zero_stage > 0) fill[bi] = (fill[bi] + ranks - 1) / ranks * ranks;
     b.numel = fill[bi];
     b.flat = Tensor::zeros({fill[bi]}, b.dtype, device);
-    if (options_.reduce_in_half && b.dtype == DType::F32) {
+    if (options_.compression == GradientCompression::Half && b.dtype == DType::F32) {
       b.staging = Tensor::empty({fill[bi]}, options_.half_dtype, device);
     }
     for (std::size_t i = 0; i < b.params.size(); ++i) {
@@ -151,6 +167,14 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
         piece.shard_offset = lo - begin;
         pieces_.push_back(std::move(piece));
       }
+    }
+    std::vector<Tensor> grads;
+    for (const Parameter* p : b.params) grads.push_back(p->grad);
+    if (options_.compression == GradientCompression::PowerSgd &&
+        PowerSgdBucket::compresses_any(grads, options_.powersgd.rank)) {
+      PowerSgdOptions powersgd = options_.powersgd;
+      powersgd.seed += bi;  // Qs of different buckets differ; every rank draws the same
+      b.powersgd = std::make_unique<PowerSgdBucket>(std::move(grads), powersgd);
     }
   }
   reset_step();
@@ -235,7 +259,12 @@ void DataParallel::launch(Bucket& bucket) {
   // The bucket's gradients were written on the compute stream: the comm stream waits for them.
   comm_.comm_stream_wait_for_current();
   if (timing_) mark(bucket.start, comm_.comm_stream());
-  if (bucket.staging.defined()) {
+  if (bucket.powersgd && finished_steps_ >= options_.powersgd_start_step) {
+    StreamGuard guard(comm_.device(), comm_.comm_stream() != nullptr
+                                          ? comm_.comm_stream()
+                                          : current_stream(comm_.device()));
+    bucket.powersgd->all_reduce(comm_);
+  } else if (bucket.staging.defined()) {
     void* stream = comm_.comm_stream();
     if (stream != nullptr) {
       StreamGuard guard(comm_.device(), stream);
@@ -267,6 +296,7 @@ void DataParallel::finish() {
   comm_.current_stream_wait_for_comm();
   if (timing_) mark(reduced_, current_stream(comm_.device()));
   reset_step();
+  ++finished_steps_;
   // Stage 2: the full buffers are released once the compute stream has waited for their
   // reduce-scatters, so a stream-ordered allocator reuses them only after the reads.
   if (options_.zero_stage == 2) {
@@ -315,6 +345,38 @@ std::size_t DataParallel::gradient_buffer_bytes() const {
     if (b.shard.defined()) bytes += b.shard.nbytes();
   }
   return bytes;
+}
+
+void DataParallel::reset_compression_state() {
+  for (Bucket& b : buckets_) {
+    if (b.powersgd) b.powersgd->reset();
+  }
+}
+
+NamedTensors DataParallel::compression_state() const {
+  NamedTensors out;
+  for (std::size_t i = 0; i < buckets_.size(); ++i) {
+    if (!buckets_[i].powersgd) continue;
+    for (auto& [name, t] : buckets_[i].powersgd->state()) {
+      out.emplace_back("bucket" + std::to_string(i) + "." + name, t);
+    }
+  }
+  return out;
+}
+
+void DataParallel::load_compression_state(const NamedTensors& state, const std::string& where) {
+  const auto find = [&](const std::string& name) {
+    for (const auto& [n, t] : state) {
+      if (n == name) return t;
+    }
+    throw InputError(where + ": no PowerSGD state " + name +
+                     " (written with another parallel.compression, bucket_mb or model)");
+  };
+  for (std::size_t i = 0; i < buckets_.size(); ++i) {
+    if (!buckets_[i].powersgd) continue;
+    const std::string prefix = "bucket" + std::to_string(i) + ".";
+    buckets_[i].powersgd->load_state(find(prefix + "error"), find(prefix + "q"), where);
+  }
 }
 
 void DataParallel::reset_step() {

@@ -20,6 +20,10 @@
 //                  // the compute stream wait for every bucket; gradients are then averaged
 //   optimizer step
 //
+// Compression (options.compression, docs/data_parallel.md): Half casts f32 buckets to half around
+// the all-reduce; PowerSgd hands a bucket with matrices worth compressing to a PowerSgdBucket
+// (comm/powersgd.h), which runs on the communication stream like the plain all-reduce.
+//
 // Buckets are launched in bucket order on every rank (a bucket that is ready waits for the ones
 // before it), so ranks whose gradients become ready in different orders still issue the same
 // sequence of collectives.
@@ -44,19 +48,31 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/powersgd.h"
 #include "core/stream.h"
 #include "layers/layer.h"
 
 namespace kiln {
+
+// parallel.compression of the experiment.
+enum class GradientCompression {
+  None,      // all-reduce the gradients as they are
+  Half,      // f32 buckets travel in half_dtype (half the traffic; sums rounded to half)
+  PowerSgd,  // matrices rank-r compressed from powersgd_start_step on (comm/powersgd.h)
+};
+const char* gradient_compression_name(GradientCompression c);  // "none", "half", "powersgd"
 
 struct DataParallelOptions {
   std::size_t bucket_bytes = 25u << 20;  // 25 MiB; a larger parameter gets a bucket of its own
   // The first bucket (the last layers' gradients, ready first) closes at this size, so the first
   // all-reduce starts early in backward (PyTorch DDP: 1 MiB); 0 = bucket_bytes.
   std::size_t first_bucket_bytes = 0;
-  // All-reduce f32 gradients in half_dtype (half the traffic; sums rounded to half precision).
-  bool reduce_in_half = false;
-  DType half_dtype = DType::BF16;
+  GradientCompression compression = GradientCompression::None;
+  DType half_dtype = DType::BF16;  // of Half
+  // PowerSgd: the rank, Q's seed; finished optimizer steps before it are all-reduced plainly
+  // (PyTorch's start_powerSGD_iter).
+  PowerSgdOptions powersgd;
+  std::int64_t powersgd_start_step = 1000;
   // Broadcast parameters and buffers from rank 0 in the constructor.
   bool broadcast_at_start = true;
   // 0: all-reduce; 1: reduce-scatter into per-rank gradient shards; 2: also free the full
@@ -115,6 +131,18 @@ class DataParallel {
   // Zeroes every bucket (one fill per bucket) on the current stream.
   void zero_grad();
 
+  // Optimizer steps finished (finish() calls outside accumulation micro-steps): PowerSgd starts
+  // compressing at options.powersgd_start_step. set_finished_steps restores it on resume.
+  std::int64_t finished_steps() const { return finished_steps_; }
+  void set_finished_steps(std::int64_t steps) { finished_steps_ = steps; }
+  // After a step whose reduced gradients were not finite (the loss scaler skipped it): PowerSGD's
+  // error feedback and Q hold the NaN too, so they start afresh.
+  void reset_compression_state();
+  // PowerSGD's per-rank state ("bucket<i>.error", "bucket<i>.q"; empty without PowerSgd) and its
+  // restore (tensors of the same names and sizes; InputError naming `where` otherwise).
+  NamedTensors compression_state() const;
+  void load_compression_state(const NamedTensors& state, const std::string& where);
+
   // Collective: rank 0's values to every rank (e.g. BN running stats before eval/checkpoint).
   void broadcast_buffers();
   void broadcast_parameters();
@@ -154,9 +182,10 @@ class DataParallel {
   struct Bucket {
     DType dtype;
     std::int64_t numel = 0;
-    Tensor flat;     // (numel,) the gradients' storage
-    Tensor staging;  // (numel,) half copy when reduce_in_half
-    Tensor shard;    // ZeRO: (numel / size,) this rank's reduced gradient shard
+    Tensor flat;                               // (numel,) the gradients' storage
+    Tensor staging;                            // (numel,) half copy with GradientCompression::Half
+    Tensor shard;                              // ZeRO: (numel / size,) this rank's reduced shard
+    std::unique_ptr<PowerSgdBucket> powersgd;  // with GradientCompression::PowerSgd, if any gains
     std::vector<Parameter*> params;
     std::vector<std::int64_t> offsets;
     int pending = 0;  // parameters whose hook has not fired this step
@@ -187,6 +216,7 @@ class DataParallel {
   std::uint64_t bucket_all_reduces_ = 0;
   bool timing_ = false;
   TimePoint backward_end_, reduced_;
+  std::int64_t finished_steps_ = 0;
 };
 
 }  // namespace kiln

@@ -69,6 +69,17 @@ void fill_defaults(Experiment& experiment, const std::string& config_path) {
     loss_scale.set_dynamic(false);
   }
 
+  // The deprecated allreduce_in_half migrates to compression HALF (validate() refuses it beside
+  // another compression).
+  ParallelConfig& parallel = *experiment.mutable_parallel();
+  if (!parallel.has_compression()) {
+    if (parallel.allreduce_in_half()) {
+      parallel.set_compression(ParallelConfig::HALF);
+    } else {
+      apply_declared_default(parallel, "compression");
+    }
+  }
+
   TrainConfig& train = *experiment.mutable_train();
   if (train.duration_case() == TrainConfig::DURATION_NOT_SET) {
     apply_declared_default(train, data.kind() == DataConfig::SYNTHETIC ? "steps" : "epochs");

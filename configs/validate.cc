@@ -138,6 +138,13 @@ class Validator {
     check_precision(on_cpu);
     check(!(on_cpu && experiment_.parallel().backend() == ParallelConfig::NCCL), "parallel.backend",
           "NCCL", "NCCL needs CUDA and training runs on the CPU; use MPI or AUTO");
+    check(!experiment_.parallel().allreduce_in_half() ||
+              experiment_.parallel().compression() == ParallelConfig::HALF,
+          "parallel.allreduce_in_half", "true",
+          "is the deprecated spelling of parallel.compression: HALF, and parallel.compression "
+          "is " +
+              ParallelConfig::Compression_Name(experiment_.parallel().compression()) +
+              ": drop allreduce_in_half");
     check_train();
     check_checkpoint();
     check(!experiment_.logging().dir().empty(), "logging.dir", "\"\"", "must be a directory");

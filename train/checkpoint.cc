@@ -18,6 +18,7 @@ namespace kiln::train {
 namespace {
 
 const char* kManifest = "MANIFEST";
+const char* kCompressionFile = "compression.safetensors";  // optional
 
 std::uint32_t crc_of(const std::string& bytes) {
   return static_cast<std::uint32_t>(
@@ -118,24 +119,27 @@ void CheckpointStore::prepare_staging(std::int64_t step) const {
 }
 
 std::string CheckpointStore::save(const NamedTensors& model, const NamedTensors& optimizer,
-                                  const config::CheckpointState& state) {
+                                  const config::CheckpointState& state,
+                                  const NamedTensors& compression) {
   make_dirs(dir_);
   std::string tmp =
       dir_ + "/.tmp-" + checkpoint_name(state.step()) + "-" + std::to_string(::getpid());
   remove_tree(tmp);
   make_dir(tmp);
-  return complete(tmp, model, &optimizer, {"optimizer.safetensors"}, state);
+  return complete(tmp, model, &optimizer, {"optimizer.safetensors"}, state, compression);
 }
 
 std::string CheckpointStore::save_sharded(const NamedTensors& model,
                                           const std::vector<std::string>& shard_files,
-                                          const config::CheckpointState& state) {
-  return complete(staging_dir(state.step()), model, nullptr, shard_files, state);
+                                          const config::CheckpointState& state,
+                                          const NamedTensors& compression) {
+  return complete(staging_dir(state.step()), model, nullptr, shard_files, state, compression);
 }
 
 std::string CheckpointStore::complete(const std::string& tmp, const NamedTensors& model,
                                       const NamedTensors* optimizer, std::vector<std::string> files,
-                                      const config::CheckpointState& state) {
+                                      const config::CheckpointState& state,
+                                      const NamedTensors& compression) {
   std::string final_path = dir_ + "/" + checkpoint_name(state.step());
   try {
     save_safetensors(tmp + "/model.safetensors", model, {{"format", "pt"}});
@@ -147,6 +151,10 @@ std::string CheckpointStore::complete(const std::string& tmp, const NamedTensors
     write_file_atomically(tmp + "/state.pbtxt", text);
     files.insert(files.begin(), "model.safetensors");
     files.push_back("state.pbtxt");
+    if (!compression.empty()) {
+      save_safetensors(tmp + "/" + kCompressionFile, compression, {{"format", "kiln"}});
+      files.push_back(kCompressionFile);
+    }
     std::string manifest;
     for (const std::string& file : files) {
       std::string bytes = read_file(tmp + "/" + file);
@@ -216,6 +224,7 @@ Checkpoint CheckpointStore::load(const std::string& path) {
   std::istringstream lines(manifest.substr(0, line_start));
   std::string crc, size, file;
   std::vector<std::string> listed;
+  bool has_compression = false;
   while (lines >> crc >> size >> file) {
     if (file.find('/') != std::string::npos) {
       throw InputError(manifest_path + ": lists '" + file + "', not a file of the checkpoint");
@@ -232,7 +241,11 @@ Checkpoint CheckpointStore::load(const std::string& path) {
       throw InputError(file_path + ": checksum mismatch (CRC-32 " + hex(crc_of(bytes)) +
                        ", manifest says " + crc + "): the file is corrupt");
     }
-    listed.push_back(file);
+    if (file == kCompressionFile) {
+      has_compression = true;
+    } else {
+      listed.push_back(file);
+    }
   }
   auto has = [&](const std::string& f) {
     return std::find(listed.begin(), listed.end(), f) != listed.end();
@@ -251,8 +264,9 @@ Checkpoint CheckpointStore::load(const std::string& path) {
       (has("optimizer.safetensors") == !shards.empty()) || (!shards.empty() && !shards_complete) ||
       listed.size() != 2 + (shards.empty() ? 1 : shards.size())) {
     throw InputError(manifest_path + ": lists " + std::to_string(listed.size()) +
-                     " files; expected model.safetensors, state.pbtxt and either "
-                     "optimizer.safetensors or optimizer-rank-R-of-N.safetensors for every rank");
+                     " files besides compression.safetensors; expected model.safetensors, "
+                     "state.pbtxt and either optimizer.safetensors or "
+                     "optimizer-rank-R-of-N.safetensors for every rank");
   }
   Checkpoint c;
   c.path = path;
@@ -266,6 +280,7 @@ Checkpoint CheckpointStore::load(const std::string& path) {
   if (!google::protobuf::TextFormat::ParseFromString(text, &c.state)) {
     throw InputError(path + "/state.pbtxt: cannot parse the checkpoint state");
   }
+  if (has_compression) c.compression = load_safetensors(path + "/" + kCompressionFile);
   return c;
 }
 

@@ -2,8 +2,9 @@
 // Checkpoints are directories (step-000500/) written under a temporary name and renamed when
 // complete: model.safetensors (parameters and buffers under PyTorch's names, so PyTorch reads
 // them), optimizer.safetensors (moments, master weights), state.pbtxt (CheckpointState: step,
-// data position, loss scale, seed, the experiment), and MANIFEST (size and CRC-32 of each file,
-// and of itself). A directory is either complete and verified, or never loaded.
+// data position, loss scale, seed, the experiment), with PowerSGD compression.safetensors (each
+// rank's error feedback and Q, named "rank<r>.<name>"), and MANIFEST (size and CRC-32 of each
+// file, and of itself). A directory is either complete and verified, or never loaded.
 //
 // A sharded run (parallel.zero_stage > 0) writes, instead of optimizer.safetensors, one
 // optimizer-rank-RRRRR-of-WWWWW.safetensors per rank (its pieces; the safetensors metadata gives
@@ -26,6 +27,7 @@ struct Checkpoint {
   SafetensorsFile optimizer;                      // empty in a sharded checkpoint
   std::vector<SafetensorsFile> optimizer_shards;  // by rank; empty in an unsharded one
   config::CheckpointState state;
+  std::optional<SafetensorsFile> compression;  // when the run compressed with PowerSGD
 };
 
 class CheckpointStore {
@@ -35,12 +37,14 @@ class CheckpointStore {
   // Writes a complete checkpoint for `state.step()` and returns its directory; then removes all
   // but the newest keep_last. Throws Error (naming the file; a full disk says so) and leaves no
   // partial directory under a final name.
+  // `compression` (every rank's PowerSGD state) is written only when non-empty.
   std::string save(const NamedTensors& model, const NamedTensors& optimizer,
-                   const config::CheckpointState& state);
+                   const config::CheckpointState& state, const NamedTensors& compression = {});
   // Sharded: the shard files (names in the directory) were written into staging_dir(step) by
   // every rank; this writes the rest there, the manifest, and renames it (rank 0).
   std::string save_sharded(const NamedTensors& model, const std::vector<std::string>& shard_files,
-                           const config::CheckpointState& state);
+                           const config::CheckpointState& state,
+                           const NamedTensors& compression = {});
   // The directory every rank of a sharded save writes its shard into (created by
   // prepare_staging(), rank 0, before the others write).
   std::string staging_dir(std::int64_t step) const;
@@ -62,7 +66,7 @@ class CheckpointStore {
   void prune() const;
   std::string complete(const std::string& tmp, const NamedTensors& model,
                        const NamedTensors* optimizer, std::vector<std::string> files,
-                       const config::CheckpointState& state);
+                       const config::CheckpointState& state, const NamedTensors& compression);
   std::string dir_;
   int keep_last_;
 };

@@ -49,6 +49,17 @@ CommBackend comm_backend(const config::ParallelConfig& parallel) {
   }
 }
 
+GradientCompression gradient_compression(const config::ParallelConfig& parallel) {
+  switch (parallel.compression()) {
+    case config::ParallelConfig::HALF:
+      return GradientCompression::Half;
+    case config::ParallelConfig::POWERSGD:
+      return GradientCompression::PowerSgd;
+    default:
+      return GradientCompression::None;
+  }
+}
+
 bool channels_last(const config::ModelConfig& model, Device device, const PrecisionPolicy& policy) {
   if (!device.is_cuda() || model.memory_format() == config::ModelConfig::NCHW) return false;
   return model.memory_format() == config::ModelConfig::NHWC || policy.matmul != DType::F32;

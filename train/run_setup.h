@@ -6,6 +6,7 @@
 #include <string>
 
 #include "comm/communicator.h"
+#include "comm/data_parallel.h"
 #include "comm/world.h"
 #include "configs/experiment.h"
 #include "core/device.h"
@@ -25,6 +26,8 @@ void configure_process(const config::Experiment& experiment, Device device,
 
 // parallel.backend as comm/ names it.
 CommBackend comm_backend(const config::ParallelConfig& parallel);
+// parallel.compression as comm/ names it (after fill_defaults migrated allreduce_in_half).
+GradientCompression gradient_compression(const config::ParallelConfig& parallel);
 
 // model.memory_format: NHWC activations for convolutions on CUDA when asked, or (AUTO) when
 // they run in half precision; NCHW on the CPU.

@@ -88,6 +88,26 @@ std::string resolve_resume(Trainer::State& s) {
   return "";
 }
 
+// The step count PowerSGD starts by, and this rank's error feedback and Q. A checkpoint without
+// them (written before the run compressed, or by an uncompressed run) starts them afresh.
+void restore_compression_state(Trainer::State& s, const Checkpoint& c) {
+  s.dp->set_finished_steps(c.state.step());
+  if (s.dp->compression_state().empty()) return;
+  if (!c.compression) {
+    if (c.state.step() > s.e.parallel().powersgd_start_step()) {
+      s.metrics->print("checkpoint " + c.path +
+                       " holds no PowerSGD state: error feedback starts from zero");
+    }
+    return;
+  }
+  const std::string prefix = "rank" + std::to_string(s.world.rank) + ".";
+  NamedTensors mine;
+  for (const auto& [name, t] : c.compression->tensors) {
+    if (name.rfind(prefix, 0) == 0) mine.emplace_back(name.substr(prefix.size()), t);
+  }
+  s.dp->load_compression_state(mine, c.path + "/compression.safetensors");
+}
+
 // Verified before step 1; a checkpoint of another model or batch layout is refused.
 void restore_checkpoint(Trainer::State& s, const std::string& path) {
   Checkpoint c = load_model_checkpoint(path, s.e.model().name(), *s.model.net);
@@ -121,8 +141,27 @@ void restore_checkpoint(Trainer::State& s, const std::string& path) {
   s.step = st.step();
   s.micro_step = st.micro_step();
   s.skipped = st.loss_scaler().skipped_steps();
+  if (s.dp && !s.options.evaluate_only) restore_compression_state(s, c);
   s.metrics->print("resumed from " + path + " at step " + std::to_string(s.step) + " (" + ls.str() +
                    ")");
+}
+
+// Every rank's PowerSGD state (error feedback differs between ranks), gathered to host tensors
+// named "rank<r>.<name>" on rank 0 (empty elsewhere, and without PowerSGD). Collective.
+NamedTensors gather_compression_state(Trainer::State& s) {
+  NamedTensors gathered;
+  if (!s.dp) return gathered;
+  for (const auto& [name, t] : s.dp->compression_state()) {
+    Tensor all = Tensor::empty({s.world.size * t.numel()}, t.dtype(), t.device());
+    s.comm->all_gather(t, all);
+    if (!s.rank0()) continue;
+    Tensor host = all.to(Device::cpu());
+    for (int r = 0; r < s.world.size; ++r) {
+      gathered.emplace_back("rank" + std::to_string(r) + "." + name,
+                            host.slice(0, r * t.numel(), (r + 1) * t.numel()).clone());
+    }
+  }
+  return gathered;
 }
 
 // Writes a checkpoint of the current step on rank 0; every rank waits until it is complete.
@@ -146,6 +185,7 @@ std::string save_checkpoint(Trainer::State& s) {
   st.set_experiment_hash(config::experiment_hash(s.e));
   *st.mutable_experiment() = s.e;
   NamedTensors model;
+  const NamedTensors compression = gather_compression_state(s);
   if (s.rank0()) {
     for (Parameter* p : s.model.net->parameters()) model.emplace_back(p->name, stored_layout(*p));
     for (Buffer* b : s.model.net->buffers()) model.emplace_back(b->name, b->value);
@@ -163,10 +203,10 @@ std::string save_checkpoint(Trainer::State& s) {
       std::vector<std::string> shards;
       for (int r = 0; r < s.world.size; ++r)
         shards.push_back(optimizer_shard_name(r, s.world.size));
-      s.metrics->print("checkpoint " + s.store->save_sharded(model, shards, st));
+      s.metrics->print("checkpoint " + s.store->save_sharded(model, shards, st, compression));
     }
   } else if (s.rank0()) {
-    s.metrics->print("checkpoint " + s.store->save(model, s.optimizer->state(), st));
+    s.metrics->print("checkpoint " + s.store->save(model, s.optimizer->state(), st, compression));
   }
   s.comm->barrier();  // nobody moves on (or exits) before the checkpoint is complete
   return s.store->dir() + "/" + checkpoint_name(s.step);
@@ -211,18 +251,22 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
   if (world.size > 1) {
     DataParallelOptions dp;
     dp.bucket_bytes = static_cast<std::size_t>(s.e.parallel().bucket_mb() * (1 << 20));
-    dp.reduce_in_half = s.e.parallel().allreduce_in_half();
+    dp.compression = gradient_compression(s.e.parallel());
     if (s.e.parallel().has_first_bucket_mb()) {
       dp.first_bucket_bytes =
           static_cast<std::size_t>(s.e.parallel().first_bucket_mb() * (1 << 20));
     }
     dp.half_dtype =
         s.e.precision().half() == config::PrecisionConfig::BF16 ? DType::BF16 : DType::F16;
+    dp.powersgd.rank = s.e.parallel().powersgd_rank();
+    dp.powersgd.seed = static_cast<std::uint64_t>(s.e.train().seed());
+    dp.powersgd_start_step = s.e.parallel().powersgd_start_step();
     dp.zero_stage = s.e.parallel().zero_stage();
-    if (dp.zero_stage > 0 && dp.reduce_in_half) {
-      throw InputError(
-          "parallel.allreduce_in_half is not supported with parallel.zero_stage > 0 (the "
-          "gradients are reduce-scattered in their own dtype): set one of them off");
+    if (dp.zero_stage > 0 && dp.compression != GradientCompression::None) {
+      throw InputError(std::string("parallel.compression ") +
+                       gradient_compression_name(dp.compression) +
+                       " is not supported with parallel.zero_stage > 0 (the gradients are "
+                       "reduce-scattered in their own dtype): set one of them off");
     }
     s.dp = std::make_unique<DataParallel>(s.model.net->parameters(), s.model.net->buffers(),
                                           *s.comm, dp);
@@ -331,7 +375,10 @@ StepOutcome Trainer::State::run_step(Context& ctx, Tensor& loss_sum, std::int64_
     outcome = optimizer->step(step, comm.get());
   }
   ctx.weights_version = optimizer->weights_version();
-  if (outcome.skipped) ++skipped;
+  if (outcome.skipped) {
+    ++skipped;
+    if (dp) dp->reset_compression_state();
+  }
   if (outcome.found_inf && !outcome.skipped) {
     throw Error("non-finite gradients (inf/NaN) at step " + std::to_string(step + 1) + " on rank " +
                 std::to_string(world.rank) + " of " + std::to_string(world.size) +

@@ -341,7 +341,7 @@ TEST(DataParallel, UnusedParametersAndMissingHooksDoNotHang) {
 
 TEST(DataParallel, HalfPrecisionReductionStaysClose) {
   DpRun run;
-  run.options.reduce_in_half = true;
+  run.options.compression = GradientCompression::Half;
   run.options.half_dtype = DType::BF16;
   auto result = testing::data_parallel_run(comm(), 7, DType::F32, run);
   auto reference =

@@ -117,7 +117,7 @@ TEST(Nccl, DataParallelMatchesSingleProcess) {
     EXPECT_EQ(acc.bucket_all_reduces, run.steps * acc.buckets);
   }
   DpRun half;
-  half.options.reduce_in_half = true;
+  half.options.compression = GradientCompression::Half;
   auto h = testing::data_parallel_run(comm(), 7, DType::F32, half);
   auto reference =
       testing::reference_run(7, gpu, DType::F32, half.steps, half.global_batch, half.lr);

@@ -37,6 +37,8 @@ RECOMPUTE = ["model.name=gpt2", "model.gpt.vocab_size=64", "model.gpt.seq_len=64
 # On the CPU, the loss scaler runs with O1 in bf16.
 SCALED = ["precision.opt_level=O1", "precision.half=BF16", "precision.loss_scale.dynamic=true",
           "precision.loss_scale.init_scale=1024", "precision.loss_scale.growth_interval=1"]
+# PowerSGD from the first step.
+POWERSGD = ["parallel.compression=POWERSGD", "parallel.powersgd_start_step=0"]
 AUGMENT = ["data.kind=FASHION_MNIST", f"data.path={FASHION}", "data.workers=0"]
 # Whole epochs of Fashion-MNIST in a few large batches through a small MLP: seconds, not minutes.
 EPOCH = AUGMENT + ["model.name=mlp", "model.mlp_hidden=16", "train.log_every=100", "schedule.warmup_steps=0"]
@@ -205,6 +207,10 @@ CASES = {
                                        fails_with("overflow at the minimum scale 512")),
     "parallel.allreduce_in_half": (["@NP2"], ["@NP2", "parallel.allreduce_in_half=true", "precision.half=BF16"], differs("losses")),
     "parallel.backend": (["@NP2"], ["@NP2", "parallel.backend=NCCL"], fails_with("NCCL")),
+    "parallel.compression": (["@NP2"], ["@NP2"] + POWERSGD, differs("losses")),
+    "parallel.powersgd_rank": (["@NP2"] + POWERSGD, ["@NP2"] + POWERSGD + ["parallel.powersgd_rank=1"], differs("losses")),
+    "parallel.powersgd_start_step": (["@NP2"] + POWERSGD, ["@NP2"] + POWERSGD + ["parallel.powersgd_start_step=2"],
+                                     differs("losses")),
     "train.device": ([], ["train.device=CUDA"], fails_with("CUDA")),
     "train.steps": ([], ["train.steps=3"], differs("losses")),
     "train.epochs": (EPOCH + ["train.epochs=1", "train.batch_per_gpu=12000"],

@@ -48,6 +48,32 @@ TEST(CheckpointStore, SaveLoadRoundTrip) {
   EXPECT_EQ(c.optimizer.tensors.count("fc.weight.exp_avg"), 1u);
 }
 
+TEST(CheckpointStore, PowerSgdStateIsOptionalAndChecksummed) {
+  CheckpointStore store(fresh_dir("compression"), 3);
+  EXPECT_FALSE(CheckpointStore::load(store.save(some_weights(1), {}, state_at(1))).compression);
+  NamedTensors compression = {{"rank0.bucket0.error", Tensor::full({6}, 0.25, DType::F32)},
+                              {"rank1.bucket0.error", Tensor::full({6}, -0.5, DType::F32)}};
+  const std::string path = store.save(some_weights(2), {}, state_at(2), compression);
+  Checkpoint c = CheckpointStore::load(path);
+  ASSERT_TRUE(c.compression);
+  EXPECT_EQ(c.compression->tensors.at("rank1.bucket0.error").to_vector<float>(),
+            std::vector<float>(6, -0.5f));
+  // A flipped byte in it is caught like one in any other file.
+  std::fstream f(path + "/compression.safetensors",
+                 std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(-1, std::ios::end);
+  f.put('\x7f');
+  f.close();
+  try {
+    CheckpointStore::load(path);
+    ADD_FAILURE() << "a corrupt compression.safetensors was loaded";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("compression.safetensors: checksum mismatch"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(CheckpointStore, KeepsTheLastKAndFindsTheLatest) {
   CheckpointStore store(fresh_dir("keep"), 2);
   for (int step : {100, 200, 300, 400}) store.save(some_weights(step), {}, state_at(step));

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # A run stopped at step 10 and resumed continues exactly as the uninterrupted one: the same
 # losses (bitwise, as printed with full precision) and bitwise the same weights and optimizer
-# state at step 20. With NP=2 in the environment the same under mpirun -np 2.
+# state at step 20. With NP=2 in the environment the same under mpirun -np 2; EXTRA_SETS adds
+# --set overrides to every training run (test_exact_resume_powersgd.sh).
 source "$(dirname "$0")/lib.sh"
 NP=${NP:-1}
-run() { if [ "$NP" = 1 ]; then "$KILN" "$@"; else "${MPIRUN[@]}" -np "$NP" "$KILN" "$@"; fi; }
+read -r -a EXTRA <<< "${EXTRA_SETS:-}"
+run() {
+  if [ "$NP" = 1 ]; then "$KILN" "$@" "${EXTRA[@]}"; else "${MPIRUN[@]}" -np "$NP" "$KILN" "$@" "${EXTRA[@]}"; fi
+}
 
 # The reference run also proves that checkpoint.resume "latest" in a config starts fresh when
 # there is no checkpoint yet (a batch job's first run).
@@ -18,6 +22,11 @@ run train --config "$TINY" --set logging.dir="$WORK/b" --resume latest > "$WORK/
 grep -q "resumed from .*step-000010 at step 10" "$WORK/b2.log" || { cat "$WORK/b2.log"; fail "resume message"; }
 
 same_run "$WORK/a" "$WORK/b" 20
+if [ -n "${EXPECT_FILE:-}" ]; then
+  [ -f "$WORK/b/checkpoints/step-000010/$EXPECT_FILE" ] || fail "no $EXPECT_FILE in the step-10 checkpoint"
+  cmp "$WORK/a/checkpoints/step-000020/$EXPECT_FILE" "$WORK/b/checkpoints/step-000020/$EXPECT_FILE" \
+    || fail "$EXPECT_FILE differs at step 20"
+fi
 # kiln eval loads the checkpoint in one process, whatever world size wrote it.
 "$KILN" eval --config "$TINY" --set logging.dir="$WORK/b" --set data.eval_split=train --set train.eval_batches=2 \
   > "$WORK/eval.log" 2>&1 || { cat "$WORK/eval.log"; fail "kiln eval of the step-20 checkpoint"; }
@@ -30,4 +39,4 @@ for flag in --checkpoint --resume; do
 done
 cmp "$WORK/eval10--checkpoint.log" "$WORK/eval10--resume.log" || fail "--checkpoint and --resume read different checkpoints"
 ! cmp -s "$WORK/eval.log" "$WORK/eval10--checkpoint.log" || fail "kiln eval --checkpoint $step10 evaluated the latest checkpoint"
-pass "resume at step 10 reproduces 20 uninterrupted steps bit for bit (np=$NP)"
+pass "resume at step 10 reproduces 20 uninterrupted steps bit for bit (np=$NP${EXTRA_SETS:+, $EXTRA_SETS})"
