@@ -2,26 +2,13 @@
 // a (rows, cols) row-major matrix, with f64 sums reduced in a fixed tree order, as the CPU does.
 
 #include "comm/powersgd.h"
+#include "core/cuda/block_sum.cuh"
 #include "core/cuda/cuda_check.h"
 
 namespace kiln::detail {
 namespace {
 
 constexpr int kThreads = 256;
-
-// Sum over the block in a fixed tree order; every thread gets the result.
-__device__ double block_sum(double v) {
-  __shared__ double shared[kThreads];
-  shared[threadIdx.x] = v;
-  __syncthreads();
-  for (int half = kThreads / 2; half > 0; half /= 2) {
-    if (static_cast<int>(threadIdx.x) < half) shared[threadIdx.x] += shared[threadIdx.x + half];
-    __syncthreads();
-  }
-  const double total = shared[0];
-  __syncthreads();
-  return total;
-}
 
 template <typename T>
 __global__ void orthogonalize_columns_kernel(T* a, std::int64_t rows, std::int64_t cols) {
@@ -31,7 +18,7 @@ __global__ void orthogonalize_columns_kernel(T* a, std::int64_t rows, std::int64
       const double v = a[k * cols + i];
       sumsq += v * v;
     }
-    const double norm = sqrt(block_sum(sumsq));
+    const double norm = sqrt(cuda::block_sum<kThreads>(sumsq));
     const double inv = norm > 0 ? 1.0 / norm : 0.0;
     for (std::int64_t k = threadIdx.x; k < rows; k += kThreads) {
       a[k * cols + i] = static_cast<T>(a[k * cols + i] * inv);
@@ -42,7 +29,7 @@ __global__ void orthogonalize_columns_kernel(T* a, std::int64_t rows, std::int64
       for (std::int64_t k = threadIdx.x; k < rows; k += kThreads) {
         dot += static_cast<double>(a[k * cols + i]) * a[k * cols + j];
       }
-      dot = block_sum(dot);
+      dot = cuda::block_sum<kThreads>(dot);
       for (std::int64_t k = threadIdx.x; k < rows; k += kThreads) {
         a[k * cols + j] = static_cast<T>(a[k * cols + j] - dot * a[k * cols + i]);
       }

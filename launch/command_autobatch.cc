@@ -20,16 +20,6 @@
 namespace po = boost::program_options;
 
 namespace kiln::launch {
-namespace {
-
-CachingAllocator& allocator_of(const config::Experiment& e) {
-  bool cuda = e.train().device() == config::TrainConfig::CUDA ||
-              (e.train().device() == config::TrainConfig::AUTO && cuda_device_count() > 0);
-  return cuda ? cuda_allocator(0) : host_allocator();
-}
-
-}  // namespace
-
 int run_autobatch(const Arguments& args) {
   po::options_description options("kiln autobatch: the largest per-GPU batch that fits");
   options.add_options()("help,h", "show this help")("config", po::value<std::string>()->required(),
@@ -79,7 +69,7 @@ int run_autobatch(const Arguments& args) {
     int next = b * 2;
     if (b == 1) first = t;
     if (b == 2) {
-      const double limit = static_cast<double>(allocator_of(e).memory_limit());
+      const double limit = static_cast<double>(train::allocator_of(e).memory_limit());
       const std::int64_t predicted = train::predicted_largest_batch(first, t, limit);
       if (predicted > 2) {
         std::printf("  the memory model predicts %lld\n", static_cast<long long>(predicted));
@@ -94,7 +84,7 @@ int run_autobatch(const Arguments& args) {
                  "kiln autobatch: even batch 1 runs out of memory (limit %s): use mixed "
                  "precision, train.recompute: BLOCKS or a smaller model (kiln plan shows the "
                  "memory by part)\n",
-                 format_bytes(allocator_of(e).memory_limit()).c_str());
+                 format_bytes(train::allocator_of(e).memory_limit()).c_str());
     finalize_world();
     return 1;
   }

@@ -2,6 +2,7 @@
 // optim/update_rules.h (this file is compiled with --fmad=false so that they round as on the CPU).
 // Per-chunk partial sums are combined in a fixed order, so norms are deterministic.
 
+#include "core/cuda/block_sum.cuh"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/element.cuh"
 #include "optim/multi_tensor.h"
@@ -42,20 +43,6 @@ __device__ __forceinline__ void store_copy(const TensorEntry& e, std::int64_t i,
   }
 }
 
-// Sum over the block in a fixed tree order; the result is valid in thread 0.
-__device__ double block_sum(double v) {
-  __shared__ double shared[kThreads];
-  shared[threadIdx.x] = v;
-  __syncthreads();
-  for (int half = kThreads / 2; half > 0; half /= 2) {
-    if (static_cast<int>(threadIdx.x) < half) shared[threadIdx.x] += shared[threadIdx.x + half];
-    __syncthreads();
-  }
-  double total = shared[0];
-  __syncthreads();
-  return total;
-}
-
 __global__ void unscale_check_sumsq_kernel(const TensorEntry* entries, const ChunkEntry* chunks,
                                            float inv_scale, bool write, float* found_inf,
                                            double* partials) {
@@ -79,14 +66,14 @@ __global__ void unscale_check_sumsq_kernel(const TensorEntry* entries, const Chu
     });
   });
   if (bad) *found_inf = 1.0f;  // every writer stores the same value
-  double total = block_sum(sumsq);
+  double total = cuda::block_sum<kThreads>(sumsq);
   if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }
 
 __global__ void partials_norm_kernel(const double* partials, int n, float* out) {
   double acc = 0.0;
   for (int i = threadIdx.x; i < n; i += kThreads) acc += partials[i];
-  double total = block_sum(acc);
+  double total = cuda::block_sum<kThreads>(acc);
   if (threadIdx.x == 0) out[0] = static_cast<float>(sqrt(total));
 }
 
@@ -178,25 +165,33 @@ __global__ void lamb_moments_kernel(const TensorEntry* entries, const ChunkEntry
       }
     });
   });
-  double p_total = block_sum(param_sumsq);
-  double u_total = block_sum(update_sumsq);
+  double p_total = cuda::block_sum<kThreads>(param_sumsq);
+  double u_total = cuda::block_sum<kThreads>(update_sumsq);
   if (threadIdx.x == 0) {
     param_partials[blockIdx.x] = p_total;
     update_partials[blockIdx.x] = u_total;
   }
 }
 
-// LAMB stage 2: one block per tensor turns its chunks' partials into the trust ratio.
-__global__ void lamb_ratio_kernel(const TensorEntry* entries, const double* param_partials,
-                                  const double* update_partials, float* ratios) {
-  const TensorEntry& e = entries[blockIdx.x];
+// One tensor's {param, update} sums of squares from its chunks' partials; every thread gets them.
+__device__ void lamb_tensor_totals(const TensorEntry& e, const double* param_partials,
+                                   const double* update_partials, double* p_total,
+                                   double* u_total) {
   double p_acc = 0.0, u_acc = 0.0;
   for (int i = threadIdx.x; i < e.chunk_count; i += kThreads) {
     p_acc += param_partials[e.first_chunk + i];
     u_acc += update_partials[e.first_chunk + i];
   }
-  double p_total = block_sum(p_acc);
-  double u_total = block_sum(u_acc);
+  *p_total = cuda::block_sum<kThreads>(p_acc);
+  *u_total = cuda::block_sum<kThreads>(u_acc);
+}
+
+// LAMB stage 2: one block per tensor turns its chunks' partials into the trust ratio.
+__global__ void lamb_ratio_kernel(const TensorEntry* entries, const double* param_partials,
+                                  const double* update_partials, float* ratios) {
+  const TensorEntry& e = entries[blockIdx.x];
+  double p_total, u_total;
+  lamb_tensor_totals(e, param_partials, update_partials, &p_total, &u_total);
   if (threadIdx.x == 0)
     ratios[blockIdx.x] = lamb_trust_ratio<float>(p_total, u_total, e.adapt != 0);
 }
@@ -227,13 +222,8 @@ __global__ void lamb_apply_kernel(const TensorEntry* entries, const ChunkEntry* 
 __global__ void lamb_tensor_sums_kernel(const TensorEntry* entries, const double* param_partials,
                                         const double* update_partials, double* sums) {
   const TensorEntry& e = entries[blockIdx.x];
-  double p_acc = 0.0, u_acc = 0.0;
-  for (int i = threadIdx.x; i < e.chunk_count; i += kThreads) {
-    p_acc += param_partials[e.first_chunk + i];
-    u_acc += update_partials[e.first_chunk + i];
-  }
-  double p_total = block_sum(p_acc);
-  double u_total = block_sum(u_acc);
+  double p_total, u_total;
+  lamb_tensor_totals(e, param_partials, update_partials, &p_total, &u_total);
   if (threadIdx.x == 0) {
     sums[2 * blockIdx.x] = p_total;
     sums[2 * blockIdx.x + 1] = u_total;

@@ -13,13 +13,14 @@
 #include "train/trainer.h"
 
 namespace kiln::train {
-namespace {
 
 CachingAllocator& allocator_of(const config::Experiment& e) {
   bool cuda = e.train().device() == config::TrainConfig::CUDA ||
               (e.train().device() == config::TrainConfig::AUTO && cuda_device_count() > 0);
   return cuda ? cuda_allocator(0) : host_allocator();
 }
+
+namespace {
 
 // The experiment a probe runs: two steps at `batch`, nothing written or read besides the data.
 // Every change leaves the memory of a step as it is in training: the learning rate is a host

@@ -18,8 +18,12 @@
 
 #include "comm/world.h"
 #include "configs/kiln.pb.h"
+#include "core/allocator.h"
 
 namespace kiln::train {
+
+// The allocator whose statistics and limit a run of `e` on this machine uses (its device's).
+CachingAllocator& allocator_of(const config::Experiment& e);
 
 // The peak memory of two training steps at `batch` on the experiment's device, or fits = false
 // on out-of-memory under the experiment's limit.

@@ -202,6 +202,29 @@ StepOptimizer::StepOptimizer(const std::vector<Parameter*>& parameters,
     }
   }
   if (any) impl_->optimizer.refresh_model_weights();
+  if (impl_->sharded != nullptr) {
+    // Norms of whole tensors: this rank's partial sums added up over the ranks.
+    Communicator* shard_comm = &impl_->sharded->communicator();
+    impl_->optimizer.set_sumsq_hook([shard_comm](double local) {
+      return shard_comm->all_reduce_host(local, HostReduceOp::Sum);
+    });
+    // LAMB: each piece's partial sums, added up per parameter over the ranks.
+    const std::size_t params = impl_->model_parameters.size();
+    const std::vector<std::size_t>& index = impl_->shards.parameter_index;
+    impl_->optimizer.optimizer().set_tensor_sumsq_hook(
+        [shard_comm, params, &index](std::vector<double>& sums) {
+          std::vector<double> whole(2 * params, 0.0);
+          for (std::size_t i = 0; i < index.size(); ++i) {
+            whole[2 * index[i]] += sums[2 * i];
+            whole[2 * index[i] + 1] += sums[2 * i + 1];
+          }
+          shard_comm->all_reduce_host(whole, HostReduceOp::Sum);
+          for (std::size_t i = 0; i < index.size(); ++i) {
+            sums[2 * i] = whole[2 * index[i]];
+            sums[2 * i + 1] = whole[2 * index[i] + 1];
+          }
+        });
+  }
   if (impl_->sharded != nullptr) impl_->sharded->gather_parameters();
 }
 
@@ -223,28 +246,6 @@ StepOutcome StepOptimizer::step(std::int64_t step, Communicator* comm) {
   if (comm != nullptr && comm->size() > 1) {
     impl_->optimizer.set_found_inf_hook(
         [comm](Tensor& flag) { comm->all_reduce(flag, ReduceOp::Sum); });
-  }
-  if (impl_->sharded != nullptr) {
-    Communicator* shard_comm = &impl_->sharded->communicator();
-    impl_->optimizer.set_sumsq_hook([shard_comm](double local) {
-      return shard_comm->all_reduce_host(local, HostReduceOp::Sum);
-    });
-    // LAMB: each piece's partial sums, added up per parameter over the ranks.
-    const std::size_t params = impl_->model_parameters.size();
-    const std::vector<std::size_t>& index = impl_->shards.parameter_index;
-    impl_->optimizer.optimizer().set_tensor_sumsq_hook(
-        [shard_comm, params, &index](std::vector<double>& sums) {
-          std::vector<double> whole(2 * params, 0.0);
-          for (std::size_t i = 0; i < index.size(); ++i) {
-            whole[2 * index[i]] += sums[2 * i];
-            whole[2 * index[i] + 1] += sums[2 * i + 1];
-          }
-          shard_comm->all_reduce_host(whole, HostReduceOp::Sum);
-          for (std::size_t i = 0; i < index.size(); ++i) {
-            sums[2 * i] = whole[2 * index[i]];
-            sums[2 * i + 1] = whole[2 * index[i] + 1];
-          }
-        });
   }
   optim::StepResult r = impl_->optimizer.step();
   // Every rank updated its pieces: the whole weights reach every rank before the next forward.
