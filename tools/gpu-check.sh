@@ -54,7 +54,8 @@ run_test() {  # label binary [mpirun ranks]
 }
 export LD_LIBRARY_PATH=$PWD/$BUILD/bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 [ "${NO_TESTS:-0}" = 1 ] || for t in core/test_core_gpu layers/test_layers_dense_gpu layers/test_layers_conv_gpu \
-         layers/test_layers_transformer_gpu optim/test_optim_gpu data/test_data_loader_gpu; do
+         layers/test_layers_transformer_gpu optim/test_optim_gpu data/test_data_loader_gpu \
+         comm/test_powersgd_gpu; do
   run_test gpu "$BUILD/tests/$t"
 done
 if [ "${NO_TESTS:-0}" != 1 ]; then

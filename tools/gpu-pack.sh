@@ -12,7 +12,7 @@ BUILD=${1:-build-gpu}
 files=("$BUILD/bin")
 for t in core/test_core_gpu layers/test_layers_dense_gpu layers/test_layers_conv_gpu \
          layers/test_layers_transformer_gpu optim/test_optim_gpu data/test_data_loader_gpu \
-         comm/test_comm_nccl; do
+         comm/test_comm_nccl comm/test_powersgd_gpu; do
   [ -x "$BUILD/tests/$t" ] && files+=("$BUILD/tests/$t")
 done
 for extra in ${EXTRA:-}; do

@@ -26,6 +26,11 @@
 #   sanitize  compute-sanitizer memcheck and racecheck over the GPU kernels' tests
 #   kernels   GPU time per kernel of one training step (tools/kernel-profile.sh, Nsight Compute;
 #             KERNELS="model batch launch-skip launch-count,..." picks others)
+#   memory    kiln plan's prediction against the measured peak (kiln bench) for GPT-2 124M x16,
+#             GPT-2 XL x4 and BERT-base x32, recompute NONE and BLOCKS, and the 24 GiB cap
+#             (train.max_memory_mb 24576): GPT-2 124M fits, GPT-2 XL fails naming what to change
+#             (tools/memory-check.py)
+#   doctor    kiln doctor --json on this machine's GPUs
 # Logs go to $OUT/logs, packed into $OUT/logs.tar.gz at the end (few files travel back).
 #   tools/gpu-session.sh BUILD_DIR SECONDS [STAGE ...]   (default: smoke tests table parity)
 set -uo pipefail
@@ -116,6 +121,11 @@ PY
       done ;;
     sanitize)
       timeout $(( $(left) - 10 )) bash tools/gpu-sanitize.sh "$BUILD" ;;
+    memory)
+      timeout "$(upto 420)" python3 tools/memory-check.py "$BUILD" "$OUT" 2>&1 | tee "$OUT/memory.log" | tail -20 ;;
+    doctor)
+      timeout "$(upto 120)" "$BUILD/bin/kiln" doctor --json > "$OUT/doctor.json" 2> "$OUT/doctor.err"
+      echo "exit $?"; cat "$OUT/doctor.json"; tail -5 "$OUT/doctor.err" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
