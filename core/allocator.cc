@@ -169,6 +169,7 @@ CachingAllocator::Block* CachingAllocator::new_segment(void* stream, std::size_t
 
 void* CachingAllocator::allocate(std::size_t bytes, void* stream) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (capture_pool_ != nullptr && stream == capture_stream_) stream = capture_pool_;
   std::size_t size = round_allocation_size(bytes);
   Block* block = find_free_block(stream, size);
   if (block != nullptr) {
@@ -211,8 +212,10 @@ void CachingAllocator::free(void* ptr) {
   stats_.allocated_bytes -= block->size;
   stats_.live_blocks = live_blocks_.size();
   block->free = true;
-  // Merge with free neighbours of the same segment.
-  if (block->prev != nullptr && block->prev->free) {
+  // Freed while its stream is captured: the graph may still use it, so only the graph's pool may.
+  if (capture_pool_ != nullptr && block->stream == capture_stream_) block->stream = capture_pool_;
+  // Merge with free neighbours of the same segment and pool.
+  if (block->prev != nullptr && block->prev->free && block->prev->stream == block->stream) {
     Block* prev = block->prev;
     free_blocks_.erase(prev);
     prev->size += block->size;
@@ -221,7 +224,7 @@ void CachingAllocator::free(void* ptr) {
     delete block;
     block = prev;
   }
-  if (block->next != nullptr && block->next->free) {
+  if (block->next != nullptr && block->next->free && block->next->stream == block->stream) {
     Block* next = block->next;
     free_blocks_.erase(next);
     block->size += next->size;
@@ -235,7 +238,7 @@ void CachingAllocator::free(void* ptr) {
 void CachingAllocator::release_free_segments() {
   for (auto it = free_blocks_.begin(); it != free_blocks_.end();) {
     Block* block = *it;
-    if (block->prev == nullptr && block->next == nullptr) {
+    if (block->prev == nullptr && block->next == nullptr && pools_.count(block->stream) == 0) {
       source_->release(block->ptr, block->size);
       stats_.reserved_bytes -= block->size;
       ++stats_.raw_frees;
@@ -302,6 +305,37 @@ void CachingAllocator::set_max_split_size(std::size_t bytes) {
 
 std::string CachingAllocator::source_name() const {
   return source_->name();
+}
+
+void CachingAllocator::begin_pool_capture(void* stream, void* pool) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  KILN_CHECK(pool != nullptr && pool != stream, "allocator: a private pool needs its own address");
+  KILN_CHECK(capture_pool_ == nullptr, "allocator: a capture is already in progress");
+  capture_stream_ = stream;
+  capture_pool_ = pool;
+  pools_.insert(pool);
+}
+
+void CachingAllocator::end_pool_capture() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  capture_stream_ = capture_pool_ = nullptr;
+}
+
+void CachingAllocator::release_pool(void* pool) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  pools_.erase(pool);
+}
+
+std::size_t CachingAllocator::pool_reserved_bytes(void* pool) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::size_t bytes = 0;
+  for (const auto& [ptr, block] : live_blocks_) {
+    if (block->stream == pool) bytes += block->size;
+  }
+  for (const Block* block : free_blocks_) {
+    if (block->stream == pool) bytes += block->size;
+  }
+  return bytes;
 }
 
 // The process-wide allocators live until exit and are never destroyed: their segments may be

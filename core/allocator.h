@@ -80,6 +80,18 @@ class CachingAllocator {
   void set_max_split_size(std::size_t bytes);
   std::string source_name() const;
 
+  // CUDA graphs: while `stream` is captured, its requests are served from the private pool
+  // `pool` (any unique address), and its blocks freed meanwhile join that pool. A graph replays
+  // with the addresses it was captured with, so pool memory never goes to work outside the
+  // graphs, and the pool's segments are kept (not released by empty_cache or out-of-memory
+  // recovery) until release_pool(). Graphs captured one after the other may share a pool: they
+  // replay in order on one stream.
+  void begin_pool_capture(void* stream, void* pool);
+  void end_pool_capture();
+  // The graphs that used `pool` are gone: its free segments may be released again.
+  void release_pool(void* pool);
+  std::size_t pool_reserved_bytes(void* pool) const;  // for tests and logs
+
  private:
   struct Block;
   struct BlockOrder {
@@ -97,6 +109,9 @@ class CachingAllocator {
   AllocatorStats stats_;
   std::size_t memory_limit_ = 0;
   std::size_t max_split_size_ = SIZE_MAX;
+  void* capture_stream_ = nullptr;  // with capture_pool_ set: the stream being captured
+  void* capture_pool_ = nullptr;
+  std::set<void*> pools_;  // live private pools: their segments are kept
 };
 
 // The process-wide allocators. The CUDA ones throw if CUDA is not built or the device is absent.

@@ -133,6 +133,57 @@ TEST(CachingAllocator, StreamsDoNotShareCachedBlocks) {
   f.allocator.free(c);
 }
 
+// CUDA graphs: what a captured stream allocates, or frees while captured, belongs to the graph's
+// private pool: never handed to other work, and kept by empty_cache until the pool is released.
+TEST(CachingAllocator, CapturedStreamAllocatesFromItsPrivatePool) {
+  Fixture f;
+  int stream = 0, pool = 0;
+  void* before = f.allocator.allocate(1000, &stream);  // eager, used by the captured work
+  f.allocator.begin_pool_capture(&stream, &pool);
+  void* during = f.allocator.allocate(1000, &stream);
+  EXPECT_NE(during, before);
+  EXPECT_EQ(f.source->allocations, 2);  // a segment of the pool's own
+  f.allocator.free(before);             // freed while captured: joins the pool
+  void* again = f.allocator.allocate(1000, &stream);
+  EXPECT_EQ(again, before);  // the pool reuses its blocks within the capture
+  f.allocator.free(again);
+  f.allocator.free(during);
+  f.allocator.end_pool_capture();
+  EXPECT_EQ(f.allocator.pool_reserved_bytes(&pool), 4 * kMiB);
+  // After the capture, eager requests on the stream never get the pool's memory.
+  void* eager = f.allocator.allocate(1000, &stream);
+  EXPECT_NE(eager, before);
+  EXPECT_NE(eager, during);
+  f.allocator.free(eager);
+  f.allocator.empty_cache();  // the eager segment goes; the pool's stay for its graphs' replays
+  EXPECT_EQ(f.allocator.stats().reserved_bytes, 4 * kMiB);
+  // A second capture into the same pool (the next graph of the step) reuses it.
+  f.allocator.begin_pool_capture(&stream, &pool);
+  void* second = f.allocator.allocate(1000, &stream);
+  EXPECT_TRUE(second == before || second == during);
+  f.allocator.free(second);
+  f.allocator.end_pool_capture();
+  EXPECT_EQ(f.source->allocations, 3);
+  f.allocator.release_pool(&pool);
+  f.allocator.empty_cache();
+  EXPECT_EQ(f.allocator.stats().reserved_bytes, 0u);
+}
+
+TEST(CachingAllocator, CaptureLeavesOtherStreamsAlone) {
+  Fixture f;
+  int stream = 0, other = 0, pool = 0;
+  f.allocator.begin_pool_capture(&stream, &pool);
+  void* a = f.allocator.allocate(1000, &other);  // a loader thread's copy stream
+  f.allocator.free(a);
+  f.allocator.end_pool_capture();
+  EXPECT_EQ(f.allocator.pool_reserved_bytes(&pool), 0u);
+  void* b = f.allocator.allocate(1000, &other);
+  EXPECT_EQ(a, b);
+  f.allocator.free(b);
+  EXPECT_THROW(f.allocator.begin_pool_capture(&stream, &stream), Error);
+  f.allocator.release_pool(&pool);
+}
+
 TEST(CachingAllocator, PeakStatsAndEmptyCache) {
   Fixture f;
   void* a = f.allocator.allocate(30 * kMiB);
