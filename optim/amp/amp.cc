@@ -286,7 +286,13 @@ void MixedPrecisionOptimizer::make_resident(std::vector<double> lr_table,
              "optimizers stay in host mode)");
   if (lr_table.empty()) throw InputError("amp resident mode: the LR table is empty");
   const auto n = static_cast<std::int64_t>(lr_table.size());
-  lr_table_ = Tensor::from_vector(lr_table, {n}).to(device_);
+  // Refilled in place when the size holds: a graph captured earlier keeps reading the table.
+  Tensor table = Tensor::from_vector(lr_table, {n});
+  if (lr_table_.defined() && lr_table_.numel() == n) {
+    lr_table_.copy_from(table);
+  } else {
+    lr_table_ = table.to(device_);
+  }
   lr_table_host_ = std::move(lr_table);
   if (!resident_state_.defined()) {
     resident_state_ =

@@ -184,6 +184,11 @@ TEST(ResidentMode, RefusesShardedOptimizersAndHostSteps) {
   MixedPrecisionOptimizer opt(m.params, c.optim, c.amp);
   EXPECT_THROW(opt.make_resident({}, 0), InputError);
   opt.make_resident(lr_table(1e-3), 0);
+  // Made resident again (a resume): the state stays where a captured graph reads it.
+  const double* source = opt.loss_scale_source();
+  opt.make_resident(lr_table(2e-3), 5);
+  EXPECT_EQ(opt.loss_scale_source(), source);
+  EXPECT_EQ(opt.lr(), lr_table(2e-3)[5]);
   EXPECT_THROW(opt.step(), Error);
   EXPECT_THROW(opt.upload_resident_state(-1), InputError);
 }
