@@ -196,7 +196,7 @@ TEST(GpuStreams, OpsRunOnTheCurrentStream) {
   EXPECT_EQ(ops::reduce(x, ops::Reduction::Max).item(), 1.0);
 }
 
-TEST(GpuOps, IncrementOnTheCurrentStream) {
+TEST(GpuStreams, IncrementRunsOnTheCurrentStream) {
   if (cuda_device_count() == 0) GTEST_FAIL() << "no GPU visible";
   // On a side stream, as a captured graph runs it: the counter never visits the host in between.
   Stream s = Stream::create(kGpu);
