@@ -207,15 +207,23 @@ void CachingAllocator::free(void* ptr) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = live_blocks_.find(ptr);
   KILN_CHECK(it != live_blocks_.end(), "free of a pointer this allocator did not hand out");
+  // Freed while its stream is captured: the graph may use it on every replay, so it stays held
+  // until the graph's pool is released.
+  if (capture_pool_ != nullptr && it->second->stream == capture_stream_) {
+    deferred_frees_[capture_pool_].push_back(ptr);
+    return;
+  }
+  free_block(it);
+}
+
+void CachingAllocator::free_block(std::map<void*, Block*>::iterator it) {
   Block* block = it->second;
   live_blocks_.erase(it);
   stats_.allocated_bytes -= block->size;
   stats_.live_blocks = live_blocks_.size();
   block->free = true;
-  // Freed while its stream is captured: the graph may still use it, so only the graph's pool may.
-  if (capture_pool_ != nullptr && block->stream == capture_stream_) block->stream = capture_pool_;
-  // Merge with free neighbours of the same segment and pool.
-  if (block->prev != nullptr && block->prev->free && block->prev->stream == block->stream) {
+  // Merge with free neighbours of the same segment.
+  if (block->prev != nullptr && block->prev->free) {
     Block* prev = block->prev;
     free_blocks_.erase(prev);
     prev->size += block->size;
@@ -224,7 +232,7 @@ void CachingAllocator::free(void* ptr) {
     delete block;
     block = prev;
   }
-  if (block->next != nullptr && block->next->free && block->next->stream == block->stream) {
+  if (block->next != nullptr && block->next->free) {
     Block* next = block->next;
     free_blocks_.erase(next);
     block->size += next->size;
@@ -324,6 +332,13 @@ void CachingAllocator::end_pool_capture() {
 void CachingAllocator::release_pool(void* pool) {
   std::lock_guard<std::mutex> lock(mutex_);
   pools_.erase(pool);
+  auto deferred = deferred_frees_.find(pool);
+  if (deferred == deferred_frees_.end()) return;
+  for (void* ptr : deferred->second) {
+    auto it = live_blocks_.find(ptr);
+    if (it != live_blocks_.end()) free_block(it);
+  }
+  deferred_frees_.erase(deferred);
 }
 
 std::size_t CachingAllocator::pool_reserved_bytes(void* pool) const {

@@ -11,7 +11,8 @@ namespace kiln {
 
 CudaGraph::~CudaGraph() {
 #if KILN_WITH_CUDA
-  if (exec_ != nullptr) KILN_IGNORE_ERROR(cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_)));
+  if (exec_ != nullptr)
+    KILN_IGNORE_ERROR(cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_)));
   if (graph_ != nullptr) KILN_IGNORE_ERROR(cudaGraphDestroy(static_cast<cudaGraph_t>(graph_)));
 #endif
 }

@@ -103,8 +103,8 @@ BenchResult Trainer::benchmark(int warmup, int steps, bool profile) {
   if (s.optimizer->resident()) s.resident_outcome();  // raises what the device recorded
   r.host_ms_per_step = steps > 0 ? 1e3 * host_seconds / steps : 0;
   // Graphed: every micro-step of the timed steps replayed a graph.
-  r.graph = s.graphs != nullptr && s.graphs->replays - replays_before ==
-                                       s.graphs->host_micro_steps - host_steps_before &&
+  r.graph = s.graphs != nullptr &&
+            s.graphs->replays - replays_before == s.graphs->host_micro_steps - host_steps_before &&
             s.graphs->replays > replays_before;
   if (!comm_timings.empty()) {
     std::vector<std::size_t> order(comm_timings.size());

@@ -178,9 +178,7 @@ struct StepOptimizer::Impl {
   std::map<std::string, std::pair<std::int64_t, std::int64_t>> range;
   std::map<std::string, std::int64_t> full_numel;
   std::int64_t total_steps = 0;
-  // Resident steps bump it every step, applied or skipped: O1's weight casts are redone after a
-  // skipped step too (the same values), as the host cannot know which steps were skipped.
-  std::uint64_t resident_steps = 0;
+  std::int64_t skipped_before_resident = 0;
 };
 
 StepOptimizer::StepOptimizer(const std::vector<Parameter*>& parameters,
@@ -239,7 +237,7 @@ double StepOptimizer::loss_scale() const {
   return impl_->optimizer.scale();
 }
 std::uint64_t StepOptimizer::weights_version() const {
-  return impl_->optimizer.weights_version() + impl_->resident_steps;
+  return impl_->optimizer.weights_version();
 }
 double StepOptimizer::lr_at(std::int64_t step) const {
   return impl_->schedule.lr_at(step);
@@ -264,7 +262,8 @@ StepOutcome StepOptimizer::step(std::int64_t step, Communicator* comm) {
   return o;
 }
 
-void StepOptimizer::make_resident(std::int64_t next_step) {
+void StepOptimizer::make_resident(std::int64_t next_step, std::int64_t skipped_so_far) {
+  impl_->skipped_before_resident = skipped_so_far;
   KILN_CHECK(impl_->sharded == nullptr,
              "device-resident optimizer steps with parallel.zero_stage > 0 (ZeRO combines norms "
              "on the host)");
@@ -290,7 +289,6 @@ void StepOptimizer::step_resident(Communicator* comm) {
         [comm](Tensor& flag) { comm->all_reduce(flag, ReduceOp::Sum); });
   }
   impl_->optimizer.step_resident();
-  ++impl_->resident_steps;
 }
 
 StepOutcome StepOptimizer::report(std::int64_t* skipped_steps) {
@@ -301,7 +299,7 @@ StepOutcome StepOptimizer::report(std::int64_t* skipped_steps) {
   o.grad_norm = r.grad_norm;
   o.loss_scale = impl_->optimizer.scaler().enabled() ? r.loss_scale : 1.0;
   o.lr = r.lr;
-  if (skipped_steps != nullptr) *skipped_steps = r.skipped_steps;
+  if (skipped_steps != nullptr) *skipped_steps = impl_->skipped_before_resident + r.skipped_steps;
   return o;
 }
 

@@ -56,8 +56,9 @@ class StepOptimizer {
   // skip decision, the clip coefficient, the step counts and the learning rate (a table of the
   // schedule) live where the parameters are, and step_resident() enqueues a whole step without
   // reading anything on the host, so it can be captured into a CUDA graph. `next_step` is the
-  // 0-based step the next call updates for. Not for ZeRO (its norms are combined on the host).
-  void make_resident(std::int64_t next_step);
+  // 0-based step the next call updates for, `skipped_so_far` the steps skipped before it (a
+  // resumed run's). Not for ZeRO (its norms are combined on the host).
+  void make_resident(std::int64_t next_step, std::int64_t skipped_so_far);
   bool resident() const;
   // Where the loss scale the next backward multiplies by lives (Context::loss_scale_source).
   const double* loss_scale_source() const;

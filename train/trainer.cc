@@ -224,8 +224,9 @@ void set_up_graphs(Trainer::State& s) {
   if (s.dp && s.dp->zero_stage() > 0) {
     host_path = "parallel.zero_stage > 0 combines the gradient norms on the host every step";
   } else if (s.e.parallel().compression() == config::ParallelConfig::POWERSGD) {
-    host_path = "parallel.compression POWERSGD resets its error feedback on the host after a "
-                "skipped step";
+    host_path =
+        "parallel.compression POWERSGD resets its error feedback on the host after a "
+        "skipped step";
   }
   if (!host_path.empty()) {
     s.metrics->print("cuda_graphs: off, " + host_path);
@@ -234,7 +235,7 @@ void set_up_graphs(Trainer::State& s) {
   s.graphs = std::make_unique<StepGraphs>(s.device);
   s.graphs->micro_step =
       Tensor::from_vector(std::vector<std::int64_t>{s.micro_step}, {1}).to(s.device);
-  s.optimizer->make_resident(s.step);
+  s.optimizer->make_resident(s.step, s.skipped);
   if (s.device.is_cuda()) {
     s.graphs->capture = true;
   } else {
@@ -392,9 +393,9 @@ StepOutcome Trainer::State::micro_step_work(Context& ctx, const Tensor& inputs,
   ops::axpy(1.0, loss, loss_sum);
   logits = Tensor();  // the loss is done with it: its gradient overwrites it
   // Resident: the loss scale is read where it lives (ctx.loss_scale_source) when the kernel runs.
-  Tensor dlogits = loss_fn.backward(
-      ctx, resident ? 1.0 : accumulation.loss_factor(optimizer->loss_scale()),
-      /*reuse_logits=*/true);
+  Tensor dlogits =
+      loss_fn.backward(ctx, resident ? 1.0 : accumulation.loss_factor(optimizer->loss_scale()),
+                       /*reuse_logits=*/true);
   model.net->backward(ctx, dlogits);
   if (graphs) ops::increment(graphs->micro_step);
   StepOutcome outcome;

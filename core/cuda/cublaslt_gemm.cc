@@ -117,8 +117,8 @@ int fastest(const LtGemm& g, const LtPlan& plan, const cublasLtMatmulHeuristicRe
     float ms = 1e30f;
     for (int rep = 0; rep < 3; ++rep) {
       start.record(stream);
-      cublasStatus_t status = run_matmul(g, plan, results[i].algo, d_out, ws.data(),
-                                         results[i].workspaceSize, stream);
+      cublasStatus_t status =
+          run_matmul(g, plan, results[i].algo, d_out, ws.data(), results[i].workspaceSize, stream);
       stop.record(stream);
       stop.synchronize();
       if (status != CUBLAS_STATUS_SUCCESS) break;
