@@ -130,6 +130,9 @@ class DataParallel {
   bool accumulation_micro_step() const { return micro_step_; }
   // Zeroes every bucket (one fill per bucket) on the current stream.
   void zero_grad();
+  // Forgets the bucket bookkeeping of a backward that was not carried out (a CUDA graph capture
+  // that failed part way): the next backward starts afresh.
+  void reset_step();
 
   // Optimizer steps finished (finish() calls outside accumulation micro-steps): PowerSgd starts
   // compressing at options.powersgd_start_step. set_finished_steps restores it on resume.
@@ -199,7 +202,6 @@ class DataParallel {
   void on_grad_ready(Parameter& p);
   void launch_ready_buckets();
   void launch(Bucket& bucket);
-  void reset_step();
   void bind_gradients(Bucket& bucket);  // Parameter::grad = views into bucket.flat
 
   Communicator& comm_;

@@ -359,9 +359,6 @@ class Validator {
       pb::TextFormat::PrintFieldValueToString(train, field, -1, &value);
       fail(batches.field, value, batches.problem);
     }
-    check(!train.cuda_graphs(), "train.cuda_graphs", "true",
-          "capturing the step as a CUDA graph is not implemented yet; remove the field or set "
-          "it to false");
   }
 
   void check_checkpoint() const {

@@ -169,6 +169,7 @@ CachingAllocator::Block* CachingAllocator::new_segment(void* stream, std::size_t
 
 void* CachingAllocator::allocate(std::size_t bytes, void* stream) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (capture_pool_ != nullptr && stream == capture_stream_) stream = capture_pool_;
   std::size_t size = round_allocation_size(bytes);
   Block* block = find_free_block(stream, size);
   if (block != nullptr) {
@@ -206,6 +207,16 @@ void CachingAllocator::free(void* ptr) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = live_blocks_.find(ptr);
   KILN_CHECK(it != live_blocks_.end(), "free of a pointer this allocator did not hand out");
+  // Freed while its stream is captured: the graph may use it on every replay, so it stays held
+  // until the graph's pool is released.
+  if (capture_pool_ != nullptr && it->second->stream == capture_stream_) {
+    deferred_frees_[capture_pool_].push_back(ptr);
+    return;
+  }
+  free_block(it);
+}
+
+void CachingAllocator::free_block(std::map<void*, Block*>::iterator it) {
   Block* block = it->second;
   live_blocks_.erase(it);
   stats_.allocated_bytes -= block->size;
@@ -235,7 +246,7 @@ void CachingAllocator::free(void* ptr) {
 void CachingAllocator::release_free_segments() {
   for (auto it = free_blocks_.begin(); it != free_blocks_.end();) {
     Block* block = *it;
-    if (block->prev == nullptr && block->next == nullptr) {
+    if (block->prev == nullptr && block->next == nullptr && pools_.count(block->stream) == 0) {
       source_->release(block->ptr, block->size);
       stats_.reserved_bytes -= block->size;
       ++stats_.raw_frees;
@@ -302,6 +313,44 @@ void CachingAllocator::set_max_split_size(std::size_t bytes) {
 
 std::string CachingAllocator::source_name() const {
   return source_->name();
+}
+
+void CachingAllocator::begin_pool_capture(void* stream, void* pool) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  KILN_CHECK(pool != nullptr && pool != stream, "allocator: a private pool needs its own address");
+  KILN_CHECK(capture_pool_ == nullptr, "allocator: a capture is already in progress");
+  capture_stream_ = stream;
+  capture_pool_ = pool;
+  pools_.insert(pool);
+}
+
+void CachingAllocator::end_pool_capture() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  capture_stream_ = capture_pool_ = nullptr;
+}
+
+void CachingAllocator::release_pool(void* pool) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  pools_.erase(pool);
+  auto deferred = deferred_frees_.find(pool);
+  if (deferred == deferred_frees_.end()) return;
+  for (void* ptr : deferred->second) {
+    auto it = live_blocks_.find(ptr);
+    if (it != live_blocks_.end()) free_block(it);
+  }
+  deferred_frees_.erase(deferred);
+}
+
+std::size_t CachingAllocator::pool_reserved_bytes(void* pool) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::size_t bytes = 0;
+  for (const auto& [ptr, block] : live_blocks_) {
+    if (block->stream == pool) bytes += block->size;
+  }
+  for (const Block* block : free_blocks_) {
+    if (block->stream == pool) bytes += block->size;
+  }
+  return bytes;
 }
 
 // The process-wide allocators live until exit and are never destroyed: their segments may be

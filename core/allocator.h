@@ -15,6 +15,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "core/device.h"
 
@@ -80,6 +81,18 @@ class CachingAllocator {
   void set_max_split_size(std::size_t bytes);
   std::string source_name() const;
 
+  // CUDA graphs: while `stream` is captured, its requests are served from the private pool
+  // `pool` (any unique address), and its other blocks freed meanwhile stay held. A graph replays
+  // with the addresses it was captured with, so pool memory never goes to work outside the
+  // graphs, and the pool's segments are kept (not released by empty_cache or out-of-memory
+  // recovery) until release_pool(), which also frees the held blocks. Graphs captured one after
+  // the other may share a pool: they replay in order on one stream.
+  void begin_pool_capture(void* stream, void* pool);
+  void end_pool_capture();
+  // The graphs that used `pool` are gone: its free segments may be released again.
+  void release_pool(void* pool);
+  std::size_t pool_reserved_bytes(void* pool) const;  // for tests and logs
+
  private:
   struct Block;
   struct BlockOrder {
@@ -88,6 +101,7 @@ class CachingAllocator {
   Block* find_free_block(void* stream, std::size_t size);
   Block* new_segment(void* stream, std::size_t size);
   void release_free_segments();
+  void free_block(std::map<void*, Block*>::iterator it);  // with the lock held
   [[noreturn]] void throw_out_of_memory(std::size_t requested, const char* reason);
 
   std::unique_ptr<RawMemorySource> source_;
@@ -97,6 +111,10 @@ class CachingAllocator {
   AllocatorStats stats_;
   std::size_t memory_limit_ = 0;
   std::size_t max_split_size_ = SIZE_MAX;
+  void* capture_stream_ = nullptr;  // with capture_pool_ set: the stream being captured
+  void* capture_pool_ = nullptr;
+  std::set<void*> pools_;  // live private pools: their segments are kept
+  std::map<void*, std::vector<void*>> deferred_frees_;  // per pool: blocks freed while captured
 };
 
 // The process-wide allocators. The CUDA ones throw if CUDA is not built or the device is absent.

@@ -17,6 +17,7 @@
   void mul(const Tensor& a, const Tensor& b, Tensor& out);                                         \
   void axpy(double alpha, const Tensor& x, Tensor& y);                                             \
   void scale(Tensor& x, double alpha);                                                             \
+  void increment(Tensor& counter); /* one I64 element */                                           \
   void reduce(const Tensor& x, ops::Reduction r, std::int64_t rows, std::int64_t cols,             \
               bool over_rows, Tensor& out);                                                        \
   void gemm(bool ta, bool tb, double alpha, const Tensor& a, const Tensor& b, double beta,         \

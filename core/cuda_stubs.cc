@@ -30,6 +30,9 @@ void axpy(double, const Tensor&, Tensor&) {
 void scale(Tensor&, double) {
   not_built();
 }
+void increment(Tensor&) {
+  not_built();
+}
 void reduce(const Tensor&, ops::Reduction, std::int64_t, std::int64_t, bool, Tensor&) {
   not_built();
 }

@@ -80,6 +80,13 @@ void scale(Tensor& x, double alpha) {
       x.device(), [&] { cpu::scale(x, alpha); }, [&] { cuda::scale(x, alpha); });
 }
 
+void increment(Tensor& counter) {
+  KILN_CHECK(counter.dtype() == DType::I64 && counter.numel() == 1,
+             "increment: expected a one-element i64 counter, got " + counter.str());
+  dispatch(
+      counter.device(), [&] { cpu::increment(counter); }, [&] { cuda::increment(counter); });
+}
+
 const char* reduction_name(Reduction r) {
   switch (r) {
     case Reduction::Sum:

@@ -13,6 +13,9 @@ void add(const Tensor& a, const Tensor& b, Tensor& out);  // out = a + b
 void mul(const Tensor& a, const Tensor& b, Tensor& out);  // out = a * b
 void axpy(double alpha, const Tensor& x, Tensor& y);      // y += alpha * x
 void scale(Tensor& x, double alpha);                      // x *= alpha
+// counter += 1 for a one-element I64 tensor, on its device without a host read (a CUDA graph
+// node): the step counter that dropout reads through Context::step_source.
+void increment(Tensor& counter);
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 

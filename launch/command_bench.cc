@@ -98,6 +98,8 @@ int run_bench(const Arguments& args) {
         j.field("raw_allocations_in_timed_steps",
                 static_cast<double>(r.raw_allocations_in_timed_steps));
         j.field("data_wait_fraction", r.data_wait_fraction);
+        j.field("graph", r.graph);
+        j.field("host_ms_per_step", r.host_ms_per_step);
         auto layer_times = [&j](const char* key, const char* name_key,
                                 const std::vector<train::LayerTime>& times) {
           j.key(key);
@@ -152,6 +154,9 @@ int run_bench(const Arguments& args) {
             100 * r.fragmentation,
             static_cast<unsigned long long>(r.raw_allocations_in_timed_steps),
             100 * r.data_wait_fraction);
+        std::printf("  %s; host %.3f ms per step\n",
+                    r.graph ? "CUDA graph (train.cuda_graphs)" : "eager (no CUDA graph)",
+                    r.host_ms_per_step);
         if (r.exposed_comm_ms >= 0) {
           std::printf("  exposed communication %.3f ms per step (not hidden behind backward)\n",
                       r.exposed_comm_ms);

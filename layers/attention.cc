@@ -158,14 +158,17 @@ bool use_fused_attention(Device dev, DType mm, std::int64_t bh, std::int64_t d, 
 
 // probs (and dropped, when defined) (BH, Tq, Tk) in the matmul dtype from scores (BH, Tq, Tk)
 // fp32 (f64), on the scores' device; see softmax_forward_rows for the masks.
+// stream_source, when set, holds the dropout stream instead of `stream` (on the scores' device).
 void attention_softmax(const Tensor& scores, const Tensor& mask, std::int64_t heads, bool causal,
-                       double p, std::uint64_t key, std::uint64_t stream, Tensor& probs,
-                       Tensor& dropped) {
+                       double p, std::uint64_t key, std::uint64_t stream,
+                       const std::uint64_t* stream_source, Tensor& probs, Tensor& dropped) {
   if (scores.device().is_cuda()) {
     DeviceGuard guard(scores.device());
-    cuda::attention_softmax_forward(scores, mask, heads, causal, p, key, stream, probs, dropped);
+    cuda::attention_softmax_forward(scores, mask, heads, causal, p, key, stream, stream_source,
+                                    probs, dropped);
     return;
   }
+  if (stream_source != nullptr) stream = *stream_source;
   const std::int64_t tq = scores.size(1), tk = scores.size(2);
   KILN_DISPATCH_FLOATING(probs.dtype(), T, {
     using S = typename cpu::Compute<T>::type;
@@ -310,6 +313,7 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
   dropout_active_ = ctx.training && dropout_ > 0.0;
   dropout_key_ = dropout_key(ctx.seed, layer_id());
   dropout_stream_ = ctx.step;
+  dropout_stream_source_ = ctx.step_source;
   double p = dropout_active_ ? dropout_ : 0.0;
   lse_ = Tensor();
   mask_ = Tensor();
@@ -325,7 +329,7 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
                    cuda::cudnn_attention_forward(qkv_, b, h, causal_, context_, lse_);
     if (!cudnn_fused_)
       cuda::flash_attention_forward(qkv_, b, h, mask, causal_, p, dropout_key_, dropout_stream_,
-                                    context_, lse_);
+                                    dropout_stream_source_, context_, lse_);
   } else {
     // (B, T, 3, H, d) -> (3, B*H, T, d)
     Tensor heads_major = to_heads(qkv, 3, b, t, h, d);
@@ -352,8 +356,8 @@ Tensor MultiHeadSelfAttention::unfused_forward(const Tensor& mask, double p) {
   ops::gemm_batched(false, true, 1.0 / std::sqrt(static_cast<double>(d)), q_, k_, 0.0, scores);
   probs_ = Tensor::empty({b * h, t, t}, mm, dev);
   dropped_probs_ = dropout_active_ ? Tensor::empty({b * h, t, t}, mm, dev) : Tensor();
-  attention_softmax(scores, mask, h, causal_, p, dropout_key_, dropout_stream_, probs_,
-                    dropped_probs_);
+  attention_softmax(scores, mask, h, causal_, p, dropout_key_, dropout_stream_,
+                    dropout_stream_source_, probs_, dropped_probs_);
   if (!dropout_active_) dropped_probs_ = probs_;
 
   // ctx = P' v  (BH, T, d)
@@ -389,7 +393,7 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
       cuda::cudnn_attention_backward(qkv_, context_, dcontext, lse_, b, h, causal_, dqkv);
     } else {
       cuda::flash_attention_backward(qkv_, context_, dcontext, lse_, mask_, b, h, causal_, p,
-                                     dropout_key_, dropout_stream_, dqkv);
+                                     dropout_key_, dropout_stream_, dropout_stream_source_, dqkv);
     }
   } else {
     Tensor dcontext_heads = to_heads(dcontext, 1, b, t, h, d).view({b * h, t, d});
@@ -437,13 +441,15 @@ void MultiHeadSelfAttention::unfused_backward(const Tensor& dcontext_heads, doub
   Tensor dscores = Tensor::empty({b * h, t, t}, mm, dev);
   if (dev.is_cuda()) {
     DeviceGuard guard(dev);
-    cuda::attention_softmax_backward(d_dropped, probs_, p, dropout_key_, dropout_stream_, dscores);
+    cuda::attention_softmax_backward(d_dropped, probs_, p, dropout_key_, dropout_stream_,
+                                     dropout_stream_source_, dscores);
   } else {
+    const std::uint64_t stream =
+        dropout_stream_source_ != nullptr ? *dropout_stream_source_ : dropout_stream_;
     KILN_DISPATCH_FLOATING(mm, T, {
       using S = typename cpu::Compute<T>::type;
       softmax_backward_rows<S, T>(d_dropped.data<S>(), probs_.data<T>(), b * h * t, t, p,
-                                  dropout_active_, dropout_key_, dropout_stream_,
-                                  dscores.data<T>());
+                                  dropout_active_, dropout_key_, stream, dscores.data<T>());
     });
   }
 
@@ -501,7 +507,7 @@ Tensor MultiHeadSelfAttention::cached_attention(const Context& ctx, const Tensor
   ops::gemm_batched(false, true, 1.0 / std::sqrt(static_cast<double>(d)), q,
                     keys.slice(1, 0, total), 0.0, scores);
   Tensor probs = Tensor::empty({b * h, t, total}, mm, dev), no_dropout;
-  attention_softmax(scores, Tensor(), h, /*causal=*/true, 0.0, 0, 0, probs, no_dropout);
+  attention_softmax(scores, Tensor(), h, /*causal=*/true, 0.0, 0, 0, nullptr, probs, no_dropout);
   Tensor context_heads = Tensor::empty({b * h, t, d}, mm, dev);  // (BH, T, d)
   ops::gemm_batched(false, false, 1.0, probs, values.slice(1, 0, total), 0.0, context_heads);
   return from_heads(context_heads, 1, b, t, h, d);  // (N, E)

@@ -16,7 +16,8 @@
 // whose keys are all masked gets zero probabilities (and so a zero context), not NaN.
 // Attention dropout uses Dropout's mask (layers/dropout.h: dropout_key(ctx.seed, layer_id()),
 // stream ctx.step, element index in (B*H, T, T)): CPU and CUDA draw the same mask, and backward
-// regenerates it instead of storing it.
+// regenerates it instead of storing it. With ctx.step_source the stream is read from that address
+// when the kernels run (CUDA graphs), in forward and in backward.
 // Gradient contract: parameter gradients are accumulated (+=); dx is written (=).
 //
 // Parameter layouts:
@@ -148,6 +149,7 @@ class MultiHeadSelfAttention : public Layer {
   DType activation_ = DType::F32;
   std::int64_t batch_ = 0, tokens_ = 0;
   std::uint64_t dropout_key_ = 0, dropout_stream_ = 0;
+  const std::uint64_t* dropout_stream_source_ = nullptr;  // ctx.step_source at forward
   bool dropout_active_ = false;
 };
 

@@ -45,11 +45,12 @@ void accumulate_bias_grad(const Tensor&, Tensor&) {
   not_built("accumulate_bias_grad");
 }
 void attention_softmax_forward(const Tensor&, const Tensor&, std::int64_t, bool, double,
-                               std::uint64_t, std::uint64_t, Tensor&, Tensor&) {
+                               std::uint64_t, std::uint64_t, const std::uint64_t*, Tensor&,
+                               Tensor&) {
   not_built("attention");
 }
 void attention_softmax_backward(const Tensor&, const Tensor&, double, std::uint64_t, std::uint64_t,
-                                Tensor&) {
+                                const std::uint64_t*, Tensor&) {
   not_built("attention");
 }
 std::int64_t attention_workspace_limit_bytes() {
@@ -59,12 +60,12 @@ bool flash_attention_supported(DType, std::int64_t, std::int64_t, std::int64_t) 
   not_built("attention");
 }
 void flash_attention_forward(const Tensor&, std::int64_t, std::int64_t, const Tensor&, bool, double,
-                             std::uint64_t, std::uint64_t, Tensor&, Tensor&) {
+                             std::uint64_t, std::uint64_t, const std::uint64_t*, Tensor&, Tensor&) {
   not_built("attention");
 }
 void flash_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                               const Tensor&, std::int64_t, std::int64_t, bool, double,
-                              std::uint64_t, std::uint64_t, Tensor&) {
+                              std::uint64_t, std::uint64_t, const std::uint64_t*, Tensor&) {
   not_built("attention");
 }
 bool cudnn_attention_forward(const Tensor&, std::int64_t, std::int64_t, bool, Tensor&, Tensor&) {
@@ -75,7 +76,8 @@ void cudnn_attention_backward(const Tensor&, const Tensor&, const Tensor&, const
   not_built("attention");
 }
 
-void dropout_apply(const Tensor&, Tensor&, std::uint64_t, std::uint64_t, double, double) {
+void dropout_apply(const Tensor&, Tensor&, std::uint64_t, std::uint64_t, const std::uint64_t*,
+                   double, double) {
   not_built("Dropout");
 }
 
@@ -109,7 +111,8 @@ void softmax_cross_entropy_forward(const Tensor&, const Tensor&, double, std::in
   not_built("SoftmaxCrossEntropy");
 }
 void softmax_cross_entropy_backward(const Tensor&, const Tensor&, double, std::int64_t,
-                                    const Tensor&, const Tensor&, double, Tensor&) {
+                                    const Tensor&, const Tensor&, double, const double*,
+                                    std::int64_t, Tensor&) {
   not_built("SoftmaxCrossEntropy");
 }
 }  // namespace cuda

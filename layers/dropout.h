@@ -7,7 +7,9 @@
 // The mask is counter-based, never stored: element i keeps when the Philox uniform for counter i
 // under key dropout_key(ctx.seed, layer_id()) and stream ctx.step is >= p. Replaying a step (same
 // seed, step, layer construction order) gives the same mask on CPU and GPU; backward recomputes
-// it from the (key, step) saved at forward.
+// it from the (key, step) saved at forward. With ctx.step_source the step is read from that
+// address when the kernel runs (a captured CUDA graph replays with the current step); forward
+// keeps the address for backward.
 
 #include <cstdint>
 #include <string>
@@ -48,6 +50,7 @@ class Dropout : public Layer {
   double p_;
   bool applied_ = false;  // the last forward dropped (training and p > 0)
   std::uint64_t key_ = 0, step_ = 0;
+  const std::uint64_t* step_source_ = nullptr;  // ctx.step_source at forward
   Shape input_shape_;
 };
 

@@ -65,6 +65,15 @@ struct Context {
   // Set while a recomputing layer re-runs its forward inside backward: layers must not change
   // state a second time (BatchNorm's running statistics), only rebuild what backward needs.
   bool recomputing = false;
+  // CUDA graphs freeze kernel arguments: when set, dropout masks are drawn for the step held at
+  // this address (device memory for CUDA tensors, host memory for CPU ones), read when the kernel
+  // runs, instead of `step`. Layers keep the pointer from forward for their backward.
+  const std::uint64_t* step_source = nullptr;
+  // When set, SoftmaxCrossEntropy::backward ignores its `scale` argument and uses
+  // (*loss_scale_source) / loss_scale_divisor, read when the kernel runs (the dynamic loss scale
+  // over the accumulation micro-steps, without a host read; device memory on CUDA).
+  const double* loss_scale_source = nullptr;
+  std::int64_t loss_scale_divisor = 1;
 };
 
 class Layer {

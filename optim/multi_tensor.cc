@@ -141,7 +141,9 @@ void cpu_scale_grads(const std::vector<TensorEntry>& entries, double factor) {
   }
 }
 
-void cpu_sgd(const std::vector<TensorEntry>& entries, const SgdStep& step) {
+void cpu_sgd(const std::vector<TensorEntry>& entries, const SgdStep& step_in) {
+  SgdStep step = step_in;
+  if (!load_resident(step)) return;
   for (const TensorEntry& e : entries) {
     dispatch_value_grad(e, [&](auto v_tag, auto g_tag) {
       using V = decltype(v_tag);
@@ -161,7 +163,9 @@ void cpu_sgd(const std::vector<TensorEntry>& entries, const SgdStep& step) {
   }
 }
 
-void cpu_adamw(const std::vector<TensorEntry>& entries, const AdamWStep& step) {
+void cpu_adamw(const std::vector<TensorEntry>& entries, const AdamWStep& step_in) {
+  AdamWStep step = step_in;
+  if (!load_resident(step)) return;
   for (const TensorEntry& e : entries) {
     dispatch_value_grad(e, [&](auto v_tag, auto g_tag) {
       using V = decltype(v_tag);
@@ -185,8 +189,10 @@ void cpu_adamw(const std::vector<TensorEntry>& entries, const AdamWStep& step) {
 }
 
 std::vector<double> cpu_lamb_moments_sumsq(const std::vector<TensorEntry>& entries,
-                                           const LambStep& step) {
+                                           const LambStep& step_in) {
   std::vector<double> sums(2 * entries.size(), 0.0);
+  LambStep step = step_in;
+  if (!load_resident(step)) return sums;
   for (std::size_t t = 0; t < entries.size(); ++t) {
     const TensorEntry& e = entries[t];
     dispatch_value_grad(e, [&](auto v_tag, auto g_tag) {
@@ -213,8 +219,10 @@ std::vector<double> cpu_lamb_moments_sumsq(const std::vector<TensorEntry>& entri
   return sums;
 }
 
-void cpu_lamb_apply(const std::vector<TensorEntry>& entries, const LambStep& step,
+void cpu_lamb_apply(const std::vector<TensorEntry>& entries, const LambStep& step_in,
                     const std::vector<double>& sums) {
+  LambStep step = step_in;
+  if (!load_resident(step)) return;
   for (std::size_t t = 0; t < entries.size(); ++t) {
     const TensorEntry& e = entries[t];
     dispatch_value_grad(e, [&](auto v_tag, auto g_tag) {

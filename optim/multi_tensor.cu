@@ -44,10 +44,13 @@ __device__ __forceinline__ void store_copy(const TensorEntry& e, std::int64_t i,
 }
 
 __global__ void unscale_check_sumsq_kernel(const TensorEntry* entries, const ChunkEntry* chunks,
-                                           float inv_scale, bool write, float* found_inf,
-                                           double* partials) {
+                                           float inv_scale, const StepState* state, bool write,
+                                           float* found_inf, double* partials) {
   const ChunkEntry c = chunks[blockIdx.x];
   const TensorEntry& e = entries[c.tensor];
+  // Resident mode reads the factor at run time; a factor of 1 leaves the gradients as they are.
+  if (state != nullptr) inv_scale = state->inv_scale;
+  write = write && inv_scale != 1.0f;
   double sumsq = 0.0;
   bool bad = false;
   with_type(e.value_dtype, [&](auto v_tag) {
@@ -91,6 +94,7 @@ __global__ void scale_grads_kernel(const TensorEntry* entries, const ChunkEntry*
 }
 
 __global__ void sgd_kernel(const TensorEntry* entries, const ChunkEntry* chunks, SgdStep step) {
+  if (!load_resident(step)) return;  // a skipped resident step
   const ChunkEntry c = chunks[blockIdx.x];
   const TensorEntry& e = entries[c.tensor];
   const SgdScalars<float> s = sgd_scalars<float>(step, e);
@@ -112,6 +116,7 @@ __global__ void sgd_kernel(const TensorEntry* entries, const ChunkEntry* chunks,
 }
 
 __global__ void adamw_kernel(const TensorEntry* entries, const ChunkEntry* chunks, AdamWStep step) {
+  if (!load_resident(step)) return;  // a skipped resident step
   const ChunkEntry c = chunks[blockIdx.x];
   const TensorEntry& e = entries[c.tensor];
   const AdamWScalars<float> s = adamw_scalars<float>(step, e);
@@ -141,6 +146,7 @@ __global__ void adamw_kernel(const TensorEntry* entries, const ChunkEntry* chunk
 __global__ void lamb_moments_kernel(const TensorEntry* entries, const ChunkEntry* chunks,
                                     LambStep step, double* param_partials,
                                     double* update_partials) {
+  if (!load_resident(step)) return;  // a skipped resident step
   const ChunkEntry c = chunks[blockIdx.x];
   const TensorEntry& e = entries[c.tensor];
   const LambScalars<float> s = lamb_scalars<float>(step, e);
@@ -199,6 +205,7 @@ __global__ void lamb_ratio_kernel(const TensorEntry* entries, const double* para
 // LAMB stage 3: p -= lr * ratio * update, the update recomputed from (p, m, v).
 __global__ void lamb_apply_kernel(const TensorEntry* entries, const ChunkEntry* chunks,
                                   LambStep step, const float* ratios) {
+  if (!load_resident(step)) return;  // a skipped resident step
   const ChunkEntry c = chunks[blockIdx.x];
   const TensorEntry& e = entries[c.tensor];
   const LambScalars<float> s = lamb_scalars<float>(step, e);
@@ -242,10 +249,10 @@ __global__ void lamb_ratio_from_sums_kernel(const TensorEntry* entries, int num_
 }  // namespace
 
 void cuda_unscale_check_sumsq(MultiTensorTable& table, float inv_scale, bool write,
-                              float* found_inf, void* stream) {
+                              float* found_inf, void* stream, const StepState* state) {
   if (table.num_chunks() == 0) return;
   unscale_check_sumsq_kernel<<<table.num_chunks(), kThreads, 0, as_stream(stream)>>>(
-      table.device_entries(), table.device_chunks(), inv_scale, write, found_inf,
+      table.device_entries(), table.device_chunks(), inv_scale, state, write, found_inf,
       table.chunk_partials(0));
   KILN_CUDA_LAUNCH_CHECK();
 }

@@ -5,7 +5,8 @@
 // Reductions (norms) write one partial sum per chunk, combined in a fixed order: deterministic.
 //
 // The CPU functions below run the same passes on host tensors with the same rules
-// (optim/update_rules.h), so the CUDA results can be checked against them.
+// (optim/update_rules.h), so the CUDA results can be checked against them. A step whose
+// `resident.state` is set reads its scalars from that StepState and does nothing on a skip.
 
 #include <cstdint>
 #include <vector>
@@ -58,8 +59,9 @@ void cpu_lamb_apply(const std::vector<TensorEntry>& entries, const LambStep& ste
 // ---- CUDA launchers (defined in multi_tensor.cu, present when KILN_WITH_CUDA) ----
 
 // found_inf: one float set to 1 on inf/NaN (never cleared here); partials: one double per chunk.
+// With `state` (resident mode) the factor is state->inv_scale, read when the kernel runs.
 void cuda_unscale_check_sumsq(MultiTensorTable& table, float inv_scale, bool write,
-                              float* found_inf, void* stream);
+                              float* found_inf, void* stream, const StepState* state = nullptr);
 // out[0] = sqrt(sum of the chunk partials of cuda_unscale_check_sumsq), in a fixed order.
 void cuda_partials_norm(MultiTensorTable& table, float* out, void* stream);
 void cuda_scale_grads(MultiTensorTable& table, float factor, void* stream);

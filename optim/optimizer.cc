@@ -216,11 +216,26 @@ double Optimizer::step(double grad_norm, double grad_unscale) {
   return options_.max_grad_norm > 0 ? grad_norm : -1.0;
 }
 
-// torch.nn.utils.clip_grad_norm_'s coefficient, computed in float as torch does.
+void Optimizer::enqueue_resident_step(const StepState* state, bool unscale_from_state) {
+  KILN_CHECK(!sharded(),
+             "optimizer: resident steps need the whole parameters (ZeRO-sharded "
+             "optimizers stay in host mode)");
+  KILN_CHECK(state != nullptr, "optimizer: resident step without a state");
+  resident_.state = state;
+  resident_.max_grad_norm = options_.max_grad_norm;
+  resident_.unscale_from_state = unscale_from_state;
+  // The by-value arguments are placeholders: every kernel takes the scalars from the state.
+  apply(0.0, 1.0f);
+  resident_ = detail::ResidentFields{};
+}
+
+void Optimizer::load_step_count(std::int64_t count) {
+  step_count_.data<std::int64_t>()[0] = count;
+}
+
+// torch.nn.utils.clip_grad_norm_'s coefficient (update_rules.h: the resident kernels share it).
 static double clip_coefficient(double norm, double max_norm) {
-  if (max_norm <= 0 || !std::isfinite(norm)) return 1.0;
-  float coef = static_cast<float>(max_norm) / (static_cast<float>(norm) + 1e-6f);
-  return coef < 1.0f ? coef : 1.0;
+  return detail::clip_coefficient(norm, max_norm);
 }
 
 Sgd::Sgd(std::vector<OptimizedTensor> tensors, const OptimizerOptions& options)
@@ -243,6 +258,7 @@ void Sgd::apply(double grad_norm, float grad_unscale) {
   s.first_step = step_count() == 0;
   s.grad_multiplier = clip_coefficient(grad_norm, options_.max_grad_norm);
   s.grad_unscale = grad_unscale;
+  s.resident = resident();
   auto list = entries({"momentum_buffer"});
   if (device_.is_cpu()) {
     detail::cpu_sgd(list, s);
@@ -282,6 +298,7 @@ void AdamW::apply(double grad_norm, float grad_unscale) {
   s.amsgrad = options_.amsgrad;
   s.grad_multiplier = clip_coefficient(grad_norm, options_.max_grad_norm);
   s.grad_unscale = grad_unscale;
+  s.resident = resident();
   auto list = entries({"exp_avg", "exp_avg_sq", "max_exp_avg_sq"});
   if (device_.is_cpu()) {
     detail::cpu_adamw(list, s);
@@ -310,11 +327,9 @@ void Lamb::apply(double grad_norm, float grad_unscale) {
   s.eps = options_.eps;
   s.step = step_count() + 1;
   s.bias_correction = options_.bias_correction;
-  if (options_.max_grad_norm > 0 && std::isfinite(grad_norm) &&
-      grad_norm > options_.max_grad_norm) {
-    s.clip_divisor = grad_norm / options_.max_grad_norm;
-  }
+  s.clip_divisor = detail::lamb_clip_divisor(grad_norm, options_.max_grad_norm);
   s.grad_unscale = grad_unscale;
+  s.resident = resident();
   auto list = entries({"exp_avg", "exp_avg_sq"});
   if (device_.is_cpu()) {
     if (tensor_sumsq_hook_) {

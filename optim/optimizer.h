@@ -101,6 +101,15 @@ class Optimizer {
   // device-to-host read). Returns the norm used, or -1 if none.
   double step(double grad_norm = -1.0, double grad_unscale = 1.0);
 
+  // Resident mode (MixedPrecisionOptimizer::step_resident): enqueues one update whose lr, step
+  // count, clipping (from state->grad_norm), skip and, with `unscale_from_state`, grad_unscale
+  // (state->inv_scale) are read from `state` (memory of device()) when the kernels run. Nothing is
+  // read back or counted on the host: load_step_count() takes the count the state holds.
+  // Sharded optimizers (a tensor sumsq hook) are refused.
+  void enqueue_resident_step(const StepState* state, bool unscale_from_state);
+  void load_step_count(std::int64_t count);
+  bool sharded() const { return static_cast<bool>(tensor_sumsq_hook_); }
+
   // Named state tensors for checkpoints: "optimizer.step" (i64, CPU) and per tensor
   // "<name>.momentum_buffer" | "<name>.exp_avg", "<name>.exp_avg_sq", "<name>.max_exp_avg_sq".
   // Restoring = copy_from() into these tensors.
@@ -118,8 +127,10 @@ class Optimizer {
 
  protected:
   // Applies one update; `grad_norm` is known (>= 0) when max_grad_norm > 0; `grad_unscale` goes
-  // into the step's scalars (update_rules.h).
+  // into the step's scalars (update_rules.h), which `resident()` overrides in resident mode.
   virtual void apply(double grad_norm, float grad_unscale) = 0;
+  // The step's resident fields: the state is set only inside enqueue_resident_step().
+  detail::ResidentFields resident() const { return resident_; }
   // Allocates a zeroed state tensor shaped like tensor i and registers it under "<name>.<key>".
   Tensor& add_state(std::size_t i, const std::string& key);
   // The descriptor list; `state_keys` names which state tensors go to state0..2.
@@ -133,6 +144,7 @@ class Optimizer {
   std::function<void(std::vector<double>&)> tensor_sumsq_hook_;
 
  private:
+  detail::ResidentFields resident_;
   std::vector<std::pair<std::string, std::unique_ptr<Tensor>>> state_;
   std::vector<std::vector<std::pair<std::string, Tensor*>>> tensor_state_;  // per tensor: key
   Tensor step_count_;                                                       // I64 (1) on CPU

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "core/host_device.h"
+#include "optim/step_state.h"
 
 namespace kiln::optim::detail {
 
@@ -41,6 +42,15 @@ struct ChunkEntry {
 
 constexpr std::int64_t kChunkElements = 32768;
 
+// Resident mode (optim/step_state.h): a step with `state` set takes its per-step scalars (lr, step
+// count, clipping from the norm, grad_unscale when `unscale_from_state`) from the StepState when
+// the kernel runs, and does nothing when the state says skip. nullptr: the by-value fields hold.
+struct ResidentFields {
+  const StepState* state = nullptr;
+  double max_grad_norm = 0.0;  // the clipping setting the coefficient is computed from
+  bool unscale_from_state = false;
+};
+
 // Every step carries `grad_unscale`: each gradient element is loaded, widened to the compute type
 // and multiplied by it, the arithmetic of the unscale pass (multi_tensor.h), so that O2 reads the
 // loss-scaled half gradients directly instead of keeping unscaled fp32 copies. It is a float
@@ -54,6 +64,7 @@ struct SgdStep {
   bool first_step = true;        // the momentum buffer starts as the gradient
   double grad_multiplier = 1.0;  // gradient clipping coefficient
   float grad_unscale = 1.0f;
+  ResidentFields resident;
 };
 
 struct AdamWStep {
@@ -63,6 +74,7 @@ struct AdamWStep {
   bool amsgrad = false;
   double grad_multiplier = 1.0;
   float grad_unscale = 1.0f;
+  ResidentFields resident;
 };
 
 struct LambStep {
@@ -72,6 +84,7 @@ struct LambStep {
   bool bias_correction = true;
   double clip_divisor = 1.0;  // max(1, global_norm / max_grad_norm), Apex FusedLAMB
   float grad_unscale = 1.0f;
+  ResidentFields resident;
 };
 
 template <typename C>
@@ -98,6 +111,54 @@ KILN_HOST_DEVICE inline double power(double x, double y) {
 #else
   return std::pow(x, y);
 #endif
+}
+
+// torch.nn.utils.clip_grad_norm_'s coefficient min(1, max / (norm + 1e-6)), computed in float as
+// torch does; 1 for a non-finite norm or no clipping.
+KILN_HOST_DEVICE inline double clip_coefficient(double norm, double max_norm) {
+  if (max_norm <= 0 || !finite(norm)) return 1.0;
+  float coef = static_cast<float>(max_norm) / (static_cast<float>(norm) + 1e-6f);
+  return coef < 1.0f ? coef : 1.0;
+}
+
+// Apex FusedLAMB's divisor max(1, norm / max), in double; 1 for a non-finite norm or no clipping.
+KILN_HOST_DEVICE inline double lamb_clip_divisor(double norm, double max_norm) {
+  return max_norm > 0 && finite(norm) && norm > max_norm ? norm / max_norm : 1.0;
+}
+
+// Resident mode: overwrites the step's per-step fields from the state, exactly as the host fills
+// them (Sgd/AdamW/Lamb::apply). Returns false when the step is skipped: do nothing.
+KILN_HOST_DEVICE inline bool load_resident(SgdStep& s) {
+  if (s.resident.state == nullptr) return true;
+  const StepState& st = *s.resident.state;
+  if (st.skip) return false;
+  s.lr = st.lr;
+  s.first_step = st.optimizer_steps == 0;
+  s.grad_multiplier = clip_coefficient(st.grad_norm, s.resident.max_grad_norm);
+  s.grad_unscale = s.resident.unscale_from_state ? st.inv_scale : 1.0f;
+  return true;
+}
+
+KILN_HOST_DEVICE inline bool load_resident(AdamWStep& s) {
+  if (s.resident.state == nullptr) return true;
+  const StepState& st = *s.resident.state;
+  if (st.skip) return false;
+  s.lr = st.lr;
+  s.step = st.optimizer_steps + 1;
+  s.grad_multiplier = clip_coefficient(st.grad_norm, s.resident.max_grad_norm);
+  s.grad_unscale = s.resident.unscale_from_state ? st.inv_scale : 1.0f;
+  return true;
+}
+
+KILN_HOST_DEVICE inline bool load_resident(LambStep& s) {
+  if (s.resident.state == nullptr) return true;
+  const StepState& st = *s.resident.state;
+  if (st.skip) return false;
+  s.lr = st.lr;
+  s.step = st.optimizer_steps + 1;
+  s.clip_divisor = lamb_clip_divisor(st.grad_norm, s.resident.max_grad_norm);
+  s.grad_unscale = s.resident.unscale_from_state ? st.inv_scale : 1.0f;
+  return true;
 }
 
 // The gradient as the optimizers see it: unscaled exactly as the unscale pass would have stored

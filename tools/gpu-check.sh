@@ -64,6 +64,12 @@ if [ "${NO_TESTS:-0}" != 1 ]; then
   timeout 300 bash tests/train/test_gpu_attention_resume.sh "$BUILD/bin/kiln" > "$OUT/test-gpu-attention.log" 2>&1
   rc=$?
   note "gpu test_gpu_attention_resume.sh: $(grep -E '^(PASS|FAIL|SKIP)' "$OUT/test-gpu-attention.log" | head -1) (exit $rc, $((SECONDS - start)) s)"
+  # train.cuda_graphs: graphed = eager bit for bit, resume, inf skip, partial batch, bench.
+  start=$SECONDS
+  timeout 420 bash tests/train/test_gpu_graphs.sh "$BUILD/bin/kiln" > "$OUT/test-gpu-graphs.log" 2>&1
+  rc=$?
+  note "gpu test_gpu_graphs.sh: $(grep -c '^PASS' "$OUT/test-gpu-graphs.log") passed (exit $rc, $((SECONDS - start)) s)"
+  grep -E '^(PASS|FAIL)' "$OUT/test-gpu-graphs.log" | sed 's/^/    /' | tee -a "$SUMMARY"
 fi
 if [ "${NO_TESTS:-0}" = 1 ]; then :; elif [ "$GPUS" -ge 2 ]; then
   run_test gpu2 "$BUILD/tests/comm/test_comm_nccl" 2

@@ -10,7 +10,8 @@
 #             TABLE_ARGS=--p2p-off adds the two-GPU rows without NVLink peer-to-peer)
 #   compile   the torch.compile rows alone (--quick --compile-only; about 330 s)
 #   kbench    Kiln alone on the nine seed configurations (kiln bench --json, 15 timed steps;
-#             KBENCH="model batch,..." picks others)
+#             KBENCH="model batch,..." picks others; KBENCH_GRAPHS="true false" runs each with
+#             train.cuda_graphs on and off)
 #   hang      the two-GPU hung-rank test alone (tests/train/test_gpu_training.sh, part hang;
 #             HANG_PARTS="inf hang" adds others)
 #   scaling   data-parallel scaling on every GPU of the machine (bench/scaling.sh), with the
@@ -78,14 +79,18 @@ for stage in "${STAGES[@]}"; do
       for mb in "${configs[@]}"; do
         set -- $mb
         [ "$(left)" -gt 25 ] || break
-        timeout 60 "$BUILD/bin/kiln" bench --model "$1" --batch "$2" --amp O2 --half fp16 --steps 15 \
-          --warmup 5 --json 2>> "$OUT/kbench.err" | tail -1 >> "$OUT/kbench.jsonl"
-        python3 - "$OUT/kbench.jsonl" <<'PY' 2>&1 | tail -1
+        for graphs in ${KBENCH_GRAPHS:-default}; do
+          set_graphs=(); [ "$graphs" = default ] || set_graphs=(--set train.cuda_graphs=$graphs)
+          timeout 60 "$BUILD/bin/kiln" bench --model "$1" --batch "$2" --amp O2 --half fp16 --steps 15 \
+            --warmup 5 --json "${set_graphs[@]}" 2>> "$OUT/kbench.err" | tail -1 >> "$OUT/kbench.jsonl"
+          python3 - "$OUT/kbench.jsonl" <<'PY' 2>&1 | tail -1
 import json, sys
 r = json.loads(open(sys.argv[1]).readlines()[-1])
-print(f"{r['model']} {r['batch_per_gpu']}: {r['samples_per_s']:.0f} samples/s, {r['tflops_per_gpu']:.1f} "
+print(f"{r['model']} {r['batch_per_gpu']}: {r['samples_per_s']:.0f} samples/s, step {r['median_step_ms']:.2f} ms, "
+      f"graph {r.get('graph')}, host {r.get('host_ms_per_step', 0):.2f} ms/step, {r['tflops_per_gpu']:.1f} "
       f"TFLOP/s, peak {r['peak_allocated_bytes'] / 2**30:.2f} GiB, data wait {100 * r['data_wait_fraction']:.2f} %")
 PY
+        done
       done ;;
     hang)
       KILN_SOURCE_DIR=$PWD KILN_GPU_TRAINING_PARTS=${HANG_PARTS:-hang} timeout "$(upto 200)" \

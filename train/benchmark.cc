@@ -16,11 +16,18 @@ namespace kiln::train {
 BenchResult Trainer::benchmark(int warmup, int steps, bool profile) {
   State& s = *s_;
   BenchResult r;
+  // A profile times each layer from host callbacks, which a replayed graph does not make.
+  if (profile && s.graphs && s.graphs->capture) {
+    s.graphs->capture = false;
+    s.say_eager("kiln bench --profile times every layer: the steps run eagerly");
+  }
+  ComputeStreamScope on_stream(s.graphs.get());
   Context ctx = s.make_context(true);
   s.model.net->set_training(true);
   Tensor loss_sum = Tensor::zeros({}, DType::F32, s.device);
   std::int64_t micro = 0, samples = 0;
   for (int i = 0; i < warmup; ++i) s.run_step(ctx, loss_sum, &micro, &samples);
+  if (s.optimizer->resident()) s.resident_outcome();
   device_synchronize(s.device);
   s.comm->barrier();
   CachingAllocator* gpu = s.device.is_cuda() ? &cuda_allocator(s.device.index) : nullptr;
@@ -64,26 +71,41 @@ BenchResult Trainer::benchmark(int warmup, int steps, bool profile) {
     };
   }
   double wait_before = s.loader->wait_time();
-  if (s.dp) s.dp->set_timing(true);
+  // Bucket timing records events from host hooks, which a replayed graph does not call either.
+  const bool graphed = s.graphs && s.graphs->capture;
+  const bool comm_timing = s.dp && !graphed;
+  if (comm_timing) s.dp->set_timing(true);
+  const std::uint64_t host_steps_before = s.graphs ? s.graphs->host_micro_steps : 0;
+  const std::uint64_t replays_before = s.graphs ? s.graphs->replays : 0;
+  double host_seconds = 0;
   std::vector<CommStepTiming> comm_timings;
   auto wall_start = Clock::now();
   for (int i = 0; i < steps; ++i) {
     if (s.device.is_cuda()) {
       Event begin(s.device, true), end(s.device, true);
       begin.record(current_stream(s.device));
+      auto t0 = Clock::now();
       s.run_step(ctx, loss_sum, &micro, &samples);
+      host_seconds += seconds_since(t0);
       end.record(current_stream(s.device));
       end.synchronize();
       r.step_ms.push_back(begin.elapsed_ms(end));
-      if (s.dp) comm_timings.push_back(s.dp->step_timing(&begin, {}));
+      if (comm_timing) comm_timings.push_back(s.dp->step_timing(&begin, {}));
     } else {
       auto t0 = Clock::now();
       s.run_step(ctx, loss_sum, &micro, &samples);
       r.step_ms.push_back(1e3 * seconds_since(t0));
-      if (s.dp) comm_timings.push_back(s.dp->step_timing(nullptr, t0));
+      host_seconds += seconds_since(t0);
+      if (comm_timing) comm_timings.push_back(s.dp->step_timing(nullptr, t0));
     }
   }
-  if (s.dp) s.dp->set_timing(false);
+  if (comm_timing) s.dp->set_timing(false);
+  if (s.optimizer->resident()) s.resident_outcome();  // raises what the device recorded
+  r.host_ms_per_step = steps > 0 ? 1e3 * host_seconds / steps : 0;
+  // Graphed: every micro-step of the timed steps replayed a graph.
+  r.graph = s.graphs != nullptr &&
+            s.graphs->replays - replays_before == s.graphs->host_micro_steps - host_steps_before &&
+            s.graphs->replays > replays_before;
   if (!comm_timings.empty()) {
     std::vector<std::size_t> order(comm_timings.size());
     for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;

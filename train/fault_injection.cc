@@ -46,6 +46,11 @@ Tensor FaultInjection::inputs(std::int64_t step, const Tensor& inputs) const {
   return poisoned;
 }
 
+bool FaultInjection::acts_on(std::int64_t step) const {
+  return here(step, "nan-input") || here(step, "inf-grad") ||
+         (this_rank_ && kind_ == "inf-grad-always" && step >= step_);
+}
+
 void FaultInjection::gradients(std::int64_t step, const std::vector<Parameter*>& parameters) const {
   const bool once = here(step, "inf-grad");
   const bool always = this_rank_ && kind_ == "inf-grad-always" && step >= step_;

@@ -24,6 +24,9 @@ class FaultInjection {
   Tensor inputs(std::int64_t step, const Tensor& inputs) const;
   // inf-grad (at `step`) and inf-grad-always (from `step` on): an inf in the first gradient.
   void gradients(std::int64_t step, const std::vector<Parameter*>& parameters) const;
+  // Whether inputs() or gradients() change anything at `step` (such a step runs eagerly, not
+  // as a captured CUDA graph, which would not see them).
+  bool acts_on(std::int64_t step) const;
 
  private:
   bool here(std::int64_t step, const char* kind) const;

@@ -177,12 +177,15 @@ struct StepOptimizer::Impl {
   // Per parameter name: {offset, numel} of the range this rank's optimizer holds, and its length.
   std::map<std::string, std::pair<std::int64_t, std::int64_t>> range;
   std::map<std::string, std::int64_t> full_numel;
+  std::int64_t total_steps = 0;
+  std::int64_t skipped_before_resident = 0;
 };
 
 StepOptimizer::StepOptimizer(const std::vector<Parameter*>& parameters,
                              const NamedTensors& fp32_init, const config::Experiment& experiment,
                              std::int64_t total_steps, DataParallel* sharded)
     : impl_(std::make_unique<Impl>(parameters, experiment, total_steps, sharded)) {
+  impl_->total_steps = total_steps;
   // O2 masters start from the exact fp32 initial values, not from their half rounding.
   std::map<std::string, const Tensor*> init;
   for (const auto& [name, t] : fp32_init) init[name] = &t;
@@ -256,6 +259,47 @@ StepOutcome StepOptimizer::step(std::int64_t step, Communicator* comm) {
   o.grad_norm = r.grad_norm;
   o.loss_scale = impl_->optimizer.scaler().enabled() ? r.scale : 1.0;
   o.lr = lr;
+  return o;
+}
+
+void StepOptimizer::make_resident(std::int64_t next_step, std::int64_t skipped_so_far) {
+  impl_->skipped_before_resident = skipped_so_far;
+  KILN_CHECK(impl_->sharded == nullptr,
+             "device-resident optimizer steps with parallel.zero_stage > 0 (ZeRO combines norms "
+             "on the host)");
+  // One learning rate per step of the run, and the last one for any step beyond it.
+  std::vector<double> table;
+  const std::int64_t n = std::max<std::int64_t>(impl_->total_steps, next_step) + 1;
+  table.reserve(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) table.push_back(impl_->schedule.lr_at(i));
+  impl_->optimizer.make_resident(std::move(table), next_step);
+}
+
+bool StepOptimizer::resident() const {
+  return impl_->optimizer.resident();
+}
+
+const double* StepOptimizer::loss_scale_source() const {
+  return impl_->optimizer.loss_scale_source();
+}
+
+void StepOptimizer::step_resident(Communicator* comm) {
+  if (comm != nullptr && comm->size() > 1) {
+    impl_->optimizer.set_found_inf_hook(
+        [comm](Tensor& flag) { comm->all_reduce(flag, ReduceOp::Sum); });
+  }
+  impl_->optimizer.step_resident();
+}
+
+StepOutcome StepOptimizer::report(std::int64_t* skipped_steps) {
+  const optim::ResidentReport r = impl_->optimizer.report();
+  StepOutcome o;
+  o.skipped = r.skipped;
+  o.found_inf = r.found_inf;
+  o.grad_norm = r.grad_norm;
+  o.loss_scale = impl_->optimizer.scaler().enabled() ? r.loss_scale : 1.0;
+  o.lr = r.lr;
+  if (skipped_steps != nullptr) *skipped_steps = impl_->skipped_before_resident + r.skipped_steps;
   return o;
 }
 

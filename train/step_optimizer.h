@@ -52,6 +52,22 @@ class StepOptimizer {
   StepOutcome step(std::int64_t step, Communicator* comm);
   double lr_at(std::int64_t step) const;
 
+  // Device-resident steps (train.cuda_graphs, optim/step_state.h): from now on the loss scale, the
+  // skip decision, the clip coefficient, the step counts and the learning rate (a table of the
+  // schedule) live where the parameters are, and step_resident() enqueues a whole step without
+  // reading anything on the host, so it can be captured into a CUDA graph. `next_step` is the
+  // 0-based step the next call updates for, `skipped_so_far` the steps skipped before it (a
+  // resumed run's). Not for ZeRO (its norms are combined on the host).
+  void make_resident(std::int64_t next_step, std::int64_t skipped_so_far);
+  bool resident() const;
+  // Where the loss scale the next backward multiplies by lives (Context::loss_scale_source).
+  const double* loss_scale_source() const;
+  void step_resident(Communicator* comm);
+  // Waits for the device and returns the last resident step's outcome, with the total of skipped
+  // steps in *skipped_steps; refreshes scaler_state() and the optimizer's step count. Throws
+  // kiln::Error for inf/NaN gradients without a loss scaler or an overflow at the minimum scale.
+  StepOutcome report(std::int64_t* skipped_steps);
+
   NamedTensors state();                                           // for checkpoints
   void load_state(const std::map<std::string, Tensor>& tensors);  // InputError if missing
   // Sharded (ZeRO) checkpoints: state() holds this rank's pieces; the metadata says which

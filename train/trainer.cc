@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "comm/watchdog.h"
 #include "core/allocator.h"
 #include "core/npy.h"
 #include "core/nvtx.h"
@@ -166,6 +167,7 @@ NamedTensors gather_compression_state(Trainer::State& s) {
 
 // Writes a checkpoint of the current step on rank 0; every rank waits until it is complete.
 std::string save_checkpoint(Trainer::State& s) {
+  if (s.optimizer->resident()) s.resident_outcome();  // the scaler and step count, to the host
   if (s.dp) s.dp->broadcast_buffers();
   config::CheckpointState st;
   st.set_step(s.step);
@@ -210,6 +212,37 @@ std::string save_checkpoint(Trainer::State& s) {
   }
   s.comm->barrier();  // nobody moves on (or exits) before the checkpoint is complete
   return s.store->dir() + "/" + checkpoint_name(s.step);
+}
+
+// train.cuda_graphs (unset: on with CUDA): the optimizer's step state goes resident and, on
+// CUDA, steady micro-steps are captured. What needs the host every step keeps today's path.
+void set_up_graphs(Trainer::State& s) {
+  const config::TrainConfig& t = s.e.train();
+  const bool wanted = t.has_cuda_graphs() ? t.cuda_graphs() : s.device.is_cuda();
+  if (!wanted) return;
+  std::string host_path;
+  if (s.dp && s.dp->zero_stage() > 0) {
+    host_path = "parallel.zero_stage > 0 combines the gradient norms on the host every step";
+  } else if (s.e.parallel().compression() == config::ParallelConfig::POWERSGD) {
+    host_path =
+        "parallel.compression POWERSGD resets its error feedback on the host after a "
+        "skipped step";
+  }
+  if (!host_path.empty()) {
+    s.metrics->print("cuda_graphs: off, " + host_path);
+    return;
+  }
+  s.graphs = std::make_unique<StepGraphs>(s.device);
+  s.graphs->micro_step =
+      Tensor::from_vector(std::vector<std::int64_t>{s.micro_step}, {1}).to(s.device);
+  s.optimizer->make_resident(s.step, s.skipped);
+  if (s.device.is_cuda()) {
+    s.graphs->capture = true;
+  } else {
+    s.graphs->eager_reason =
+        "the CPU has nothing to capture: steps run eagerly, with the step state resident";
+    s.metrics->print("cuda_graphs: " + s.graphs->eager_reason);
+  }
 }
 
 }  // namespace
@@ -317,6 +350,7 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
 
   const std::string resume = resolve_resume(s);
   if (!resume.empty()) restore_checkpoint(s, resume);
+  if (!options.evaluate_only) set_up_graphs(s);
 }
 
 Trainer::~Trainer() = default;
@@ -329,37 +363,43 @@ Context Trainer::State::make_context(bool training) const {
   ctx.seed = e.train().seed();
   ctx.channels_last = channels_last(e.model(), device, precision.policy);
   if (dp && training) ctx.on_grad_ready = dp->grad_ready_hook();
+  if (graphs && training) {
+    ctx.step_source = reinterpret_cast<const std::uint64_t*>(graphs->micro_step.data());
+    ctx.loss_scale_source = optimizer->loss_scale_source();
+    ctx.loss_scale_divisor = plan.accumulation;
+  }
   return ctx;
 }
 
-// No host synchronisation except inside the optimizer's inf check.
-StepOutcome Trainer::State::run_step(Context& ctx, Tensor& loss_sum, std::int64_t* micro_count,
-                                     std::int64_t* sample_count) {
-  NvtxRange step_range("step");
-  if (dp) {
-    dp->zero_grad();
-  } else {
-    for (Parameter* p : parameters) p->grad.zero();
+StepOutcome Trainer::State::micro_step_work(Context& ctx, const Tensor& inputs,
+                                            const Tensor& targets, MicroPosition position,
+                                            Tensor& loss_sum) {
+  const bool first = position == MicroPosition::Only || position == MicroPosition::First;
+  const bool last = position == MicroPosition::Only || position == MicroPosition::Last;
+  if (first) {
+    if (dp) {
+      dp->zero_grad();
+    } else {
+      for (Parameter* p : parameters) p->grad.zero();
+    }
   }
+  if (dp) dp->set_accumulation_micro_step(!last);
+  const bool resident = optimizer->resident();
   const optim::GradientAccumulation accumulation(plan.accumulation);
-  const double loss_factor = accumulation.loss_factor(optimizer->loss_scale());
-  for (int micro = 0; micro < accumulation.micro_batches; ++micro) {
-    data::Batch batch = loader->next();
-    if (dp) dp->set_accumulation_micro_step(!accumulation.is_last(micro));
-    ctx.step = static_cast<std::uint64_t>(micro_step);
-    Tensor inputs = faults.inputs(step, prepare_inputs(batch.inputs, ctx.precision));
-    Tensor logits = model.net->forward(ctx, inputs);
-    Tensor targets = batch.targets;
-    flatten_for_loss(logits, targets);
-    Tensor loss = loss_fn.forward(ctx, logits, targets);
-    ops::axpy(1.0, loss, loss_sum);
-    logits = Tensor();  // the loss is done with it: its gradient overwrites it
-    Tensor dlogits = loss_fn.backward(ctx, loss_factor, /*reuse_logits=*/true);
-    model.net->backward(ctx, dlogits);
-    ++micro_step;
-    ++*micro_count;
-    *sample_count += batch.size();
-  }
+  Tensor logits = model.net->forward(ctx, inputs);
+  Tensor flat_targets = targets;
+  flatten_for_loss(logits, flat_targets);
+  Tensor loss = loss_fn.forward(ctx, logits, flat_targets);
+  ops::axpy(1.0, loss, loss_sum);
+  logits = Tensor();  // the loss is done with it: its gradient overwrites it
+  // Resident: the loss scale is read where it lives (ctx.loss_scale_source) when the kernel runs.
+  Tensor dlogits =
+      loss_fn.backward(ctx, resident ? 1.0 : accumulation.loss_factor(optimizer->loss_scale()),
+                       /*reuse_logits=*/true);
+  model.net->backward(ctx, dlogits);
+  if (graphs) ops::increment(graphs->micro_step);
+  StepOutcome outcome;
+  if (!last) return outcome;
   if (dp && dp->zero_stage() > 0) {
     // ZeRO: the optimizer reads this rank's reduced shard, so the fault goes there.
     dp->finish();
@@ -369,12 +409,124 @@ StepOutcome Trainer::State::run_step(Context& ctx, Tensor& loss_sum, std::int64_
     faults.gradients(step, parameters);
     if (dp) dp->finish();
   }
-  StepOutcome outcome;
-  {
-    NvtxRange range("optimizer");
+  NvtxRange range("optimizer");
+  if (resident) {
+    optimizer->step_resident(comm.get());
+  } else {
     outcome = optimizer->step(step, comm.get());
   }
+  return outcome;
+}
+
+void Trainer::State::say_eager(const std::string& reason) {
+  if (graphs->said.insert(reason).second) metrics->print("cuda_graphs: " + reason);
+}
+
+void Trainer::State::graphed_micro_step(Context& ctx, const Tensor& inputs, const Tensor& targets,
+                                        MicroPosition position, Tensor& loss_sum) {
+  StepGraphs& g = *graphs;
+  if (!g.inputs.defined()) {  // the first batch sets the shape the graphs are captured for
+    g.inputs = inputs.clone();
+    g.targets = targets.clone();
+  }
+  if (!g.steady(inputs, targets)) {
+    say_eager("a batch of shape " + shape_str(inputs.shape()) +
+              " runs eagerly (the graphs are captured for " + shape_str(g.inputs.shape()) + ")");
+    ++g.eager_micro_steps;
+    micro_step_work(ctx, inputs, targets, position, loss_sum);
+    return;
+  }
+  auto it = g.graphs.find(position);
+  if (it == g.graphs.end()) {
+    // The first run of a position builds plans, workspaces and tables eagerly; the second is
+    // captured.
+    if (g.eager_runs[position]++ == 0) {
+      ++g.eager_micro_steps;
+      micro_step_work(ctx, inputs, targets, position, loss_sum);
+      return;
+    }
+    g.inputs.copy_from(inputs);
+    g.targets.copy_from(targets);
+    auto graph = std::make_unique<CudaGraph>();
+    std::string why;
+    Context frozen = ctx;  // the graph keeps these values; what changes is read from memory
+    const bool captured = graph->capture(
+        device, g.stream.handle(), &g.pool,
+        [&] { micro_step_work(frozen, g.inputs, g.targets, position, loss_sum); }, &why);
+    if (!captured) {
+      g.capture = false;
+      g.eager_reason = "the step could not be captured (" + why + ")";
+      say_eager(g.eager_reason + "; training goes on eagerly");
+      if (dp) dp->reset_step();
+      ++g.eager_micro_steps;
+      micro_step_work(ctx, inputs, targets, position, loss_sum);
+      return;
+    }
+    metrics->print("cuda_graphs: captured the micro-step (" + std::to_string(graph->nodes()) +
+                   " nodes) for batches of shape " + shape_str(inputs.shape()));
+    it = g.graphs.emplace(position, std::move(graph)).first;
+  } else {
+    g.inputs.copy_from(inputs);
+    g.targets.copy_from(targets);
+  }
+  it->second->replay(g.stream.handle());
+  ++g.replays;
+  if (world.size > 1) {
+    // The collectives inside a graph are not watched one by one: the replay is, as one.
+    auto done = std::make_shared<Event>(device);
+    done->record(g.stream.handle());
+    Watchdog::instance().begin(
+        "the collectives of training step " + std::to_string(step + 1) + " (a CUDA graph)",
+        static_cast<std::uint64_t>(step + 1), e.parallel().collective_timeout_s(),
+        [done, d = device]() {
+          try {  // the watchdog's thread: an error surfaces on the training thread instead
+            DeviceGuard guard(d);
+            return done->query();
+          } catch (const std::exception&) {
+            return true;
+          }
+        });
+  }
+}
+
+StepOutcome Trainer::State::resident_outcome() {
+  return optimizer->report(&skipped);
+}
+
+// No host synchronisation except inside the optimizer's inf check (none with resident steps).
+StepOutcome Trainer::State::run_step(Context& ctx, Tensor& loss_sum, std::int64_t* micro_count,
+                                     std::int64_t* sample_count) {
+  NvtxRange step_range("step");
+  const bool fault = faults.acts_on(step);
+  StepOutcome outcome;
+  for (int micro = 0; micro < plan.accumulation; ++micro) {
+    data::Batch batch = loader->next();
+    const auto host_start = Clock::now();
+    ctx.step = static_cast<std::uint64_t>(micro_step);
+    Tensor inputs = faults.inputs(step, prepare_inputs(batch.inputs, ctx.precision));
+    const MicroPosition position = micro_position(micro, plan.accumulation);
+    if (graphs && graphs->capture && !fault) {
+      graphed_micro_step(ctx, inputs, batch.targets, position, loss_sum);
+    } else {
+      if (graphs) {
+        ++graphs->eager_micro_steps;
+        if (graphs->capture) say_eager("a step with an injected fault runs eagerly");
+      }
+      outcome = micro_step_work(ctx, inputs, batch.targets, position, loss_sum);
+    }
+    if (graphs) {
+      graphs->host_seconds += seconds_since(host_start);
+      ++graphs->host_micro_steps;
+    }
+    ++micro_step;
+    ++*micro_count;
+    *sample_count += batch.size();
+  }
   ctx.weights_version = optimizer->weights_version();
+  if (optimizer->resident()) {
+    ++step;
+    return outcome;  // read with resident_outcome() when it is wanted
+  }
   if (outcome.skipped) {
     ++skipped;
     if (dp) dp->reset_compression_state();
@@ -462,6 +614,7 @@ TrainResult Trainer::train() {
                      std::to_string(s.dp->zero_stage()) + ")");
   }
 
+  ComputeStreamScope on_stream(s.graphs.get());
   Tensor loss_sum = Tensor::zeros({}, DType::F32, s.device);
   std::int64_t interval_micro = 0, interval_samples = 0;
   auto interval_start = Clock::now();
@@ -477,10 +630,12 @@ TrainResult Trainer::train() {
   s.metrics->begin(s.step);
   while (s.step < s.total_steps) {
     s.faults.before_step(s.step);
-    const StepOutcome outcome = s.run_step(ctx, loss_sum, &interval_micro, &interval_samples);
+    StepOutcome outcome = s.run_step(ctx, loss_sum, &interval_micro, &interval_samples);
     run_samples += s.plan.global;
 
     if (s.step % log_every == 0 || s.step == s.total_steps) {
+      // Resident steps: the one wait for the device of a log interval.
+      if (s.optimizer->resident()) outcome = s.resident_outcome();
       s.loss_fn.check_targets();
       double mean_loss = loss_sum.item() / std::max<std::int64_t>(interval_micro, 1);
       if (s.world.size > 1) mean_loss = s.comm->all_reduce_host(mean_loss, HostReduceOp::Average);
@@ -532,6 +687,7 @@ TrainResult Trainer::train() {
     }
   }
   s.metrics->finish();
+  if (s.optimizer->resident()) s.resident_outcome();
   result.steps = s.step;
   result.skipped_steps = s.skipped;
   result.samples_per_s = run_samples / std::max(seconds_since(run_start), 1e-9);

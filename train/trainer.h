@@ -74,6 +74,11 @@ struct BenchResult {
   // With profiling and data parallelism: the median step's bucket timeline, from the step's start.
   CommStepTiming comm_timeline;
   std::vector<std::size_t> bucket_bytes;
+  // train.cuda_graphs: whether every timed micro-step replayed a captured graph, and the host
+  // time per step spent issuing work (loader hand-over, copies, launches; the GPU is not waited
+  // for inside a step).
+  bool graph = false;
+  double host_ms_per_step = 0;
 };
 
 struct TrainerOptions {

@@ -19,6 +19,7 @@
 #include "train/fault_injection.h"
 #include "train/metrics_sink.h"
 #include "train/run_lock.h"
+#include "train/step_graphs.h"
 #include "train/step_optimizer.h"
 #include "train/trainer.h"
 
@@ -57,12 +58,27 @@ struct Trainer::State {
   double flops_per_sample = 0;      // forward + backward
   double peak_flops = 0;            // the GPU's dense half-precision peak, 0 if unknown
   std::size_t optimizer_bytes = 0;  // allocated by the optimizer's construction (this rank)
+  // train.cuda_graphs: the optimizer's step state is resident (no host read in a step) and, on
+  // CUDA, steady micro-steps replay captured graphs. Null when off.
+  std::unique_ptr<StepGraphs> graphs;
 
   bool rank0() const { return world.rank == 0; }
   Context make_context(bool training) const;
   // One optimizer step: the micro-batches' forward and backward, the all-reduce, the update.
   StepOutcome run_step(Context& ctx, Tensor& loss_sum, std::int64_t* micro_count,
                        std::int64_t* sample_count);
+  // One micro-batch's work, what a graph captures: zero the gradients (first), forward, loss,
+  // backward, and on the last the all-reduce's end and the optimizer. Returns the optimizer's
+  // outcome in host mode (last micro-batch), else an empty one.
+  StepOutcome micro_step_work(Context& ctx, const Tensor& inputs, const Tensor& targets,
+                              MicroPosition position, Tensor& loss_sum);
+  // The micro-batch through its graph (captured at its second steady run) or eagerly.
+  void graphed_micro_step(Context& ctx, const Tensor& inputs, const Tensor& targets,
+                          MicroPosition position, Tensor& loss_sum);
+  // Resident steps: waits for the device, returns the last step's outcome and updates `skipped`.
+  StepOutcome resident_outcome();
+  // Logs a reason a micro-step ran eagerly, once per reason.
+  void say_eager(const std::string& reason);
 };
 
 }  // namespace kiln::train

@@ -106,6 +106,10 @@ void scale(Tensor& x, double alpha) {
   });
 }
 
+void increment(Tensor& counter) {
+  *static_cast<std::int64_t*>(counter.data()) += 1;
+}
+
 void reduce(const Tensor& x, ops::Reduction r, std::int64_t rows, std::int64_t cols, bool over_rows,
             Tensor& out) {
   KILN_DISPATCH_FLOATING(x.dtype(), T, {

@@ -81,14 +81,18 @@ cublasStatus_t run_matmul(const LtGemm& g, const LtPlan& plan, const cublasLtMat
                         plan.d, d, plan.d, &algo, workspace, workspace_bytes, stream);
 }
 
-// The index of the fastest of the heuristic's algorithms for `g`, timed on scratch outputs (D,
-// and the epilogue's bias gradient or aux when the epilogue writes them), so that the call's own
-// outputs are not touched.
+// The index of the fastest of the heuristic's algorithms for `g`, timed on scratch outputs (the
+// epilogue's bias gradient or aux when the epilogue writes them, and D when the call accumulates
+// into it), so that the call's own results are not touched. A D that is only written (beta 0) is
+// timed in place: the call overwrites it next, and a scratch copy of, say, GPT-2's logits (1.5 GiB
+// at 16 x 1024) would stay in the allocator's cache for the rest of the run.
 int fastest(const LtGemm& g, const LtPlan& plan, const cublasLtMatmulHeuristicResult_t* results,
             int found, Device device) {
   cudaStream_t stream = static_cast<cudaStream_t>(current_stream(device));
   const std::int64_t d_bytes = g.ldd * g.n * static_cast<std::int64_t>(dtype_size(g.d_type));
-  Tensor d = Tensor::empty({d_bytes}, DType::U8, device);
+  Tensor scratch_d;
+  if (g.beta != 0.0) scratch_d = Tensor::empty({d_bytes}, DType::U8, device);
+  void* d_out = g.beta != 0.0 ? scratch_d.data() : g.d;
   Tensor bias_out, aux_out;
   if (g.epilogue == CUBLASLT_EPILOGUE_BGRADB) {
     bias_out = Tensor::empty({g.n}, g.d_type, device);
@@ -113,8 +117,8 @@ int fastest(const LtGemm& g, const LtPlan& plan, const cublasLtMatmulHeuristicRe
     float ms = 1e30f;
     for (int rep = 0; rep < 3; ++rep) {
       start.record(stream);
-      cublasStatus_t status = run_matmul(g, plan, results[i].algo, d.data(), ws.data(),
-                                         results[i].workspaceSize, stream);
+      cublasStatus_t status =
+          run_matmul(g, plan, results[i].algo, d_out, ws.data(), results[i].workspaceSize, stream);
       stop.record(stream);
       stop.synchronize();
       if (status != CUBLAS_STATUS_SUCCESS) break;

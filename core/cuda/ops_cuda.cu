@@ -117,6 +117,10 @@ __global__ void scale_kernel(T* x, typename Compute<T>::type alpha, std::int64_t
   }
 }
 
+__global__ void increment_kernel(std::int64_t* counter) {
+  *counter += 1;
+}
+
 template <typename C>
 __device__ __forceinline__ C combine(C a, C b, ops::Reduction r) {
   if (r == ops::Reduction::Max) return (b > a || b != b) ? b : a;
@@ -367,6 +371,11 @@ void scale(Tensor& x, double alpha) {
                                                            static_cast<C>(alpha), n);
     KILN_CUDA_LAUNCH_CHECK();
   });
+}
+
+void increment(Tensor& counter) {
+  increment_kernel<<<1, 1, 0, stream_of(counter)>>>(static_cast<std::int64_t*>(counter.data()));
+  KILN_CUDA_LAUNCH_CHECK();
 }
 
 void reduce(const Tensor& x, ops::Reduction r, std::int64_t rows, std::int64_t cols, bool over_rows,

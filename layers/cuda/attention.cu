@@ -99,8 +99,9 @@ template <typename S, typename T>
 __global__ void softmax_forward_kernel(const S* __restrict__ scores, const float* __restrict__ mask,
                                        std::int64_t rows, std::int64_t tq, std::int64_t tk,
                                        std::int64_t heads, bool causal, double p, std::uint64_t key,
-                                       std::uint64_t stream, T* __restrict__ probs,
-                                       T* __restrict__ dropped) {
+                                       std::uint64_t stream_value,
+                                       const std::uint64_t* __restrict__ stream_source,
+                                       T* __restrict__ probs, T* __restrict__ dropped) {
   std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
   int lane = threadIdx.x % kWarp;
   if (row >= rows) return;
@@ -117,6 +118,8 @@ __global__ void softmax_forward_kernel(const S* __restrict__ scores, const float
     if (attended(j)) sum += exp(s[j] - row_max);
   sum = warp_sum(sum);
   S scale = static_cast<S>(1.0 / (1.0 - p));
+  const std::uint64_t stream =
+      dropped != nullptr && stream_source != nullptr ? *stream_source : stream_value;
   for (std::int64_t j = lane; j < tk; j += kWarp) {
     S prob = (sum > 0 && attended(j)) ? exp(s[j] - row_max) / sum : S(0);
     probs[row * tk + j] = store<T>(prob);
@@ -131,11 +134,14 @@ template <typename S, typename T>
 __global__ void softmax_backward_kernel(const S* __restrict__ d_dropped,
                                         const T* __restrict__ probs, std::int64_t rows,
                                         std::int64_t t, double p, bool dropout, std::uint64_t key,
-                                        std::uint64_t stream, T* __restrict__ dscores) {
+                                        std::uint64_t stream_value,
+                                        const std::uint64_t* __restrict__ stream_source,
+                                        T* __restrict__ dscores) {
   std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
   int lane = threadIdx.x % kWarp;
   if (row >= rows) return;
   S scale = static_cast<S>(1.0 / (1.0 - p));
+  const std::uint64_t stream = dropout && stream_source != nullptr ? *stream_source : stream_value;
   S dot = 0;
   for (std::int64_t j = lane; j < t; j += kWarp) {
     std::int64_t i = row * t + j;
@@ -217,7 +223,8 @@ void accumulate_bias_grad(const Tensor& dy, Tensor& bias_grad) {
 
 void attention_softmax_forward(const Tensor& scores, const Tensor& mask, std::int64_t heads,
                                bool causal, double p, std::uint64_t key, std::uint64_t stream,
-                               Tensor& probs, Tensor& dropped_probs) {
+                               const std::uint64_t* stream_source, Tensor& probs,
+                               Tensor& dropped_probs) {
   std::int64_t tq = scores.size(1), tk = scores.size(2), rows = scores.size(0) * tq;
   if (rows == 0) return;
   unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
@@ -226,14 +233,15 @@ void attention_softmax_forward(const Tensor& scores, const Tensor& mask, std::in
     using S = typename Compute<T>::type;
     softmax_forward_kernel<S, T><<<blocks, kRowsPerBlock * kWarp, 0, stream_of(scores)>>>(
         static_cast<const S*>(scores.data()), m, rows, tq, tk, heads, causal, p, key, stream,
-        static_cast<T*>(probs.data()),
+        stream_source, static_cast<T*>(probs.data()),
         dropped_probs.defined() ? static_cast<T*>(dropped_probs.data()) : nullptr);
     KILN_CUDA_LAUNCH_CHECK();
   });
 }
 
 void attention_softmax_backward(const Tensor& d_dropped, const Tensor& probs, double p,
-                                std::uint64_t key, std::uint64_t stream, Tensor& dscores) {
+                                std::uint64_t key, std::uint64_t stream,
+                                const std::uint64_t* stream_source, Tensor& dscores) {
   std::int64_t t = probs.size(2), rows = probs.size(0) * probs.size(1);
   if (rows == 0) return;
   unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
@@ -241,7 +249,7 @@ void attention_softmax_backward(const Tensor& d_dropped, const Tensor& probs, do
     using S = typename Compute<T>::type;
     softmax_backward_kernel<S, T><<<blocks, kRowsPerBlock * kWarp, 0, stream_of(probs)>>>(
         static_cast<const S*>(d_dropped.data()), static_cast<const T*>(probs.data()), rows, t, p,
-        p > 0.0, key, stream, static_cast<T*>(dscores.data()));
+        p > 0.0, key, stream, stream_source, static_cast<T*>(dscores.data()));
     KILN_CUDA_LAUNCH_CHECK();
   });
 }

@@ -21,12 +21,17 @@ void accumulate_bias_grad(const Tensor& dy, Tensor& bias_grad);
 // scores (BH, Tq, Tk) fp32 (f64), mask (B, Tk) fp32 or undefined -> probs, dropped_probs
 // (BH, Tq, Tk) in the matmul dtype (dropped_probs undefined when p == 0). Causal: query i sees
 // keys j <= Tk - Tq + i (bottom-right aligned: the KV cache's new queries after past = Tk - Tq).
+// Every dropout entry point here takes the mask's Philox stream (the step) by value and, through
+// stream_source (device memory), optionally by address: when not null the kernels read the stream
+// there as they run, so a captured CUDA graph draws the replayed step's mask.
 void attention_softmax_forward(const Tensor& scores, const Tensor& mask, std::int64_t heads,
                                bool causal, double p, std::uint64_t key, std::uint64_t stream,
-                               Tensor& probs, Tensor& dropped_probs);
+                               const std::uint64_t* stream_source, Tensor& probs,
+                               Tensor& dropped_probs);
 // d_dropped (BH, T, T) fp32 (f64), probs -> dscores in the matmul dtype.
 void attention_softmax_backward(const Tensor& d_dropped, const Tensor& probs, double p,
-                                std::uint64_t key, std::uint64_t stream, Tensor& dscores);
+                                std::uint64_t key, std::uint64_t stream,
+                                const std::uint64_t* stream_source, Tensor& dscores);
 // The most bytes a fused attention backward takes for its (B*H, T, T) workspace (dS^T in the
 // flash kernels, dP in cuDNN's deterministic backward): KILN_ATTENTION_WORKSPACE_MB, default 1024.
 // The flash backward runs in chunks of (batch * head) rows that fit; cuDNN's declines beyond it.
@@ -42,12 +47,14 @@ bool flash_attention_supported(DType dtype, std::int64_t batch_heads, std::int64
 // attends keys j <= i, and key tiles wholly above the diagonal are never computed.
 void flash_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t heads,
                              const Tensor& mask, bool causal, double p, std::uint64_t key,
-                             std::uint64_t stream, Tensor& out, Tensor& lse);
+                             std::uint64_t stream, const std::uint64_t* stream_source, Tensor& out,
+                             Tensor& lse);
 // dqkv (B*T, 3E) written (=) from dout (B*T, E) and the forward's out and lse (same causal).
 void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
                               const Tensor& lse, const Tensor& mask, std::int64_t batch,
                               std::int64_t heads, bool causal, double p, std::uint64_t key,
-                              std::uint64_t stream, Tensor& dqkv);
+                              std::uint64_t stream, const std::uint64_t* stream_source,
+                              Tensor& dqkv);
 // cuDNN's fused attention (layers/cuda/cudnn_attention.cc) for the same packed layout, without
 // mask or dropout, causal or not: true when it ran (lse then holds cuDNN's natural-log
 // statistics, which only cudnn_attention_backward reads), false when cuDNN declines the shape or

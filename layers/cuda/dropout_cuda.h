@@ -9,8 +9,9 @@ namespace kiln {
 
 namespace cuda {
 // out = in * keep(i) * scale over contiguous tensors of equal numel (forward and backward alike).
-void dropout_apply(const Tensor& in, Tensor& out, std::uint64_t key, std::uint64_t step, double p,
-                   double scale);
+// step_source (device memory), when not null, holds the step instead of `step`, read by the kernel.
+void dropout_apply(const Tensor& in, Tensor& out, std::uint64_t key, std::uint64_t step,
+                   const std::uint64_t* step_source, double p, double scale);
 }  // namespace cuda
 
 }  // namespace kiln

@@ -69,6 +69,9 @@ struct FlashArgs {
   float keep_scale;  // 1 / (1 - p)
   std::uint64_t key;
   std::uint64_t stream;
+  // When not null, the dropout stream (the step) is read here as the kernel runs, not `stream`:
+  // a captured CUDA graph replays with the current step.
+  const std::uint64_t* stream_source;
 };
 
 template <typename T>
@@ -288,9 +291,14 @@ __device__ __forceinline__ Place place_of(const FlashArgs& a) {
   return p;
 }
 
-__device__ __forceinline__ float dropped(const FlashArgs& a, int bh, int query, int key, float v) {
+__device__ __forceinline__ std::uint64_t dropout_stream(const FlashArgs& a) {
+  return a.stream_source != nullptr ? *a.stream_source : a.stream;
+}
+
+__device__ __forceinline__ float dropped(const FlashArgs& a, std::uint64_t stream, int bh,
+                                         int query, int key, float v) {
   std::uint64_t i = (static_cast<std::uint64_t>(bh) * a.t + query) * a.t + key;
-  return dropout_keep(a.key, a.stream, i, a.p) ? v * a.keep_scale : 0.0f;
+  return dropout_keep(a.key, stream, i, a.p) ? v * a.keep_scale : 0.0f;
 }
 
 template <typename T, bool kDropout>
@@ -308,6 +316,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashArgs a) {
   float o[8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   // Causal: key tiles after this block's queries are wholly above the diagonal: not visited.
   const int k_end = a.causal ? min(t, static_cast<int>(blockIdx.x) * kTile + kTile) : t;
+  const std::uint64_t stream = kDropout ? dropout_stream(a) : 0;
 
   auto fetch = [&](int k0) { fetch_keys(tiles, k, v, ld, mask, k0, t); };
   fetch(0);
@@ -353,7 +362,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashArgs a) {
         float pe = exp2f(s[nt][e] - base_of[e >> 1]);
         l[e >> 1] += pe;
         if (kDropout && row[e >> 1] < t && pe != 0.0f)
-          pe = dropped(a, bh, row[e >> 1], k0 + nt * 8 + 2 * c + (e & 1), pe);
+          pe = dropped(a, stream, bh, row[e >> 1], k0 + nt * 8 + 2 * c + (e & 1), pe);
         s[nt][e] = pe;
       }
     mma_p_rows<T>(s, vs, t - k0, lane, o);
@@ -423,6 +432,7 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kv_kernel(FlashArgs a
   // Causal: query tiles before this block's keys are wholly above the diagonal (P = 0): not
   // visited, and the dQ kernel does not read their dS^T.
   const int q_start = a.causal ? static_cast<int>(blockIdx.x) * kTile : 0;
+  [[maybe_unused]] const std::uint64_t stream = kDropout ? dropout_stream(a) : 0;
 
   auto fetch = [&](int q0) {
     const int b = (q0 / kTile) & 1;
@@ -464,7 +474,7 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kv_kernel(FlashArgs a
           float de = dp[nt][e];
           pd[nt][e] = pe;
           if (pe != 0.0f) {
-            pd[nt][e] = dropped(a, bh, query, key[e >> 1], pe);
+            pd[nt][e] = dropped(a, stream, bh, query, key[e >> 1], pe);
             de = pd[nt][e] != 0.0f ? de * a.keep_scale : 0.0f;
           }
           p[nt][e] = pe * (de - delta_s[col]);  // dS^T
@@ -572,7 +582,8 @@ __global__ void __launch_bounds__(kThreads, 6) flash_backward_dq_kernel(FlashArg
 
 // q, k, v of the packed (B*T, 3E) projection; the output and its gradient (B*T, E).
 FlashArgs args_of(const Tensor& qkv, std::int64_t batch, std::int64_t heads, const Tensor& mask,
-                  bool causal, double p, std::uint64_t key, std::uint64_t stream) {
+                  bool causal, double p, std::uint64_t key, std::uint64_t stream,
+                  const std::uint64_t* stream_source) {
   const std::int64_t e = qkv.size(1) / 3;
   FlashArgs a{};
   a.t = static_cast<int>(qkv.size(0) / batch);
@@ -585,6 +596,7 @@ FlashArgs args_of(const Tensor& qkv, std::int64_t batch, std::int64_t heads, con
   a.keep_scale = static_cast<float>(1.0 / (1.0 - p));
   a.key = key;
   a.stream = stream;
+  a.stream_source = stream_source;
   a.mask = mask.defined() ? static_cast<const float*>(mask.data()) : nullptr;
   a.causal = causal;
   const char* base = static_cast<const char*>(qkv.data());
@@ -639,12 +651,13 @@ bool flash_attention_supported(DType dtype, std::int64_t batch_heads, std::int64
 
 void flash_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t heads,
                              const Tensor& mask, bool causal, double p, std::uint64_t key,
-                             std::uint64_t stream, Tensor& out, Tensor& lse) {
+                             std::uint64_t stream, const std::uint64_t* stream_source, Tensor& out,
+                             Tensor& lse) {
   if (qkv.numel() == 0) return;
   check_packed(qkv, batch, heads, {&out});
   KILN_CHECK(aligned16({qkv.data(), out.data()}),
              "flash attention: qkv and out must be 16-byte aligned");
-  FlashArgs a = args_of(qkv, batch, heads, mask, causal, p, key, stream);
+  FlashArgs a = args_of(qkv, batch, heads, mask, causal, p, key, stream, stream_source);
   a.out = out.data();
   a.lse = static_cast<float*>(lse.data());
   cudaStream_t s = stream_of(qkv);
@@ -667,14 +680,15 @@ void flash_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t
 void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
                               const Tensor& lse, const Tensor& mask, std::int64_t batch,
                               std::int64_t heads, bool causal, double p, std::uint64_t key,
-                              std::uint64_t stream, Tensor& dqkv) {
+                              std::uint64_t stream, const std::uint64_t* stream_source,
+                              Tensor& dqkv) {
   if (qkv.numel() == 0) return;
   check_packed(qkv, batch, heads, {&out, &dout});
   KILN_CHECK(dqkv.is_contiguous() && dqkv.shape() == qkv.shape() && dqkv.dtype() == qkv.dtype(),
              "flash attention: dqkv " + dqkv.str() + " must be shaped like qkv " + qkv.str());
   KILN_CHECK(aligned16({qkv.data(), out.data(), dout.data(), dqkv.data()}),
              "flash attention: operands must be 16-byte aligned");
-  FlashArgs a = args_of(qkv, batch, heads, mask, causal, p, key, stream);
+  FlashArgs a = args_of(qkv, batch, heads, mask, causal, p, key, stream, stream_source);
   const std::int64_t rows = qkv.size(0) * heads;  // (token row, head) pairs
   Tensor delta = Tensor::empty({rows}, DType::F32, qkv.device());
   const std::size_t part = static_cast<std::size_t>(qkv.size(1) / 3) * dtype_size(qkv.dtype());

@@ -147,13 +147,19 @@ __global__ void cross_entropy_backward_kernel(const T* logits, std::int64_t ld,
                                               const std::int64_t* targets, std::int64_t classes,
                                               float smoothing, std::int64_t ignore_index,
                                               const float* row_lse, const float* counted,
-                                              float scale, T* dlogits, std::int64_t ld_out) {
+                                              float scale_value, const double* scale_source,
+                                              std::int64_t scale_divisor, T* dlogits,
+                                              std::int64_t ld_out) {
   const std::int64_t row = blockIdx.x;
   const T* x = logits + row * ld;
   T* dx = dlogits + row * ld_out;
   std::int64_t t = targets[row];
   bool skip = t == ignore_index || t < 0 || t >= classes;
   float n = *counted;
+  // The host path's order: the double quotient, rounded to float, then over the counted rows.
+  const float scale = scale_source != nullptr
+                          ? static_cast<float>(*scale_source / static_cast<double>(scale_divisor))
+                          : scale_value;
   float factor = scale / (n > 0.0f ? n : 1.0f);
   float lse = row_lse[row];
   float uniform = smoothing / static_cast<float>(classes);
@@ -196,7 +202,8 @@ void softmax_cross_entropy_forward(const Tensor& logits, const Tensor& targets, 
 
 void softmax_cross_entropy_backward(const Tensor& logits, const Tensor& targets, double smoothing,
                                     std::int64_t ignore_index, const Tensor& row_lse,
-                                    const Tensor& counted, double scale, Tensor& dlogits) {
+                                    const Tensor& counted, double scale, const double* scale_source,
+                                    std::int64_t scale_divisor, Tensor& dlogits) {
   std::int64_t rows = logits.size(0), classes = logits.size(1);
   if (rows == 0) return;
   auto stream = static_cast<cudaStream_t>(current_stream(logits.device()));
@@ -205,8 +212,8 @@ void softmax_cross_entropy_backward(const Tensor& logits, const Tensor& targets,
         static_cast<const T*>(logits.data()), logits.stride(0),
         static_cast<const std::int64_t*>(targets.data()), classes, static_cast<float>(smoothing),
         ignore_index, static_cast<const float*>(row_lse.data()),
-        static_cast<const float*>(counted.data()), static_cast<float>(scale),
-        static_cast<T*>(dlogits.data()), dlogits.stride(0));
+        static_cast<const float*>(counted.data()), static_cast<float>(scale), scale_source,
+        scale_divisor, static_cast<T*>(dlogits.data()), dlogits.stride(0));
     KILN_CUDA_LAUNCH_CHECK();
   });
 }

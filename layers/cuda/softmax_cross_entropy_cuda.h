@@ -16,9 +16,12 @@ void softmax_cross_entropy_forward(const Tensor& logits, const Tensor& targets, 
                                    std::int64_t ignore_index, Tensor& row_lse, Tensor& loss,
                                    Tensor& counted, Tensor& correct, Tensor& invalid);
 // One block per row: dlogits = scale / max(1, counted) * (softmax - (1 - eps) onehot - eps / C).
+// scale_source (device memory), when not null, replaces `scale` by *scale_source / scale_divisor,
+// computed in double by the kernel as it runs.
 void softmax_cross_entropy_backward(const Tensor& logits, const Tensor& targets, double smoothing,
                                     std::int64_t ignore_index, const Tensor& row_lse,
-                                    const Tensor& counted, double scale, Tensor& dlogits);
+                                    const Tensor& counted, double scale, const double* scale_source,
+                                    std::int64_t scale_divisor, Tensor& dlogits);
 }  // namespace cuda
 
 }  // namespace kiln

@@ -2,7 +2,9 @@
 
 #include "optim/amp/amp.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <sstream>
 
 #include "core/enum_names.h"
@@ -107,16 +109,22 @@ LossScaler::LossScaler(const LossScalerOptions& options, LossScaleMode mode)
   state_.scale = options.init_scale;
 }
 
+// LossScaler::update's error, shared with resident mode (which knows the step: 0 = unknown).
+static std::string overflow_message(double min_scale, std::int64_t step) {
+  std::ostringstream msg;
+  msg << "loss scale overflow at the minimum scale " << min_scale;
+  if (step > 0) msg << " at step " << step;
+  msg << ": the gradients are inf/NaN whatever the scale (the model diverged or the data "
+         "holds inf/NaN); lower optim.lr, check the input data, or train in bf16 or O0";
+  return msg.str();
+}
+
 bool LossScaler::update(bool found_inf) {
   if (!enabled()) return false;
   if (found_inf) {
     if (dynamic()) {
       if (options_.min_scale > 0 && state_.scale <= options_.min_scale) {
-        std::ostringstream msg;
-        msg << "loss scale overflow at the minimum scale " << options_.min_scale
-            << ": the gradients are inf/NaN whatever the scale (the model diverged or the data "
-               "holds inf/NaN); lower optim.lr, check the input data, or train in bf16 or O0";
-        throw Error(msg.str());
+        throw Error(overflow_message(options_.min_scale, 0));
       }
       state_.scale = std::max(state_.scale * options_.backoff_factor, options_.min_scale);
     }
@@ -197,7 +205,9 @@ std::vector<detail::TensorEntry> MixedPrecisionOptimizer::unscale_entries() {
 void MixedPrecisionOptimizer::unscale_and_check() {
   // GradScaler's inverse scale: computed in double, used as a float. With masters (O2) nothing is
   // written: step() hands this float to the optimizer, which unscales every gradient as it reads.
-  const float inv_scale = static_cast<float>(1.0 / scaler_.scale());
+  // Resident mode reads it from the state (on CUDA the kernel does, when it runs).
+  float inv_scale = static_cast<float>(1.0 / scaler_.scale());
+  if (resident_ && device_.is_cpu()) inv_scale = resident_state()->inv_scale;
   inv_scale_ = inv_scale;
   const bool write = inv_scale != 1.0f && !optimizer_unscales();
   auto entries = unscale_entries();
@@ -214,7 +224,9 @@ void MixedPrecisionOptimizer::unscale_and_check() {
     found_inf_.fill(0.0);
     unscale_table_.set(std::move(entries), device_);
     float* stats = static_cast<float*>(stats_.data());
-    detail::cuda_unscale_check_sumsq(unscale_table_, inv_scale, write, stats, stream);
+    // The kernel skips the write itself when the factor it uses is 1.
+    detail::cuda_unscale_check_sumsq(unscale_table_, inv_scale, !optimizer_unscales(), stats,
+                                     stream, resident_ ? resident_state() : nullptr);
     detail::cuda_partials_norm(unscale_table_, stats + 1, stream);
 #endif
   }
@@ -222,6 +234,7 @@ void MixedPrecisionOptimizer::unscale_and_check() {
 }
 
 StepResult MixedPrecisionOptimizer::step() {
+  KILN_CHECK(!resident_, "amp: step() in resident mode (use step_resident() and report())");
   if (!unscaled_) unscale_and_check();
   if (hook_) hook_(found_inf_);
   // The one host sync of the step: the skip decision and the norm for clipping and logging.
@@ -242,6 +255,133 @@ StepResult MixedPrecisionOptimizer::step() {
   optimizer_->step(result.grad_norm, optimizer_unscales() ? inv_scale_ : 1.0f);
   ++weights_version_;
   return result;
+}
+
+StepState* MixedPrecisionOptimizer::resident_state() {
+  return static_cast<StepState*>(resident_state_.data());
+}
+
+const double* MixedPrecisionOptimizer::loss_scale_source() const {
+  if (!resident_) return nullptr;
+  return &static_cast<const StepState*>(resident_state_.data())->loss_scale;
+}
+
+ScalerRule MixedPrecisionOptimizer::scaler_rule() const {
+  const LossScalerOptions& o = scaler_.options();
+  ScalerRule rule;
+  rule.enabled = scaler_.enabled() ? 1 : 0;
+  rule.dynamic = scaler_.dynamic() ? 1 : 0;
+  rule.growth_factor = o.growth_factor;
+  rule.backoff_factor = o.backoff_factor;
+  rule.min_scale = o.min_scale;
+  rule.max_scale = o.max_scale;
+  rule.growth_interval = o.growth_interval;
+  return rule;
+}
+
+void MixedPrecisionOptimizer::make_resident(std::vector<double> lr_table,
+                                            std::int64_t schedule_step) {
+  KILN_CHECK(!sumsq_hook_ && !optimizer_->sharded(),
+             "amp: resident mode needs the whole gradients and parameters (ZeRO-sharded "
+             "optimizers stay in host mode)");
+  if (lr_table.empty()) throw InputError("amp resident mode: the LR table is empty");
+  const auto n = static_cast<std::int64_t>(lr_table.size());
+  // Refilled in place when the size holds: a graph captured earlier keeps reading the table.
+  Tensor table = Tensor::from_vector(lr_table, {n});
+  if (lr_table_.defined() && lr_table_.numel() == n) {
+    lr_table_.copy_from(table);
+  } else {
+    lr_table_ = table.to(device_);
+  }
+  lr_table_host_ = std::move(lr_table);
+  if (!resident_state_.defined()) {
+    resident_state_ =
+        Tensor::zeros({static_cast<std::int64_t>(sizeof(StepState))}, DType::U8, device_);
+    report_buffer_ = Tensor::zeros({static_cast<std::int64_t>(sizeof(StepState))}, DType::U8);
+  }
+  resident_ = true;
+  upload_resident_state(schedule_step);
+}
+
+void MixedPrecisionOptimizer::upload_resident_state(std::int64_t schedule_step) {
+  KILN_CHECK(resident_, "amp: upload_resident_state() before make_resident()");
+  if (schedule_step < 0) {
+    throw InputError("amp resident mode: schedule step " + std::to_string(schedule_step) +
+                     " is negative");
+  }
+  const auto n = static_cast<std::int64_t>(lr_table_host_.size());
+  StepState s;
+  s.loss_scale = scaler_.scale();
+  s.inv_scale = static_cast<float>(1.0 / s.loss_scale);
+  s.lr = lr_table_host_[static_cast<std::size_t>(std::min(schedule_step, n - 1))];
+  s.last_loss_scale = s.loss_scale;
+  s.last_lr = s.lr;
+  s.growth_tracker = scaler_.growth_tracker();
+  s.optimizer_steps = optimizer_->step_count();
+  s.schedule_step = schedule_step;
+  std::memcpy(report_buffer_.data(), &s, sizeof(StepState));
+  resident_state_.copy_from(report_buffer_);
+  optimizer_->set_lr(s.lr);
+  unscaled_ = false;
+}
+
+void MixedPrecisionOptimizer::step_resident() {
+  KILN_CHECK(resident_, "amp: step_resident() before make_resident()");
+  if (!unscaled_) unscale_and_check();
+  if (hook_) hook_(found_inf_);
+  StepState* state = resident_state();
+  const ScalerRule rule = scaler_rule();
+  const auto n = static_cast<std::int64_t>(lr_table_host_.size());
+  if (device_.is_cpu()) {
+    const float* stats = stats_.data<float>();
+    resident_decide(*state, stats[0], stats[1], rule);
+  } else {
+#if KILN_WITH_CUDA
+    detail::cuda_resident_decide(state, static_cast<const float*>(stats_.data()), rule,
+                                 current_stream(device_));
+#endif
+  }
+  optimizer_->enqueue_resident_step(state, optimizer_unscales());
+  if (device_.is_cpu()) {
+    resident_advance(*state, rule, lr_table_.data<double>(), n);
+  } else {
+#if KILN_WITH_CUDA
+    detail::cuda_resident_advance(state, rule, static_cast<const double*>(lr_table_.data()), n,
+                                  current_stream(device_));
+#endif
+  }
+  unscaled_ = false;
+  // The host cannot know whether the device skipped: the weights may have changed.
+  ++weights_version_;
+}
+
+ResidentReport MixedPrecisionOptimizer::report() {
+  KILN_CHECK(resident_, "amp: report() before make_resident()");
+  report_buffer_.copy_from(resident_state_);  // waits for the stream on CUDA
+  StepState s;
+  std::memcpy(&s, report_buffer_.data(), sizeof(StepState));
+  if (scaler_.enabled()) scaler_.load_state({s.loss_scale, s.growth_tracker});
+  optimizer_->load_step_count(s.optimizer_steps);
+  optimizer_->set_lr(s.lr);
+  if (s.overflow_step > 0)
+    throw Error(overflow_message(scaler_.options().min_scale, s.overflow_step));
+  if (s.nonfinite_step > 0) {
+    throw Error("non-finite gradients (inf/NaN) at step " + std::to_string(s.nonfinite_step) +
+                " with no loss scaler to skip the step (it was skipped: the weights are those "
+                "of the step before); lower optim.lr, check the input data, or use a dynamic "
+                "loss scale");
+  }
+  ResidentReport r;
+  r.skipped = s.last_skipped != 0;
+  r.found_inf = s.last_found_inf != 0;
+  r.grad_norm = s.last_grad_norm;
+  r.loss_scale = s.last_loss_scale;
+  r.next_loss_scale = s.loss_scale;
+  r.lr = s.last_lr;
+  r.skipped_steps = s.skipped_steps;
+  r.optimizer_steps = s.optimizer_steps;
+  r.schedule_step = s.schedule_step;
+  return r;
 }
 
 std::vector<std::pair<std::string, Tensor*>> MixedPrecisionOptimizer::state() {

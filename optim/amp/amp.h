@@ -32,6 +32,7 @@
 
 #include "layers/layer.h"
 #include "optim/optimizer.h"
+#include "optim/step_state.h"
 
 namespace kiln::optim {
 
@@ -100,6 +101,7 @@ class LossScaler {
   bool update(bool found_inf);
   State state() const { return state_; }
   void load_state(const State& state);
+  const LossScalerOptions& options() const { return options_; }
 
  private:
   LossScalerOptions options_;
@@ -113,6 +115,20 @@ struct StepResult {
   double grad_norm = 0.0;   // global L2 norm of the unscaled gradients, before clipping
   double scale = 1.0;       // the loss scale this step's gradients carried
   double next_scale = 1.0;  // the scale for the next step's loss
+};
+
+// What resident mode's report() reads back: the last finished step's outcome (as StepResult)
+// and the running counts.
+struct ResidentReport {
+  bool skipped = false;
+  bool found_inf = false;
+  double grad_norm = 0.0;          // the last step's, before clipping
+  double loss_scale = 1.0;         // the scale the last step's gradients carried
+  double next_loss_scale = 1.0;    // the scale for the next step's loss
+  double lr = 0.0;                 // the last step's base LR
+  std::int64_t skipped_steps = 0;  // since make_resident()
+  std::int64_t optimizer_steps = 0;
+  std::int64_t schedule_step = 0;  // the next step's 0-based index
 };
 
 class MixedPrecisionOptimizer {
@@ -149,7 +165,27 @@ class MixedPrecisionOptimizer {
     sumsq_hook_ = std::move(hook);
   }
 
+  // Host mode: one device-to-host read of {found_inf, grad_norm} per step (the default).
   StepResult step();
+
+  // Resident mode (docs/optim.md, "Device-resident step state"): the step state lives in a
+  // StepState in the parameters' device memory (host memory on the CPU), initialised here from the
+  // host state (scaler, Optimizer::step_count(), lr_table[schedule_step]). lr_table holds the base
+  // LR of every step (the last entry holds for later steps). Call again, or
+  // upload_resident_state(), after loading a checkpoint. Sharded optimizers (ZeRO) are refused.
+  void make_resident(std::vector<double> lr_table, std::int64_t schedule_step);
+  void upload_resident_state(std::int64_t schedule_step);
+  bool resident() const { return resident_; }
+  // Where the current loss scale lives (device memory on CUDA): the loss backward reads it at run
+  // time. nullptr in host mode.
+  const double* loss_scale_source() const;
+  // Enqueues a whole step on the current stream with no host read and, after the first call, no
+  // allocation or upload: capturable into a CUDA graph. Skipped steps are decided on the device.
+  void step_resident();
+  // One device-to-host copy of the state (waits for the stream): refreshes the host scaler state,
+  // Optimizer::step_count() and lr(), and returns the last step's outcome. Throws kiln::Error when
+  // a dynamic scale overflowed at min_scale or, without a scaler, a step had inf/NaN gradients.
+  ResidentReport report();
 
   // Optimizer state for checkpoints: the optimizer's (see Optimizer::state()) and in O2
   // "<name>.master" (fp32 master weights). After restoring them call refresh_model_weights().
@@ -181,7 +217,16 @@ class MixedPrecisionOptimizer {
   float inv_scale_ = 1.0f;  // the factor of the last unscale pass
   std::uint64_t weights_version_ = 0;
 
+  // Resident mode: StepState bytes on device_, the LR table (F64) there, a host copy for report().
+  bool resident_ = false;
+  Tensor resident_state_;
+  Tensor lr_table_;
+  std::vector<double> lr_table_host_;
+  Tensor report_buffer_;
+
   std::vector<detail::TensorEntry> unscale_entries();
+  StepState* resident_state();
+  ScalerRule scaler_rule() const;
   // O2 with masters: the gradients stay scaled and the optimizer unscales them as it reads them.
   bool optimizer_unscales() const { return !master_state_.empty(); }
 };

@@ -129,7 +129,7 @@ TEST(Defaults, EmptyFileIsTheFashionMnistQuickStart) {
   EXPECT_DOUBLE_EQ(experiment.parallel().bucket_mb(), 25.0);
   EXPECT_EQ(experiment.parallel().collective_timeout_s(), 600);
   EXPECT_EQ(experiment.train().preemption_grace_s(), 120);
-  EXPECT_FALSE(experiment.train().cuda_graphs());  // reserved: true is rejected by validate
+  EXPECT_FALSE(experiment.train().has_cuda_graphs());  // unset: chosen by the device
   EXPECT_EQ(experiment.train().batch_per_gpu(), 32);
   EXPECT_EQ(experiment.train().accumulation_steps(), 1);
   EXPECT_DOUBLE_EQ(experiment.train().epochs(), 1.0);
@@ -709,9 +709,6 @@ const std::vector<BadCase>& bad_cases() {
        {":4:5: data.augmentation.random_resized_crop_scale = [0.5, 0.1]", "0 < min <= max <= 1"}},
       {"mlm_zero", {":5:3: data.mlm_probability = 0", "(0, 1)"}},
       {"workers_negative", {":3:3: data.workers = -1", "[0, 256]"}},
-      {"cuda_graphs",
-       {":3:3: train.cuda_graphs = true: capturing the step as a CUDA graph is not implemented "
-        "yet; remove the field or set it to false"}},
       {"init_from_device",
        {":3:3: model.init_from = \"/dev/zero\": is a character device, not a safetensors file"}},
       {"resume_file",

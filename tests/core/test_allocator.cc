@@ -133,6 +133,61 @@ TEST(CachingAllocator, StreamsDoNotShareCachedBlocks) {
   f.allocator.free(c);
 }
 
+// CUDA graphs: what a captured stream allocates comes from the graph's private pool, never handed
+// to other work and kept by empty_cache until the pool is released; its eager blocks freed while
+// captured stay held until then too (the graph may use them on every replay).
+TEST(CachingAllocator, CapturedStreamAllocatesFromItsPrivatePool) {
+  Fixture f;
+  int stream = 0, pool = 0;
+  void* before = f.allocator.allocate(1000, &stream);  // eager, used by the captured work
+  f.allocator.begin_pool_capture(&stream, &pool);
+  void* during = f.allocator.allocate(1000, &stream);
+  EXPECT_NE(during, before);
+  EXPECT_EQ(f.source->allocations, 2);  // a segment of the pool's own
+  f.allocator.free(before);             // freed while captured: held
+  void* again = f.allocator.allocate(1000, &stream);
+  EXPECT_NE(again, before);
+  f.allocator.free(again);
+  f.allocator.free(during);
+  f.allocator.end_pool_capture();
+  EXPECT_EQ(f.allocator.pool_reserved_bytes(&pool), 2 * kMiB);
+  EXPECT_EQ(f.allocator.stats().allocated_bytes, 1024u);  // `before`, held for the graph
+  // After the capture, eager requests on the stream never get the pool's memory or `before`.
+  void* eager = f.allocator.allocate(1000, &stream);
+  EXPECT_NE(eager, before);
+  EXPECT_NE(eager, during);
+  EXPECT_NE(eager, again);
+  f.allocator.free(eager);
+  f.allocator.empty_cache();  // nothing goes: the eager segment holds `before`, the pool is live
+  EXPECT_EQ(f.allocator.stats().reserved_bytes, 4 * kMiB);
+  // A second capture into the same pool (the next graph of the step) reuses the pool's blocks.
+  f.allocator.begin_pool_capture(&stream, &pool);
+  void* second = f.allocator.allocate(1000, &stream);
+  EXPECT_TRUE(second == during || second == again);
+  f.allocator.free(second);
+  f.allocator.end_pool_capture();
+  EXPECT_EQ(f.source->allocations, 2);
+  f.allocator.release_pool(&pool);  // the graphs are gone: `before` is freed, the pool releasable
+  EXPECT_EQ(f.allocator.stats().allocated_bytes, 0u);
+  f.allocator.empty_cache();
+  EXPECT_EQ(f.allocator.stats().reserved_bytes, 0u);
+}
+
+TEST(CachingAllocator, CaptureLeavesOtherStreamsAlone) {
+  Fixture f;
+  int stream = 0, other = 0, pool = 0;
+  f.allocator.begin_pool_capture(&stream, &pool);
+  void* a = f.allocator.allocate(1000, &other);  // a loader thread's copy stream
+  f.allocator.free(a);
+  f.allocator.end_pool_capture();
+  EXPECT_EQ(f.allocator.pool_reserved_bytes(&pool), 0u);
+  void* b = f.allocator.allocate(1000, &other);
+  EXPECT_EQ(a, b);
+  f.allocator.free(b);
+  EXPECT_THROW(f.allocator.begin_pool_capture(&stream, &stream), Error);
+  f.allocator.release_pool(&pool);
+}
+
 TEST(CachingAllocator, PeakStatsAndEmptyCache) {
   Fixture f;
   void* a = f.allocator.allocate(30 * kMiB);

@@ -143,6 +143,24 @@ TEST(Ops, ShapeMismatchesAreReported) {
   EXPECT_THROW(ops::scale(i, 2.0), Error);
 }
 
+TEST(Ops, IncrementAddsOneToAnI64Counter) {
+  Tensor counter = Tensor::from_vector<std::int64_t>({41}, {1});
+  ops::increment(counter);
+  ops::increment(counter);
+  EXPECT_EQ(counter.to_vector<std::int64_t>(), std::vector<std::int64_t>{43});
+  // A one-element view of a larger tensor: only that element moves.
+  Tensor steps = Tensor::from_vector<std::int64_t>({5, 9, 2}, {3});
+  Tensor middle = steps.slice(0, 1, 2);
+  ops::increment(middle);
+  EXPECT_EQ(steps.to_vector<std::int64_t>(), (std::vector<std::int64_t>{5, 10, 2}));
+  Tensor scalar = Tensor::zeros({}, DType::I64);
+  ops::increment(scalar);
+  EXPECT_EQ(scalar.to_vector<std::int64_t>(), std::vector<std::int64_t>{1});
+  Tensor wide = Tensor::zeros({2}, DType::I64), floating = Tensor::zeros({1}, DType::F32);
+  EXPECT_THROW(ops::increment(wide), Error);
+  EXPECT_THROW(ops::increment(floating), Error);
+}
+
 TEST(Random, PhiloxKnownAnswer) {
   // Random123's published known-answer vector for philox4x32-10 with zero counter and key.
   Philox4x32 r = philox(0, 0, 0);

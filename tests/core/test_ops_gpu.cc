@@ -196,5 +196,21 @@ TEST(GpuStreams, OpsRunOnTheCurrentStream) {
   EXPECT_EQ(ops::reduce(x, ops::Reduction::Max).item(), 1.0);
 }
 
+TEST(GpuStreams, IncrementRunsOnTheCurrentStream) {
+  if (cuda_device_count() == 0) GTEST_FAIL() << "no GPU visible";
+  // On a side stream, as a captured graph runs it: the counter never visits the host in between.
+  Stream s = Stream::create(kGpu);
+  Tensor counter = Tensor::from_vector<std::int64_t>({(std::int64_t{1} << 40) - 2}, {1}).to(kGpu);
+  {
+    StreamGuard guard(kGpu, s.handle());
+    for (int i = 0; i < 5; ++i) ops::increment(counter);
+  }
+  s.synchronize();
+  EXPECT_EQ(counter.to(Device::cpu()).to_vector<std::int64_t>(),
+            std::vector<std::int64_t>{(std::int64_t{1} << 40) + 3});
+  Tensor wrong = Tensor::zeros({1}, DType::I32, kGpu);
+  EXPECT_THROW(ops::increment(wrong), Error);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -196,6 +196,37 @@ TEST(Dropout, MaskReplaysFromSeedAndStep) {
   EXPECT_NE(a, e);  // another seed, another mask
 }
 
+TEST(Dropout, StepSourceGivesTheStepsMaskReadWhenRun) {
+  // Context::step_source (CUDA graphs): the step at the address, not ctx.step, picks the mask.
+  Dropout layer(0.4);
+  Tensor x = random_tensor({37, 29}, 11, DType::F32, 0.5, 1.5);
+  Tensor dy = random_tensor({37, 29}, 12, DType::F32, 0.5, 1.5);
+  Context by_value;
+  by_value.seed = 8;
+  by_value.step = 7;
+  std::vector<float> y7 = layer.forward(by_value, x).to_vector<float>();
+  std::vector<float> dx7 = layer.backward(by_value, dy).to_vector<float>();
+  by_value.step = 8;
+  std::vector<float> y8 = layer.forward(by_value, x).to_vector<float>();
+  std::vector<float> dx8 = layer.backward(by_value, dy).to_vector<float>();
+  ASSERT_NE(y7, y8);
+
+  std::uint64_t step = 7;
+  Context ctx;
+  ctx.seed = 8;
+  ctx.step = 1000;  // ignored while step_source is set
+  ctx.step_source = &step;
+  EXPECT_EQ(layer.forward(ctx, x).to_vector<float>(), y7);
+  EXPECT_EQ(layer.backward(ctx, dy).to_vector<float>(), dx7);
+  step = 8;  // the same context, the next step
+  EXPECT_EQ(layer.forward(ctx, x).to_vector<float>(), y8);
+  EXPECT_EQ(layer.backward(ctx, dy).to_vector<float>(), dx8);
+  // Backward reads the address when it runs, as a replayed graph does, not at forward.
+  layer.forward(ctx, x);
+  step = 7;
+  EXPECT_EQ(layer.backward(ctx, dy).to_vector<float>(), dx7);
+}
+
 TEST(Dropout, EvalIsIdentityAndBadProbabilityIsAnError) {
   Dropout layer(0.9);
   layer.set_training(false);

@@ -196,6 +196,35 @@ TEST_F(DenseGpu, DropoutMatchesCpuMask) {
   }
 }
 
+TEST_F(DenseGpu, DropoutStepSourceIsBitIdenticalToTheStepByValue) {
+  // Context::step_source in device memory (CUDA graphs), read by the kernel as it runs.
+  for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
+    std::uint64_t seed = fresh_seed();
+    SCOPED_TRACE(std::string(dtype_name(dtype)) + " seed " + std::to_string(seed));
+    Dropout layer(0.25);
+    Context ctx;
+    ctx.device = kGpu;
+    ctx.precision.activation = dtype;
+    ctx.seed = seed;
+    Tensor x = random_cpu({7, 129}, seed, 0.5, 1.5).to(kGpu, dtype);
+    Tensor dy = random_cpu({7, 129}, seed + 1, 0.5, 1.5).to(kGpu, dtype);
+    auto host = [](const Tensor& t) { return t.to(Device::cpu(), DType::F32).to_vector<float>(); };
+    ctx.step = 3;
+    std::vector<float> y3 = host(layer.forward(ctx, x)), dx3 = host(layer.backward(ctx, dy));
+    ctx.step = 4;
+    std::vector<float> y4 = host(layer.forward(ctx, x)), dx4 = host(layer.backward(ctx, dy));
+    ASSERT_NE(y3, y4);
+    Tensor step = Tensor::from_vector<std::int64_t>({3}, {1}).to(kGpu);
+    ctx.step = 1000;  // ignored while step_source is set
+    ctx.step_source = reinterpret_cast<const std::uint64_t*>(step.data());
+    EXPECT_EQ(host(layer.forward(ctx, x)), y3);
+    EXPECT_EQ(host(layer.backward(ctx, dy)), dx3);
+    ops::increment(step);
+    EXPECT_EQ(host(layer.forward(ctx, x)), y4);
+    EXPECT_EQ(host(layer.backward(ctx, dy)), dx4);
+  }
+}
+
 TEST_F(DenseGpu, ReshapeOnGpu) {
   Flatten flatten;
   Context ctx;
@@ -248,6 +277,39 @@ TEST_F(DenseGpu, SoftmaxCrossEntropyMatchesCpu) {
         EXPECT_EQ(reused.to(Device::cpu()).to_vector<float>(),
                   dg.to(Device::cpu()).to_vector<float>());
       }
+    }
+  }
+}
+
+TEST_F(DenseGpu, SoftmaxCrossEntropyLossScaleSourceIsBitIdenticalToTheScaleByValue) {
+  // Context::loss_scale_source in device memory (CUDA graphs): (*source / divisor) / counted, the
+  // by-value path's arithmetic, computed by the kernel as it runs.
+  for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
+    std::uint64_t seed = fresh_seed();
+    SCOPED_TRACE(std::string(dtype_name(dtype)) + " seed " + std::to_string(seed));
+    const std::int64_t rows = 45, classes = 1000;
+    Tensor logits = random_cpu({rows, classes}, seed, -4, 4).to(kGpu, dtype);
+    std::vector<std::int64_t> t(static_cast<std::size_t>(rows));
+    for (std::int64_t r = 0; r < rows; ++r)
+      t[r] = r % 7 == 3 ? -100 : static_cast<std::int64_t>((seed + 31 * r) % classes);
+    Tensor targets = Tensor::from_vector<std::int64_t>(t, {rows}).to(kGpu);
+    SoftmaxCrossEntropy loss_fn(0.1);
+    auto host = [](const Tensor& g) { return g.to(Device::cpu(), DType::F32).to_vector<float>(); };
+    const double loss_scale = 32768.0;
+    for (std::int64_t micro_steps : {1, 3, 7}) {
+      Context ctx;
+      ctx.device = kGpu;
+      loss_fn.forward(ctx, logits, targets);
+      std::vector<float> want = host(loss_fn.backward(ctx, loss_scale / micro_steps));
+      Tensor source = Tensor::from_vector<double>({loss_scale}, {1}).to(kGpu);
+      ctx.loss_scale_source = static_cast<const double*>(source.data());
+      ctx.loss_scale_divisor = micro_steps;
+      loss_fn.forward(ctx, logits, targets);
+      EXPECT_EQ(host(loss_fn.backward(ctx, 1.0)), want) << micro_steps;  // 1.0 is ignored
+      // The value at the address acts.
+      source.fill(loss_scale / 4);
+      loss_fn.forward(ctx, logits, targets);
+      EXPECT_NE(host(loss_fn.backward(ctx, 1.0)), want) << micro_steps;
     }
   }
 }

@@ -142,5 +142,50 @@ TEST(SoftmaxCrossEntropy, SequenceLogitsAndScale) {
   for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], 4 * a[i], 1e-6) << i;
 }
 
+TEST(SoftmaxCrossEntropy, LossScaleSourceIsBitIdenticalToTheScaleByValue) {
+  // Context::loss_scale_source (CUDA graphs): (*source) / divisor replaces the scale argument.
+  Tensor targets = Tensor::from_vector<std::int64_t>({0, 4, -100, 3, 2, 1, 4}, {7});
+  for (DType dtype : {DType::F32, DType::F64}) {
+    Tensor logits = Tensor::empty({7, 5}, dtype);
+    ops::fill_uniform(logits, -2, 2, 9);
+    SoftmaxCrossEntropy loss_fn(0.1);
+    const double loss_scale = 65536.0;
+    const std::int64_t micro_steps = 3;
+    Context by_value;
+    loss_fn.forward(by_value, logits, targets);
+    Tensor want = loss_fn.backward(by_value, loss_scale / micro_steps);
+
+    double source = loss_scale;
+    Context ctx;
+    ctx.loss_scale_source = &source;
+    ctx.loss_scale_divisor = micro_steps;
+    loss_fn.forward(ctx, logits, targets);
+    Tensor got = loss_fn.backward(ctx, 123.0);  // ignored
+    if (dtype == DType::F32) {
+      EXPECT_EQ(got.to_vector<float>(), want.to_vector<float>());
+    } else {
+      EXPECT_EQ(got.to_vector<double>(), want.to_vector<double>());
+    }
+    // The value at the address acts: half the scale, half the gradient.
+    source = loss_scale / 2;
+    loss_fn.forward(ctx, logits, targets);
+    std::vector<double> half = loss_fn.backward(ctx, 123.0).to(DType::F64).to_vector<double>();
+    std::vector<double> full = want.to(DType::F64).to_vector<double>();
+    for (std::size_t i = 0; i < full.size(); ++i) EXPECT_EQ(half[i] * 2, full[i]) << i;
+  }
+}
+
+TEST(SoftmaxCrossEntropy, NonPositiveLossScaleDivisorIsAnError) {
+  Tensor logits = Tensor::empty({2, 3}, DType::F32);
+  ops::fill_uniform(logits, -1, 1, 3);
+  SoftmaxCrossEntropy loss_fn;
+  Context ctx;
+  double source = 4.0;
+  ctx.loss_scale_source = &source;
+  ctx.loss_scale_divisor = 0;
+  loss_fn.forward(ctx, logits, Tensor::from_vector<std::int64_t>({0, 2}, {2}));
+  EXPECT_THROW(loss_fn.backward(ctx, 1.0), Error);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -290,6 +290,44 @@ TEST(Attention, CausalForwardMatchesNaiveReference) {
   EXPECT_GT(diff, 1e-3);
 }
 
+// y, dx and every parameter gradient of one forward and backward, flattened, in f64.
+std::vector<double> attention_step(MultiHeadSelfAttention& attn, Context& ctx, const Tensor& x,
+                                   const Tensor& dy) {
+  for (Parameter* p : attn.parameters()) p->grad.zero();
+  std::vector<double> all = attn.forward(ctx, x).to(DType::F64).to_vector<double>();
+  for (double v : attn.backward(ctx, dy).to(DType::F64).to_vector<double>()) all.push_back(v);
+  for (Parameter* p : attn.parameters())
+    for (double v : p->grad.to(DType::F64).to_vector<double>()) all.push_back(v);
+  return all;
+}
+
+TEST(Attention, DropoutStepSourceIsBitIdenticalToTheStepByValue) {
+  // Context::step_source (CUDA graphs) gives attention dropout the step at the address.
+  const std::int64_t b = 2, t = 6, e = 8;
+  for (bool causal : {false, true}) {
+    MultiHeadSelfAttention attn(e, 2, 0.3, QkvLayout::FusedQKV, causal);
+    randomize_parameters(attn, 41);
+    Tensor x = random_tensor({b, t, e}, 42, DType::F32);
+    Tensor dy = random_tensor({b, t, e}, 43, DType::F32);
+    Context by_value;
+    by_value.seed = 5;
+    by_value.step = 11;
+    by_value.attention_mask = padding_mask(b, t);
+    std::vector<double> want11 = attention_step(attn, by_value, x, dy);
+    by_value.step = 12;
+    std::vector<double> want12 = attention_step(attn, by_value, x, dy);
+    ASSERT_NE(want11, want12) << "causal " << causal;
+
+    std::uint64_t step = 11;
+    Context ctx = by_value;
+    ctx.step = 0;  // ignored while step_source is set
+    ctx.step_source = &step;
+    EXPECT_EQ(attention_step(attn, ctx, x, dy), want11) << "causal " << causal;
+    step = 12;  // changing the value at the address changes the mask
+    EXPECT_EQ(attention_step(attn, ctx, x, dy), want12) << "causal " << causal;
+  }
+}
+
 TEST(Attention, CausalOutputsDoNotDependOnLaterTokens) {
   const std::int64_t b = 2, t = 6, e = 8;
   MultiHeadSelfAttention attn(e, 2, 0.0, QkvLayout::SeparateQKV, /*causal=*/true);

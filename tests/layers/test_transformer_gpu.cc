@@ -405,6 +405,55 @@ TEST_P(TransformerGpu, CausalAttentionWithMaskAndDropoutMatchesCpu) {
   ASSERT_EQ(unsetenv("KILN_ATTENTION_CUDNN"), 0);
 }
 
+TEST_P(TransformerGpu, DropoutStepSourceIsBitIdenticalToTheStepByValue) {
+  // Context::step_source in device memory (CUDA graphs): the flash kernels and the unfused
+  // softmax, forward and backward, read the step there as they run; the same step by value gives
+  // the same bits, and a step counter moved by ops::increment draws the next step's mask.
+  DType dt = GetParam();
+  std::uint64_t seed = fresh_seed();
+  const std::int64_t b = 2, t = 97, e = 128;
+  Tensor x = random_cpu({b, t, e}, dt, seed).to(kGpu, dt);
+  Tensor dy = random_cpu({b, t, e}, dt, seed + 1).to(kGpu, dt);
+  for (bool causal : {false, true}) {
+    for (const AttentionPath& path : attention_paths(dt, /*cudnn=*/false)) {
+      ASSERT_EQ(setenv("KILN_ATTENTION_UNFUSED", path.unfused, 1), 0);
+      ASSERT_EQ(setenv("KILN_ATTENTION_CUDNN", path.cudnn, 1), 0);
+      const std::string what = std::string(causal ? "causal " : "") + path.name;
+      MultiHeadSelfAttention attn(e, 2, 0.2, QkvLayout::FusedQKV, causal);
+      for (Parameter* p : attn.parameters()) ops::fill_uniform(p->value, -0.5, 0.5, ++seed);
+      attn.to(kGpu, dt);
+      Context ctx = training_context(seed);
+      ctx.device = kGpu;
+      ctx.precision.activation = dt;
+      ctx.precision.matmul = dt;
+      ctx.attention_mask = padding_mask(b, t).to(kGpu);
+      // y, dx and every parameter gradient, on the host.
+      auto step_once = [&](Context& c) {
+        for (Parameter* p : attn.parameters()) p->grad.zero();
+        std::vector<std::vector<double>> all;
+        all.push_back(attn.forward(c, x).to(Device::cpu(), DType::F64).to_vector<double>());
+        all.push_back(attn.backward(c, dy).to(Device::cpu(), DType::F64).to_vector<double>());
+        for (Parameter* p : attn.parameters())
+          all.push_back(p->grad.to(Device::cpu(), DType::F64).to_vector<double>());
+        return all;
+      };
+      ctx.step = 7;
+      auto want7 = step_once(ctx);
+      ctx.step = 8;
+      auto want8 = step_once(ctx);
+      ASSERT_NE(want7, want8) << what << ": the step does not act";
+      Tensor step = Tensor::from_vector<std::int64_t>({7}, {1}).to(kGpu);
+      ctx.step = 1000;  // ignored while step_source is set
+      ctx.step_source = reinterpret_cast<const std::uint64_t*>(step.data());
+      EXPECT_EQ(step_once(ctx), want7) << what;
+      ops::increment(step);
+      EXPECT_EQ(step_once(ctx), want8) << what;
+    }
+  }
+  ASSERT_EQ(unsetenv("KILN_ATTENTION_UNFUSED"), 0);
+  ASSERT_EQ(unsetenv("KILN_ATTENTION_CUDNN"), 0);
+}
+
 TEST_P(TransformerGpu, KvCacheDecodeMatchesFullCausalForward) {
   // GPT-2's attention decoding on the GPU (a prompt of 3 tokens, then one at a time, through the
   // KV cache) against the CPU's full causal forward over every token; the GPU's own full forward

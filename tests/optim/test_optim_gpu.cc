@@ -1,6 +1,7 @@
-// The CUDA multi-tensor optimizers, unscale/inf-detect pass and O2 masters against the CPU
-// backend, on fresh random inputs. The element rules are shared and the kernels are built
-// without FMA contraction, so fp32 results agree to rounding of the norms (LAMB, clipping).
+// The CUDA multi-tensor optimizers, unscale/inf-detect pass, O2 masters and resident mode (also
+// replayed as a CUDA graph) against the CPU backend and host mode, on fresh random inputs. The
+// element rules are shared and the kernels are built without FMA contraction, so fp32 results agree
+// to rounding of the norms (LAMB, clipping).
 
 #include <gtest/gtest.h>
 
@@ -12,9 +13,12 @@
 #include <tuple>
 
 #include "core/allocator.h"
+#include "core/cuda/cuda_check.h"
 #include "core/ops.h"
+#include "core/stream.h"
 #include "optim/amp/amp.h"
 #include "tests/optim/option_presets.h"
+#include "tests/optim/resident_harness.h"
 
 namespace kiln::optim {
 namespace {
@@ -397,6 +401,120 @@ TEST_F(OptimGpu, O2HalfWeightsAreRoundedMasters) {
     }
   }
   EXPECT_EQ(masters, 4);  // every bf16 parameter but the fp32_in_half one
+}
+
+// Resident mode on CUDA against host mode on CUDA: the same kernels with their scalars read from
+// the device state, so bit for bit; nothing allocates after the first step.
+TEST_F(OptimGpu, ResidentMatchesHostModeBitForBit) {
+  namespace rt = resident_test;
+  for (const rt::Case& c : rt::cases()) {
+    SCOPED_TRACE(c.name());
+    const DType dtype = parameter_dtype(c.amp);
+    const std::vector<double> table = rt::lr_table(c.optim.lr);
+    rt::Model host_model(kGpu, dtype), res_model(kGpu, dtype);
+    MixedPrecisionOptimizer host(host_model.params, c.optim, c.amp);
+    MixedPrecisionOptimizer res(res_model.params, c.optim, c.amp);
+    auto results = rt::run_host(host_model, host, table, 0, rt::kSteps);
+    res.make_resident(table, 0);
+    rt::run_resident_and_compare(res_model, res, kGpu, table, 0, rt::kSteps, results);
+    rt::expect_same_state(host_model, host, res_model, res);
+  }
+}
+
+// Resident mode on CUDA against host mode on the CPU: the same decisions, norms and states within
+// the tolerances of the tests above.
+TEST_F(OptimGpu, ResidentMatchesCpuHostMode) {
+  namespace rt = resident_test;
+  for (const rt::Case& c : rt::cases()) {
+    SCOPED_TRACE(c.name());
+    const DType dtype = parameter_dtype(c.amp);
+    const std::vector<double> table = rt::lr_table(c.optim.lr);
+    rt::Model cpu(Device::cpu(), dtype), gpu(kGpu, dtype);
+    MixedPrecisionOptimizer mc(cpu.params, c.optim, c.amp), mg(gpu.params, c.optim, c.amp);
+    auto results = rt::run_host(cpu, mc, table, 0, rt::kSteps);
+    mg.make_resident(table, 0);
+    for (int s = 0; s < rt::kSteps; ++s) {
+      mg.zero_grad();
+      rt::fill_grads(gpu, s + 1, rt::resident_loss_scale(mg, kGpu));
+      mg.step_resident();
+      ResidentReport r = mg.report();
+      const StepResult& h = results[static_cast<std::size_t>(s)];
+      EXPECT_EQ(r.skipped, h.skipped) << "step " << s + 1;
+      EXPECT_EQ(r.next_loss_scale, h.next_scale) << "step " << s + 1;
+      if (!h.skipped) {
+        EXPECT_NEAR(r.grad_norm, h.grad_norm, 1e-5 * h.grad_norm) << "step " << s + 1;
+      }
+    }
+    expect_states_close(mc.state(), mg.state());
+    for (std::size_t i = 0; i < cpu.params.size(); ++i) {
+      double tol = cpu.params[i]->value.dtype() == DType::F32 ? 1e-6 : 8e-3;
+      EXPECT_LT(relative_difference(gpu.params[i]->value, cpu.params[i]->value), tol)
+          << cpu.params[i]->name;
+    }
+    EXPECT_EQ(mg.optimizer().step_count(), mc.optimizer().step_count());
+    EXPECT_EQ(mg.scaler().state().scale, mc.scaler().state().scale);
+  }
+}
+
+// A CUDA graph of one step_resident(), captured in the strict (global) mode that refuses any
+// allocation or synchronisation, replayed once per step: equal to host mode bit for bit.
+class CudaGraph {
+ public:
+  void capture_begin(cudaStream_t stream) {
+    KILN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  }
+  void capture_end(cudaStream_t stream) {
+    KILN_CUDA_CHECK(cudaStreamEndCapture(stream, &graph_));
+    KILN_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+  }
+  void launch(cudaStream_t stream) { KILN_CUDA_CHECK(cudaGraphLaunch(exec_, stream)); }
+  ~CudaGraph() {
+    if (exec_ != nullptr) KILN_IGNORE_ERROR(cudaGraphExecDestroy(exec_));
+    if (graph_ != nullptr) KILN_IGNORE_ERROR(cudaGraphDestroy(graph_));
+  }
+
+ private:
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+TEST_F(OptimGpu, ResidentStepReplaysAsCudaGraph) {
+  namespace rt = resident_test;
+  const auto all = rt::cases();
+  for (const rt::Case& c : {all[1], all[7], all[12], all[23]}) {
+    SCOPED_TRACE(c.name());
+    const DType dtype = parameter_dtype(c.amp);
+    const std::vector<double> table = rt::lr_table(c.optim.lr);
+    rt::Model host_model(kGpu, dtype), res_model(kGpu, dtype);
+    MixedPrecisionOptimizer host(host_model.params, c.optim, c.amp);
+    auto results = rt::run_host(host_model, host, table, 0, rt::kSteps);
+    Stream stream = Stream::create(kGpu);
+    StreamGuard guard(kGpu, stream.handle());
+    cudaStream_t s = static_cast<cudaStream_t>(stream.handle());
+    MixedPrecisionOptimizer res(res_model.params, c.optim, c.amp);
+    res.make_resident(table, 0);
+    CudaGraph graph;
+    for (int step = 0; step < rt::kSteps; ++step) {
+      res.zero_grad();
+      rt::fill_grads(res_model, step + 1, rt::resident_loss_scale(res, kGpu));
+      if (step == 0) {
+        res.step_resident();  // the first call uploads the descriptor tables
+      } else {
+        if (step == 1) {
+          graph.capture_begin(s);
+          res.step_resident();
+          graph.capture_end(s);
+        }
+        graph.launch(s);
+      }
+      ResidentReport r = res.report();
+      const StepResult& h = results[static_cast<std::size_t>(step)];
+      EXPECT_EQ(r.skipped, h.skipped) << "step " << step + 1;
+      EXPECT_EQ(r.next_loss_scale, h.next_scale) << "step " << step + 1;
+      EXPECT_EQ(r.schedule_step, step + 1);
+    }
+    rt::expect_same_state(host_model, host, res_model, res);
+  }
 }
 
 }  // namespace
