@@ -48,8 +48,10 @@ inline T store_value(C v) {
 }  // namespace
 
 void MultiTensorTable::set(std::vector<TensorEntry> entries, Device device) {
-  bool changed = !same_entries(entries, entries_) || device != device_ || !device_buffer_.defined();
-  // Chunk indices are part of the entries, so they are filled before the comparison is used.
+  bool changed = device != device_ || !device_buffer_.defined();
+  // Chunk indices are part of the entries, so they are filled before the comparison. (Comparing
+  // before filling them re-uploaded the table on every call: a pageable copy and an allocation in
+  // each step, which a captured CUDA graph replays from freed memory.)
   std::int32_t chunk = 0;
   std::vector<ChunkEntry> chunks;
   for (std::size_t t = 0; t < entries.size(); ++t) {

@@ -71,6 +71,14 @@ if [ "${NO_TESTS:-0}" != 1 ]; then
   note "gpu test_gpu_graphs.sh: $(grep -c '^PASS' "$OUT/test-gpu-graphs.log") passed (exit $rc, $((SECONDS - start)) s)"
   grep -E '^(PASS|FAIL)' "$OUT/test-gpu-graphs.log" | sed 's/^/    /' | tee -a "$SUMMARY"
 fi
+if [ "${NO_TESTS:-0}" != 1 ] && [ -x "$BUILD/tests/comm/test_comm_nccl" ]; then
+  # NCCL inside a captured CUDA graph, on a one-rank communicator.
+  timeout 120 mpirun --allow-run-as-root -np 1 -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH \
+    "$BUILD/tests/comm/test_comm_nccl" --gtest_filter='Nccl.AllReduceReplaysInsideACudaGraph' --gtest_color=no \
+    > "$OUT/test-nccl-graph.log" 2>&1
+  rc=$?
+  note "gpu test_comm_nccl (one rank, CUDA graph): $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/test-nccl-graph.log" | tr '\n' ' ')(exit $rc)"
+fi
 if [ "${NO_TESTS:-0}" = 1 ]; then :; elif [ "$GPUS" -ge 2 ]; then
   run_test gpu2 "$BUILD/tests/comm/test_comm_nccl" 2
   # The trainer on two GPUs: exact resume with fp16 O2, dead, exiting and hung ranks, an inf.

@@ -36,8 +36,13 @@ def sets(pairs):
     return out
 
 
+# MEMORY_CASES="GPT-2 124M,BERT-base" picks cases by label (all by default).
+import os
+wanted = [w for w in os.environ.get("MEMORY_CASES", "").split(",") if w]
 rows, failures = [], 0
 for label, config, model, batch, half, extra in CASES:
+    if wanted and label not in wanted:
+        continue
     common = extra + [f"train.batch_per_gpu={batch}", f"train.global_batch={batch}"]
     rc, out, err = run([KILN, "plan", "--config", config, "--world-size", "1", "--json"] +
                        sets(common + ["train.device=CUDA"]))

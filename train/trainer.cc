@@ -447,6 +447,9 @@ void Trainer::State::graphed_micro_step(Context& ctx, const Tensor& inputs, cons
     }
     g.inputs.copy_from(inputs);
     g.targets.copy_from(targets);
+    // The eager run's activations sit free in the cache: give them back, so that the graph's
+    // pool takes their place rather than adding to them (and nothing needs freeing in capture).
+    cuda_allocator(device.index).empty_cache();
     auto graph = std::make_unique<CudaGraph>();
     std::string why;
     Context frozen = ctx;  // the graph keeps these values; what changes is read from memory

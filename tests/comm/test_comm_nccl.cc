@@ -10,6 +10,9 @@
 
 #include "comm/nccl_communicator.h"
 #include "comm/world.h"
+#include "core/allocator.h"
+#include "core/cuda_graph.h"
+#include "core/stream.h"
 #include "tests/comm/dp_training.h"
 
 namespace kiln {
@@ -60,6 +63,34 @@ TEST(Nccl, AllReduceSumAndAverageAreExact) {
       EXPECT_EQ(wrong, 0) << dtype_name(dtype) << " n=" << n;
     }
   }
+}
+
+// train.cuda_graphs captures the bucket all-reduces with the step: an NCCL collective on the
+// communication stream, forked from and joined back to the captured stream, replays right on any
+// number of ranks (gpu-check also runs this test alone on one GPU, a one-rank communicator).
+TEST(Nccl, AllReduceReplaysInsideACudaGraph) {
+  const int P = comm().size(), r = comm().rank();
+  const std::int64_t n = 4099;
+  Stream stream = Stream::create(comm().device());
+  StreamGuard guard(comm().device(), stream.handle());
+  Tensor t = on_device(std::vector<double>(n, r + 1.0), DType::F32);
+  const Tensor fresh = t.clone();
+  CudaGraph graph;
+  int pool = 0;
+  std::string why;
+  ASSERT_TRUE(graph.capture(
+      comm().device(), stream.handle(), &pool, [&] { comm().all_reduce(t, ReduceOp::Sum); }, &why))
+      << why;
+  for (int replay = 0; replay < 3; ++replay) {
+    t.copy_from(fresh);
+    graph.replay(stream.handle());
+    std::vector<double> sum = t.to_vector<double>();
+    std::int64_t wrong = 0;
+    for (double v : sum) wrong += v != P * (P + 1) / 2.0;
+    EXPECT_EQ(wrong, 0) << "replay " << replay;
+  }
+  stream.synchronize();
+  cuda_allocator(comm().device().index).release_pool(&pool);
 }
 
 TEST(Nccl, BroadcastAllGatherReduceScatter) {

@@ -39,7 +39,9 @@ pair() {  # label [env...] -- sets...: graphs off and on, then same_run
   diff <(state "$WORK/$n-false") <(state "$WORK/$n-true") || fail "$label: scaler state differs"
   pass "$label: graphed = eager bit for bit"
 }
+skipped() { sed -n 's/^ *skipped_steps: //p' "$1/checkpoints/step-000006/state.pbtxt"; }
 pair "fashion_cnn O2 fp16 AdamW, accumulation 2" -- "${CNN[@]}"
+if [ "${GRAPHS_QUICK:-0}" = 0 ]; then  # GRAPHS_QUICK=1: the first pair, then resume onwards
 pair "fashion_cnn O2 fp16 SGD nesterov, clipping" -- "${CNN[@]}" --set optimizer.kind=SGD \
   --set optimizer.momentum=0.9 --set optimizer.nesterov=true --set optimizer.max_grad_norm=0.1
 pair "fashion_cnn O1 fp16 LAMB" -- --set precision.opt_level=O1 --set precision.half=FP16 --set optimizer.kind=LAMB
@@ -48,8 +50,11 @@ pair "BERT dropout O2 fp16, accumulation 2" -- "${BERT[@]}" --set precision.opt_
 pair "GPT-2 dropout O2 bf16, clipping" -- "${GPT[@]}" --set precision.opt_level=O2 --set precision.half=BF16 --set optimizer.max_grad_norm=1
 pair "ViT (cuDNN attention) O2 fp16" -- "${VIT[@]}" --set precision.opt_level=O2 --set precision.half=FP16
 pair "fashion_cnn O2 fp16, an inf at step 3" KILN_FAULT_KIND=inf-grad KILN_FAULT_STEP=2 -- "${CNN[@]}"
-grep -q "skipped_steps: 1" "$WORK/$n-true/checkpoints/step-000006/state.pbtxt" || fail "the inf was not skipped"
+# fp16's first steps may overflow at the initial scale anyway: the inf adds one skipped step.
+[ "$(skipped "$WORK/$n-true")" = "$(( $(skipped "$WORK/1-true") + 1 ))" ] \
+  || fail "the inf was not skipped ($(skipped "$WORK/$n-true") skipped, $(skipped "$WORK/1-true") without it)"
 grep -q "injected fault runs eagerly" "$WORK/$n-true.log" || fail "the fault step did not run eagerly"
+fi
 
 # Resume with graphs: 3 steps, a new process, 3 more.
 cp -r "$WORK/1-true" "$WORK/resume"
