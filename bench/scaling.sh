@@ -7,6 +7,8 @@
 # tests of tests/train/test_gpu_training.sh at N ranks. Prints a markdown table.
 #
 #   bench/scaling.sh [BUILD_DIR] [--gpus "1 2 4 8"] [--steps N] [--no-torch] [--no-checks]
+# KILN_BENCH_ARGS adds kiln bench options, e.g. "--set train.cuda_graphs=false" for the rows
+# without CUDA graphs (the two-GPU issue compares both).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build-gpu}
@@ -39,7 +41,7 @@ for mb in "resnet50 128" "bert_base 32"; do
   for n in $GPU_COUNTS; do
     k=$(timeout 300 mpirun --allow-run-as-root --bind-to none -np "$n" -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH \
           "$BUILD/bin/kiln" bench --model "$1" --batch "$2" --amp O2 --half fp16 --steps "$STEPS" \
-          --warmup "$WARMUP" --json 2>> "$OUT/kiln.err" | tail -1)
+          --warmup "$WARMUP" --json ${KILN_BENCH_ARGS:-} 2>> "$OUT/kiln.err" | tail -1)
     t="{}"
     if [ "$TORCH" = 1 ]; then
       t=$(timeout 300 python3 bench/pytorch_reference.py --model "$1" --batch "$2" --gpus "$n" \

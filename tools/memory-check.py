@@ -3,7 +3,8 @@
 
 For each configuration: `kiln plan --json` (zero_stage 0, one GPU) predicts the total per GPU;
 `kiln bench --json` measures the allocator's peak reserved memory of real steps at the same batch,
-precision and recompute setting. Then the 24 GiB cap (train.max_memory_mb 24576): GPT-2 124M x16
+precision and recompute setting, and their throughput (recompute's cost); the plan's largest batch
+under 24 GiB is printed beside them. Then the 24 GiB cap (train.max_memory_mb 24576): GPT-2 124M x16
 must fit, GPT-2 XL x4 (16 bytes per parameter alone are 23 GiB) must fail naming what to change.
 Prints one markdown table and PASS/FAIL lines.
 
@@ -44,16 +45,16 @@ for label, config, model, batch, half, extra in CASES:
     if wanted and label not in wanted:
         continue
     common = extra + [f"train.batch_per_gpu={batch}", f"train.global_batch={batch}"]
-    rc, out, err = run([KILN, "plan", "--config", config, "--world-size", "1", "--json"] +
-                       sets(common + ["train.device=CUDA"]))
+    rc, out, err = run([KILN, "plan", "--config", config, "--world-size", "1", "--json",
+                        "--memory-mb", "24576"] + sets(common + ["train.device=CUDA"]))
     if rc != 0:
         print(f"FAIL plan {label}: exit {rc}: {err.strip()[-400:]}")
         failures += 1
         continue
     plan = json.loads(out.strip().splitlines()[-1])
     for recompute in ("NONE", "BLOCKS"):
-        predicted = [p for p in plan["plans"]
-                     if p["zero_stage"] == 0 and p["recompute"] == recompute][0]["total_mb"]
+        row = [p for p in plan["plans"] if p["zero_stage"] == 0 and p["recompute"] == recompute][0]
+        predicted, largest = row["total_mb"], row.get("largest_batch", 0)
         rc, out, err = run([KILN, "bench", "--model", model, "--batch", str(batch), "--amp", "O2",
                             "--half", half, "--steps", "4", "--warmup", "2", "--json"] +
                            sets([f"train.recompute={recompute}"]))
@@ -66,13 +67,17 @@ for label, config, model, batch, half, extra in CASES:
         error = (predicted - measured) / measured
         ok = abs(error) <= 0.10
         failures += not ok
+        per_s = r["samples_per_s"] * (1024 if model.startswith("gpt2") else 1)
+        unit = "tokens/s" if model.startswith("gpt2") else "samples/s"
         rows.append(f"| {label} x{batch} | {recompute} | {predicted:,.0f} | {measured:,.0f} | "
-                    f"{100 * error:+.1f} % | {'yes' if ok else 'NO'} |")
+                    f"{100 * error:+.1f} % | {'yes' if ok else 'NO'} | {per_s:,.0f} {unit} | "
+                    f"{largest} |")
         print(f"{'PASS' if ok else 'FAIL'} plan {label} x{batch} {recompute}: predicted "
               f"{predicted:.0f} MiB, measured {measured:.0f} MiB ({100 * error:+.1f} %)")
 
-print("\n| configuration | recompute | kiln plan MiB | measured peak MiB | error | within 10 % |")
-print("| --- | --- | --- | --- | --- | --- |")
+print("\n| configuration | recompute | kiln plan MiB | measured peak MiB | error | within 10 % | "
+      "throughput | largest batch under 24,576 MiB (kiln plan) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 print("\n".join(rows))
 
 # The 24 GiB cap.

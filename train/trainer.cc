@@ -479,9 +479,8 @@ void Trainer::State::graphed_micro_step(Context& ctx, const Tensor& inputs, cons
     auto done = std::make_shared<Event>(device);
     done->record(g.stream.handle());
     Watchdog::instance().begin(
-        "the collectives of training step " + std::to_string(step + 1) + " (a CUDA graph)",
-        static_cast<std::uint64_t>(step + 1), e.parallel().collective_timeout_s(),
-        [done, d = device]() {
+        "collectives in the CUDA graph of training step", static_cast<std::uint64_t>(step + 1),
+        e.parallel().collective_timeout_s(), [done, d = device]() {
           try {  // the watchdog's thread: an error surfaces on the training thread instead
             DeviceGuard guard(d);
             return done->query();

@@ -49,3 +49,18 @@ env KILN_FAULT_KIND=inf-grad KILN_FAULT_STEP=1 "$KILN" train "${BASE[@]}" --set 
 [ "$code" != 0 ] || { cat "$WORK/noscaler.log"; fail "no error for an inf without a scaler"; }
 grep -q "non-finite gradients (inf/NaN) at step 2" "$WORK/noscaler.log" || { cat "$WORK/noscaler.log"; fail "error does not name step 2"; }
 pass "without a scaler an inf gradient stops the run naming its step"
+
+# Two ranks over MPI: the found-inf flag is all-reduced inside the resident step, so every rank
+# skips the same steps without asking the host.
+mpi_run() {  # name cuda_graphs
+  env KILN_FAULT_KIND=inf-grad KILN_FAULT_STEP=2 KILN_FAULT_RANK=1 "${MPIRUN[@]}" -np 2 "$KILN" train \
+    "${BASE[@]}" --set train.cuda_graphs="$2" --set logging.dir="$WORK/$1" > "$WORK/$1.log" 2>&1 \
+    || { cat "$WORK/$1.log"; fail "run $1 (2 ranks)"; }
+}
+mpi_run eager_np2 false
+mpi_run resident_np2 true
+same_run "$WORK/eager_np2" "$WORK/resident_np2" 6
+diff <(state "$WORK/eager_np2") <(state "$WORK/resident_np2") || fail "2 ranks: scaler state differs"
+grep -q "skipped_steps: 1" "$WORK/resident_np2/checkpoints/step-000006/state.pbtxt" \
+  || fail "2 ranks: rank 1's inf was not skipped on both"
+pass "2 ranks, an inf on rank 1: resident = host path bit for bit, the step skipped on both"

@@ -10,11 +10,13 @@
 #   ZeRO stage 2 (AdamW, LAMB) equals stage 0, and its sharded checkpoint reloads on one GPU;
 #   hung rank (SIGSTOP) with a 30 s collective timeout: rank 0's watchdog names the
 #     operation, its sequence number and the time waited, and the job ends within 90 s.
-# KILN_GPU_TRAINING_PARTS (default "resume faults inf zero hang") selects parts; KILN_GPU_TRAINING_NP
+#   train.cuda_graphs (on by default with CUDA; every part runs graphed): 20 steps with graphs
+#     equal 20 without them bit for bit, NCCL collectives inside the graphs;
+# KILN_GPU_TRAINING_PARTS (default "resume graphs faults inf zero hang") selects parts; KILN_GPU_TRAINING_NP
 # (default 2) the number of ranks, one GPU each (bench/scaling.sh runs the faults at 8).
 source "$(dirname "$0")/lib.sh"
 export NCCL_NVLS_ENABLE=0 NCCL_ALGO=Ring
-PARTS=" ${KILN_GPU_TRAINING_PARTS:-resume faults inf zero hang} "
+PARTS=" ${KILN_GPU_TRAINING_PARTS:-resume graphs faults inf zero hang} "
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 NP=${KILN_GPU_TRAINING_NP:-2}
 GPUS=$(nvidia-smi -L 2>/dev/null | grep -c GPU || true)
@@ -25,6 +27,17 @@ run_np() { "${MPIRUN[@]}" -np "$NP" "$KILN" train --config "$TINY" "${GPU[@]}" "
 # The training state of a checkpoint without what names the run's directory (its paths, and
 # the experiment's hash, which covers them).
 state() { grep -vE '^ *(dir|experiment_hash): ' "$1/state.pbtxt"; }
+# Graphed against eager on every rank: 20 steps, accumulation 2, the bucket all-reduces inside.
+if want graphs; then
+for g in false true; do
+  run_np --set train.steps=20 --set checkpoint.every_steps=20 --set train.global_batch=$((32 * NP)) \
+    --set train.cuda_graphs=$g --set logging.dir="$WORK/graphs-$g" > "$WORK/graphs-$g.log" 2>&1 \
+    || { cat "$WORK/graphs-$g.log"; fail "cuda_graphs $g run"; }
+done
+grep -q "cuda_graphs: captured" "$WORK/graphs-true.log" || { cat "$WORK/graphs-true.log"; fail "nothing captured"; }
+same_run "$WORK/graphs-false" "$WORK/graphs-true" 20
+pass "$NP GPUs: graphed = eager bit for bit over 20 steps (accumulation 2, NCCL inside the graphs)"
+fi
 # 1. Exact resume with mixed precision: 200 steps against 100 + 100.
 if want resume; then
 LONG=(--set train.steps=200 --set checkpoint.every_steps=100)
