@@ -277,7 +277,10 @@ void DataParallel::launch(Bucket& bucket) {
       bucket.flat.copy_from(bucket.staging);
     }
   } else if (options_.zero_stage > 0) {
+    allocate_gradients(bucket);  // stage 2: a bucket no backward wrote (unused parameters)
     comm_.reduce_scatter_on_comm_stream(bucket.flat, bucket.shard, ReduceOp::Average);
+    // Collectives that block the caller have read the bucket: stage 2 lets it go at once.
+    if (options_.zero_stage == 2 && comm_.comm_stream() == nullptr) release_gradients(bucket);
   } else {
     comm_.all_reduce_on_comm_stream(bucket.flat, ReduceOp::Average);
   }
@@ -300,11 +303,37 @@ void DataParallel::finish() {
   // Stage 2: the full buffers are released once the compute stream has waited for their
   // reduce-scatters, so a stream-ordered allocator reuses them only after the reads.
   if (options_.zero_stage == 2) {
-    for (Bucket& b : buckets_) {
-      b.flat = Tensor();
-      for (Parameter* p : b.params) p->grad = Tensor();
-    }
+    for (Bucket& b : buckets_) release_gradients(b);
   }
+}
+
+void DataParallel::allocate_gradients(Bucket& b) {
+  if (b.flat.defined()) return;
+  b.flat = Tensor::zeros({b.numel}, b.dtype, comm_.device());
+  bind_gradients(b);
+}
+
+void DataParallel::release_gradients(Bucket& b) {
+  b.flat = Tensor();
+  for (Parameter* p : b.params) p->grad = Tensor();
+}
+
+void DataParallel::zero_grad_lazily() {
+  if (options_.zero_stage != 2) return zero_grad();
+  for (Bucket& b : buckets_) {
+    if (b.flat.defined()) b.flat.zero();
+  }
+}
+
+std::function<void(Layer&, bool, bool)> DataParallel::gradient_allocation_hook() {
+  if (options_.zero_stage != 2) return {};
+  return [this](Layer& layer, bool forward, bool begin) {
+    if (forward || !begin) return;
+    for (Parameter* p : layer.written_parameters()) {
+      auto it = slots_.find(p);
+      if (it != slots_.end()) allocate_gradients(buckets_[it->second.bucket]);
+    }
+  };
 }
 
 void DataParallel::bind_gradients(Bucket& b) {
@@ -397,8 +426,7 @@ void DataParallel::zero_grad() {
     if (b.flat.defined()) {
       b.flat.zero();
     } else {  // stage 2 released it after the last step
-      b.flat = Tensor::zeros({b.numel}, b.dtype, comm_.device());
-      bind_gradients(b);
+      allocate_gradients(b);
     }
   }
 }

@@ -133,6 +133,15 @@ class DataParallel {
   // Forgets the bucket bookkeeping of a backward that was not carried out (a CUDA graph capture
   // that failed part way): the next backward starts afresh.
   void reset_step();
+  // ZeRO-2 without full gradient buffers at the start of backward: zero_grad_lazily() zeroes the
+  // buffers that exist and leaves released ones unallocated; the hook (Context::on_layer)
+  // allocates a bucket, zeroed, when the backward of a layer that writes one of its gradients
+  // begins. Where the collectives block the caller (MPI), a bucket is released again as soon as
+  // it is reduce-scattered, so a rank holds few full buckets at a time; on a communication
+  // stream, finish() releases them. Other stages: zero_grad_lazily() is zero_grad() and the hook
+  // does nothing.
+  void zero_grad_lazily();
+  std::function<void(Layer& layer, bool forward, bool begin)> gradient_allocation_hook();
 
   // Optimizer steps finished (finish() calls outside accumulation micro-steps): PowerSgd starts
   // compressing at options.powersgd_start_step. set_finished_steps restores it on resume.
@@ -203,6 +212,8 @@ class DataParallel {
   void launch_ready_buckets();
   void launch(Bucket& bucket);
   void bind_gradients(Bucket& bucket);  // Parameter::grad = views into bucket.flat
+  void allocate_gradients(Bucket& bucket);  // stage 2: a released bucket, zeroed and bound
+  void release_gradients(Bucket& bucket);   // stage 2: the full buffer goes, grads undefined
 
   Communicator& comm_;
   DataParallelOptions options_;

@@ -65,6 +65,13 @@ std::vector<Parameter*> Layer::parameters() {
   return out;
 }
 
+std::vector<Parameter*> Layer::written_parameters() {
+  std::vector<Parameter*> out;
+  for (auto& p : params_) out.push_back(p.get());
+  out.insert(out.end(), shared_.begin(), shared_.end());
+  return out;
+}
+
 std::vector<Buffer*> Layer::buffers() {
   std::vector<Buffer*> out;
   std::function<void(Layer&)> visit = [&](Layer& layer) {

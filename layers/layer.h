@@ -100,6 +100,9 @@ class Layer {
   const std::string& name() const { return name_; }
   // Every parameter of this layer and its children, each once, in registration order.
   std::vector<Parameter*> parameters();
+  // The parameters whose gradients this layer's own backward writes: its own and the shared ones
+  // it uses (tied weights), not its children's. ZeRO-2 allocates their gradients as it begins.
+  std::vector<Parameter*> written_parameters();
   std::vector<Buffer*> buffers();
   std::vector<Layer*> children();
   std::int64_t parameter_count();

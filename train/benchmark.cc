@@ -46,7 +46,8 @@ BenchResult Trainer::benchmark(int warmup, int steps, bool profile) {
   std::vector<std::unique_ptr<Span>> spans, leaf_spans;
   std::map<std::tuple<Layer*, bool, bool>, Span*> open;
   if (profile && s.device.is_cuda()) {
-    ctx.on_layer = [&](Layer& layer, bool forward, bool begin) {
+    ctx.on_layer = [&, before = ctx.on_layer](Layer& layer, bool forward, bool begin) {
+      if (before) before(layer, forward, begin);  // ZeRO-2's gradient allocation
       bool top = !layer.name().empty() && layer.name().find('.') == std::string::npos;
       bool leaf = layer.children().empty();
       void* stream = current_stream(s.device);

@@ -362,7 +362,10 @@ Context Trainer::State::make_context(bool training) const {
   ctx.precision = precision.policy;
   ctx.seed = e.train().seed();
   ctx.channels_last = channels_last(e.model(), device, precision.policy);
-  if (dp && training) ctx.on_grad_ready = dp->grad_ready_hook();
+  if (dp && training) {
+    ctx.on_grad_ready = dp->grad_ready_hook();
+    ctx.on_layer = dp->gradient_allocation_hook();
+  }
   if (graphs && training) {
     ctx.step_source = reinterpret_cast<const std::uint64_t*>(graphs->micro_step.data());
     ctx.loss_scale_source = optimizer->loss_scale_source();
@@ -378,7 +381,7 @@ StepOutcome Trainer::State::micro_step_work(Context& ctx, const Tensor& inputs,
   const bool last = position == MicroPosition::Only || position == MicroPosition::Last;
   if (first) {
     if (dp) {
-      dp->zero_grad();
+      dp->zero_grad_lazily();  // ZeRO-2: buckets are allocated as backward reaches them
     } else {
       for (Parameter* p : parameters) p->grad.zero();
     }

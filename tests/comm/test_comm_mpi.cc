@@ -450,6 +450,64 @@ TEST_P(DataParallelZero, ShardsPartitionTheModelAverageAndGather) {
   }
 }
 
+// ZeRO-2 without the full gradients at the start of backward: buckets are allocated as the
+// backward of a layer that writes them begins, and (MPI's collectives block) released as soon as
+// they are reduce-scattered; the training is bit for bit stage 1's.
+TEST(DataParallel, ZeroStage2AllocatesBucketsAsBackwardReachesThem) {
+  auto train = [](int stage, std::size_t* first_bytes, std::size_t* most_bytes,
+                  std::size_t* shard_bytes, std::size_t* full_bytes) {
+    auto model = testing::make_tiny_model(5, Device::cpu(), DType::F32);
+    DataParallelOptions options;
+    options.bucket_bytes = 64;  // a bucket per parameter: the second layer's go before the first's
+    options.zero_stage = stage;
+    DataParallel dp(model->parameters(), model->buffers(), comm(), options);
+    if (full_bytes != nullptr) *full_bytes = dp.gradient_buffer_bytes();
+    Context ctx;
+    ctx.on_grad_ready = dp.grad_ready_hook();
+    std::size_t seen = 0, most = 0, first = 0;
+    auto allocate = dp.gradient_allocation_hook();
+    ctx.on_layer = [&](Layer& layer, bool forward, bool begin) {
+      if (!forward && begin) {
+        if (seen++ == 0) first = dp.gradient_buffer_bytes();
+        if (allocate) allocate(layer, forward, begin);
+        most = std::max(most, dp.gradient_buffer_bytes());
+      }
+    };
+    auto params = model->parameters();
+    std::vector<double> after;
+    const std::int64_t shard = 12 / comm().size();
+    for (int step = 0; step < 3; ++step) {
+      dp.zero_grad_lazily();
+      Tensor x, t;
+      testing::global_batch(static_cast<std::uint64_t>(step), 12, Device::cpu(), DType::F32, x, t);
+      const std::int64_t begin = comm().rank() * shard;
+      Tensor xm = x.slice(0, begin, begin + shard).contiguous();
+      Tensor tm = t.slice(0, begin, begin + shard).contiguous();
+      seen = most = 0;
+      Tensor y = model->forward(ctx, xm);
+      model->backward(ctx, testing::mse_grad(y, tm, shard));
+      dp.finish();
+      if (shard_bytes != nullptr) *shard_bytes = dp.gradient_buffer_bytes();
+      // The update on the reduced shards, then every rank's pieces to every rank.
+      for (const ShardPiece& piece : dp.shard_pieces()) {
+        Tensor v = piece.parameter->value.view({piece.parameter->value.numel()})
+                       .slice(0, piece.offset, piece.offset + piece.numel);
+        ops::axpy(-0.05, piece.grad, v);
+      }
+      dp.gather_parameters();
+    }
+    if (first_bytes != nullptr) *first_bytes = first;
+    if (most_bytes != nullptr) *most_bytes = most;
+    return testing::parameter_values(*model);
+  };
+  const std::vector<double> stage1 = train(1, nullptr, nullptr, nullptr, nullptr);
+  std::size_t first = 0, most = 0, shards = 0, full = 0;
+  const std::vector<double> stage2 = train(2, &first, &most, &shards, &full);
+  EXPECT_EQ(stage1, stage2);
+  EXPECT_EQ(first, shards) << "full buckets held when backward began";
+  EXPECT_LT(most - shards, full - shards) << "every full bucket held at once during backward";
+}
+
 INSTANTIATE_TEST_SUITE_P(Stages, DataParallelZero, ::testing::Values(1, 2),
                          [](const auto& info) { return "stage" + std::to_string(info.param); });
 
