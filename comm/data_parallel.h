@@ -211,7 +211,7 @@ class DataParallel {
   void on_grad_ready(Parameter& p);
   void launch_ready_buckets();
   void launch(Bucket& bucket);
-  void bind_gradients(Bucket& bucket);  // Parameter::grad = views into bucket.flat
+  void bind_gradients(Bucket& bucket);      // Parameter::grad = views into bucket.flat
   void allocate_gradients(Bucket& bucket);  // stage 2: a released bucket, zeroed and bound
   void release_gradients(Bucket& bucket);   // stage 2: the full buffer goes, grads undefined
 
