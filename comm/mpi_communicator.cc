@@ -154,7 +154,9 @@ void MpiCommunicator::host_all_reduce(Tensor& t, ReduceOp op) {
                                  gathered.data(), recv_counts.data(), recv_offsets.data(), type,
                                  comm));
     fold(t.dtype(), gathered.data(), mine, ranks, op, folded.data());
-    std::memcpy(chunk + send_offsets[rank()] * elem, folded.data(), folded.size());
+    // A chunk smaller than the world leaves some ranks no slice (a one-element flag on 2 ranks).
+    if (!folded.empty())
+      std::memcpy(chunk + send_offsets[rank()] * elem, folded.data(), folded.size());
     KILN_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, chunk, send_counts.data(),
                                   send_offsets.data(), type, comm));
   }
