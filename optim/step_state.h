@@ -45,6 +45,26 @@ struct ScalerRule {
   std::int64_t growth_interval = 2000;
 };
 
+// torch.amp.GradScaler's state machine for one step, shared by LossScaler::update (host mode) and
+// resident_advance. Returns true, leaving the state as it is, when a dynamic scale overflows at
+// min_scale (the gradients are inf/NaN whatever the scale: the caller reports it).
+KILN_HOST_DEVICE inline bool scaler_transition(double& scale, std::int64_t& growth_tracker,
+                                               bool found_inf, const ScalerRule& scaler) {
+  if (found_inf) {
+    if (scaler.dynamic) {
+      if (scaler.min_scale > 0 && scale <= scaler.min_scale) return true;
+      const double backed_off = scale * scaler.backoff_factor;  // std::max(.., min_scale)
+      scale = backed_off < scaler.min_scale ? scaler.min_scale : backed_off;
+    }
+    growth_tracker = 0;
+  } else if (scaler.dynamic && ++growth_tracker >= scaler.growth_interval) {
+    const double grown = scale * scaler.growth_factor;  // std::min(grown, max_scale)
+    scale = scaler.max_scale < grown ? scaler.max_scale : grown;
+    growth_tracker = 0;
+  }
+  return false;
+}
+
 // After the unscale pass and the found-inf hook: the step's verdict. Without a loss scaler an
 // inf/NaN step is skipped too (the weights are never corrupted) and reported as an error.
 KILN_HOST_DEVICE inline void resident_decide(StepState& s, float found_inf, float grad_norm,
@@ -66,23 +86,9 @@ KILN_HOST_DEVICE inline void resident_advance(StepState& s, const ScalerRule& sc
   s.last_grad_norm = s.grad_norm;
   s.last_skipped = s.skip;
   s.last_found_inf = inf ? 1 : 0;
-  if (scaler.enabled) {
-    if (inf) {
-      if (scaler.dynamic) {
-        if (scaler.min_scale > 0 && s.loss_scale <= scaler.min_scale) {
-          if (s.overflow_step == 0) s.overflow_step = s.schedule_step + 1;
-        } else {
-          // std::max(scale * backoff, min_scale), spelled out for the device.
-          const double backed_off = s.loss_scale * scaler.backoff_factor;
-          s.loss_scale = backed_off < scaler.min_scale ? scaler.min_scale : backed_off;
-        }
-      }
-      s.growth_tracker = 0;
-    } else if (scaler.dynamic && ++s.growth_tracker >= scaler.growth_interval) {
-      const double grown = s.loss_scale * scaler.growth_factor;  // std::min(grown, max_scale)
-      s.loss_scale = scaler.max_scale < grown ? scaler.max_scale : grown;
-      s.growth_tracker = 0;
-    }
+  if (scaler.enabled && scaler_transition(s.loss_scale, s.growth_tracker, inf, scaler) &&
+      s.overflow_step == 0) {
+    s.overflow_step = s.schedule_step + 1;
   }
   s.optimizer_steps += s.skip ? 0 : 1;
   s.skipped_steps += s.skip ? 1 : 0;

@@ -76,7 +76,7 @@ BenchResult Trainer::benchmark(int warmup, int steps, bool profile) {
   const bool graphed = s.graphs && s.graphs->capture;
   const bool comm_timing = s.dp && !graphed;
   if (comm_timing) s.dp->set_timing(true);
-  const std::uint64_t host_steps_before = s.graphs ? s.graphs->host_micro_steps : 0;
+  const std::uint64_t micro_steps_before = s.graphs ? s.graphs->micro_steps : 0;
   const std::uint64_t replays_before = s.graphs ? s.graphs->replays : 0;
   double host_seconds = 0;
   std::vector<CommStepTiming> comm_timings;
@@ -105,7 +105,7 @@ BenchResult Trainer::benchmark(int warmup, int steps, bool profile) {
   r.host_ms_per_step = steps > 0 ? 1e3 * host_seconds / steps : 0;
   // Graphed: every micro-step of the timed steps replayed a graph.
   r.graph = s.graphs != nullptr &&
-            s.graphs->replays - replays_before == s.graphs->host_micro_steps - host_steps_before &&
+            s.graphs->replays - replays_before == s.graphs->micro_steps - micro_steps_before &&
             s.graphs->replays > replays_before;
   if (!comm_timings.empty()) {
     std::vector<std::size_t> order(comm_timings.size());

@@ -34,16 +34,14 @@ struct StepGraphs {
   Device device;
   Stream stream;         // the compute stream while training: a capture needs a stream of its own
   bool capture = false;  // graphs may be captured (CUDA, and nothing that needs the host each step)
-  std::string eager_reason;  // why not, when capture is false
   std::map<MicroPosition, std::unique_ptr<CudaGraph>> graphs;
   std::map<MicroPosition, int> eager_runs;  // steady-shape eager runs of each position so far
   Tensor inputs, targets;                   // the static batch the graphs read
-  Tensor micro_step;           // I64 (1) on the device: dropout's step (Context::step_source)
-  std::set<std::string> said;  // eager reasons already logged
-  std::uint64_t replays = 0, eager_micro_steps = 0;
-  double host_seconds = 0;  // host time spent issuing micro-steps (graph or eager)
-  std::uint64_t host_micro_steps = 0;
-  int pool = 0;  // its address names the allocator's private pool
+  Tensor micro_step;              // I64 (1) on the device: dropout's step (Context::step_source)
+  std::set<std::string> said;     // eager reasons already logged
+  std::uint64_t replays = 0;      // micro-steps that replayed a graph
+  std::uint64_t micro_steps = 0;  // every training micro-step, graphed or eager
+  int pool = 0;                   // its address names the allocator's private pool
 
   // The steady shape: the first training batch's. Another shape runs eagerly.
   bool steady(const Tensor& batch_inputs, const Tensor& batch_targets) const;

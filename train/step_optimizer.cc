@@ -158,7 +158,8 @@ struct StepOptimizer::Impl {
         optimizer(sharded ? shards.list() : parameters, optimizer_options(e), amp_options(e),
                   sharded ? sharded->communicator().device() : Device::cpu()),
         schedule(schedule_options(e, total)),
-        model_parameters(parameters) {
+        model_parameters(parameters),
+        total_steps(total) {
     for (Parameter* p : parameters) {
       full_numel[p->name] = p->value.numel();
       if (!sharded) range[p->name] = {0, p->value.numel()};
@@ -177,15 +178,17 @@ struct StepOptimizer::Impl {
   // Per parameter name: {offset, numel} of the range this rank's optimizer holds, and its length.
   std::map<std::string, std::pair<std::int64_t, std::int64_t>> range;
   std::map<std::string, std::int64_t> full_numel;
-  std::int64_t total_steps = 0;
+  std::int64_t total_steps;
   std::int64_t skipped_before_resident = 0;
+  Communicator* found_inf_comm = nullptr;  // whose all-reduce the found-inf hook runs
+  // Every rank's found-inf flag summed before the skip decision, so that all ranks skip alike.
+  void agree_on_found_inf(Communicator* comm);
 };
 
 StepOptimizer::StepOptimizer(const std::vector<Parameter*>& parameters,
                              const NamedTensors& fp32_init, const config::Experiment& experiment,
                              std::int64_t total_steps, DataParallel* sharded)
     : impl_(std::make_unique<Impl>(parameters, experiment, total_steps, sharded)) {
-  impl_->total_steps = total_steps;
   // O2 masters start from the exact fp32 initial values, not from their half rounding.
   std::map<std::string, const Tensor*> init;
   for (const auto& [name, t] : fp32_init) init[name] = &t;
@@ -243,13 +246,17 @@ double StepOptimizer::lr_at(std::int64_t step) const {
   return impl_->schedule.lr_at(step);
 }
 
+void StepOptimizer::Impl::agree_on_found_inf(Communicator* comm) {
+  // Installed once per communicator, not every step: the hook is a std::function.
+  if (comm == found_inf_comm || comm == nullptr || comm->size() == 1) return;
+  optimizer.set_found_inf_hook([comm](Tensor& flag) { comm->all_reduce(flag, ReduceOp::Sum); });
+  found_inf_comm = comm;
+}
+
 StepOutcome StepOptimizer::step(std::int64_t step, Communicator* comm) {
   double lr = impl_->schedule.lr_at(step);
   impl_->optimizer.set_lr(lr);
-  if (comm != nullptr && comm->size() > 1) {
-    impl_->optimizer.set_found_inf_hook(
-        [comm](Tensor& flag) { comm->all_reduce(flag, ReduceOp::Sum); });
-  }
+  impl_->agree_on_found_inf(comm);
   optim::StepResult r = impl_->optimizer.step();
   // Every rank updated its pieces: the whole weights reach every rank before the next forward.
   if (impl_->sharded != nullptr && !r.skipped) impl_->sharded->gather_parameters();
@@ -284,10 +291,7 @@ const double* StepOptimizer::loss_scale_source() const {
 }
 
 void StepOptimizer::step_resident(Communicator* comm) {
-  if (comm != nullptr && comm->size() > 1) {
-    impl_->optimizer.set_found_inf_hook(
-        [comm](Tensor& flag) { comm->all_reduce(flag, ReduceOp::Sum); });
-  }
+  impl_->agree_on_found_inf(comm);
   impl_->optimizer.step_resident();
 }
 

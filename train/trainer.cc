@@ -239,9 +239,9 @@ void set_up_graphs(Trainer::State& s) {
   if (s.device.is_cuda()) {
     s.graphs->capture = true;
   } else {
-    s.graphs->eager_reason =
-        "the CPU has nothing to capture: steps run eagerly, with the step state resident";
-    s.metrics->print("cuda_graphs: " + s.graphs->eager_reason);
+    s.metrics->print(
+        "cuda_graphs: the CPU has nothing to capture: steps run eagerly, with the step state "
+        "resident");
   }
 }
 
@@ -429,27 +429,25 @@ void Trainer::State::graphed_micro_step(Context& ctx, const Tensor& inputs, cons
                                         MicroPosition position, Tensor& loss_sum) {
   StepGraphs& g = *graphs;
   if (!g.inputs.defined()) {  // the first batch sets the shape the graphs are captured for
-    g.inputs = inputs.clone();
-    g.targets = targets.clone();
+    g.inputs = Tensor::empty(inputs.shape(), inputs.dtype(), inputs.device());
+    g.targets = Tensor::empty(targets.shape(), targets.dtype(), targets.device());
   }
   if (!g.steady(inputs, targets)) {
     say_eager("a batch of shape " + shape_str(inputs.shape()) +
               " runs eagerly (the graphs are captured for " + shape_str(g.inputs.shape()) + ")");
-    ++g.eager_micro_steps;
     micro_step_work(ctx, inputs, targets, position, loss_sum);
     return;
   }
   auto it = g.graphs.find(position);
+  // The first run of a position builds plans, workspaces and tables eagerly; the second is
+  // captured.
+  if (it == g.graphs.end() && g.eager_runs[position]++ == 0) {
+    micro_step_work(ctx, inputs, targets, position, loss_sum);
+    return;
+  }
+  g.inputs.copy_from(inputs);
+  g.targets.copy_from(targets);
   if (it == g.graphs.end()) {
-    // The first run of a position builds plans, workspaces and tables eagerly; the second is
-    // captured.
-    if (g.eager_runs[position]++ == 0) {
-      ++g.eager_micro_steps;
-      micro_step_work(ctx, inputs, targets, position, loss_sum);
-      return;
-    }
-    g.inputs.copy_from(inputs);
-    g.targets.copy_from(targets);
     // The eager run's activations sit free in the cache: give them back, so that the graph's
     // pool takes their place rather than adding to them (and nothing needs freeing in capture).
     cuda_allocator(device.index).empty_cache();
@@ -461,23 +459,19 @@ void Trainer::State::graphed_micro_step(Context& ctx, const Tensor& inputs, cons
         [&] { micro_step_work(frozen, g.inputs, g.targets, position, loss_sum); }, &why);
     if (!captured) {
       g.capture = false;
-      g.eager_reason = "the step could not be captured (" + why + ")";
-      say_eager(g.eager_reason + "; training goes on eagerly");
+      say_eager("the step could not be captured (" + why + "); training goes on eagerly");
       if (dp) dp->reset_step();
-      ++g.eager_micro_steps;
       micro_step_work(ctx, inputs, targets, position, loss_sum);
       return;
     }
     metrics->print("cuda_graphs: captured the micro-step (" + std::to_string(graph->nodes()) +
                    " nodes) for batches of shape " + shape_str(inputs.shape()));
     it = g.graphs.emplace(position, std::move(graph)).first;
-  } else {
-    g.inputs.copy_from(inputs);
-    g.targets.copy_from(targets);
   }
   it->second->replay(g.stream.handle());
   ++g.replays;
-  if (world.size > 1) {
+  const bool collectives = position == MicroPosition::Only || position == MicroPosition::Last;
+  if (world.size > 1 && collectives) {
     // The collectives inside a graph are not watched one by one: the replay is, as one.
     auto done = std::make_shared<Event>(device);
     done->record(g.stream.handle());
@@ -506,23 +500,16 @@ StepOutcome Trainer::State::run_step(Context& ctx, Tensor& loss_sum, std::int64_
   StepOutcome outcome;
   for (int micro = 0; micro < plan.accumulation; ++micro) {
     data::Batch batch = loader->next();
-    const auto host_start = Clock::now();
     ctx.step = static_cast<std::uint64_t>(micro_step);
     Tensor inputs = faults.inputs(step, prepare_inputs(batch.inputs, ctx.precision));
     const MicroPosition position = micro_position(micro, plan.accumulation);
     if (graphs && graphs->capture && !fault) {
       graphed_micro_step(ctx, inputs, batch.targets, position, loss_sum);
     } else {
-      if (graphs) {
-        ++graphs->eager_micro_steps;
-        if (graphs->capture) say_eager("a step with an injected fault runs eagerly");
-      }
+      if (graphs && graphs->capture) say_eager("a step with an injected fault runs eagerly");
       outcome = micro_step_work(ctx, inputs, batch.targets, position, loss_sum);
     }
-    if (graphs) {
-      graphs->host_seconds += seconds_since(host_start);
-      ++graphs->host_micro_steps;
-    }
+    if (graphs) ++graphs->micro_steps;
     ++micro_step;
     ++*micro_count;
     *sample_count += batch.size();

@@ -121,21 +121,22 @@ static std::string overflow_message(double min_scale, std::int64_t step) {
 
 bool LossScaler::update(bool found_inf) {
   if (!enabled()) return false;
-  if (found_inf) {
-    if (dynamic()) {
-      if (options_.min_scale > 0 && state_.scale <= options_.min_scale) {
-        throw Error(overflow_message(options_.min_scale, 0));
-      }
-      state_.scale = std::max(state_.scale * options_.backoff_factor, options_.min_scale);
-    }
-    state_.growth_tracker = 0;
-    return true;
+  if (scaler_transition(state_.scale, state_.growth_tracker, found_inf, rule())) {
+    throw Error(overflow_message(options_.min_scale, 0));
   }
-  if (dynamic() && ++state_.growth_tracker >= options_.growth_interval) {
-    state_.scale = std::min(state_.scale * options_.growth_factor, options_.max_scale);
-    state_.growth_tracker = 0;
-  }
-  return false;
+  return found_inf;
+}
+
+ScalerRule LossScaler::rule() const {
+  ScalerRule r;
+  r.enabled = enabled() ? 1 : 0;
+  r.dynamic = dynamic() ? 1 : 0;
+  r.growth_factor = options_.growth_factor;
+  r.backoff_factor = options_.backoff_factor;
+  r.min_scale = options_.min_scale;
+  r.max_scale = options_.max_scale;
+  r.growth_interval = options_.growth_interval;
+  return r;
 }
 
 void LossScaler::load_state(const State& state) {
@@ -266,19 +267,6 @@ const double* MixedPrecisionOptimizer::loss_scale_source() const {
   return &static_cast<const StepState*>(resident_state_.data())->loss_scale;
 }
 
-ScalerRule MixedPrecisionOptimizer::scaler_rule() const {
-  const LossScalerOptions& o = scaler_.options();
-  ScalerRule rule;
-  rule.enabled = scaler_.enabled() ? 1 : 0;
-  rule.dynamic = scaler_.dynamic() ? 1 : 0;
-  rule.growth_factor = o.growth_factor;
-  rule.backoff_factor = o.backoff_factor;
-  rule.min_scale = o.min_scale;
-  rule.max_scale = o.max_scale;
-  rule.growth_interval = o.growth_interval;
-  return rule;
-}
-
 void MixedPrecisionOptimizer::make_resident(std::vector<double> lr_table,
                                             std::int64_t schedule_step) {
   KILN_CHECK(!sumsq_hook_ && !optimizer_->sharded(),
@@ -330,7 +318,7 @@ void MixedPrecisionOptimizer::step_resident() {
   if (!unscaled_) unscale_and_check();
   if (hook_) hook_(found_inf_);
   StepState* state = resident_state();
-  const ScalerRule rule = scaler_rule();
+  const ScalerRule rule = scaler_.rule();
   const auto n = static_cast<std::int64_t>(lr_table_host_.size());
   if (device_.is_cpu()) {
     const float* stats = stats_.data<float>();

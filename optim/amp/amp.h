@@ -102,6 +102,7 @@ class LossScaler {
   State state() const { return state_; }
   void load_state(const State& state);
   const LossScalerOptions& options() const { return options_; }
+  ScalerRule rule() const;  // the options and mode as the resident step reads them
 
  private:
   LossScalerOptions options_;
@@ -226,7 +227,6 @@ class MixedPrecisionOptimizer {
 
   std::vector<detail::TensorEntry> unscale_entries();
   StepState* resident_state();
-  ScalerRule scaler_rule() const;
   // O2 with masters: the gradients stay scaled and the optimizer unscales them as it reads them.
   bool optimizer_unscales() const { return !master_state_.empty(); }
 };
