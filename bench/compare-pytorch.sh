@@ -4,7 +4,8 @@
 # two-GPU data parallelism. Prints a markdown table (samples/s and the ratio per configuration).
 #
 #   bench/compare-pytorch.sh [BUILD_DIR] [--quick] [--no-compile | --compile-only] [--amp O2]
-#                            [--models "resnet50 ..."] [--p2p-off] [--net]
+#                            [--models "resnet50 ..."] [--p2p-off] [--net] [--compile-batches]
+#                            [--compile-modes "default reduce-overhead"]
 # --p2p-off adds the two-GPU rows again with NCCL_P2P_DISABLE=1 (NCCL through host memory, as
 # between RTX 4090s: ANCHORS.md's 95 % / 90 % targets).
 # --net adds them with NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 (NCCL's socket transport, as between
@@ -13,16 +14,20 @@
 # POWERSGD_RANK, default 4, from step POWERSGD_START, default 2: both inside the warm-up).
 # --quick: 15 timed steps instead of 30 and no torch.compile rows; --compile-only: only the
 # torch.compile rows (at --quick's step counts when both are given), for a run that has no room
-# for the whole table.
+# for the whole table. --compile-batches: the torch.compile rows at all three batches, not only
+# the largest. --compile-modes: torch.compile's modes to run (default: "default"); the mode
+# reduce-overhead (PyTorch's CUDA-graph route) runs at each model's smallest batch.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build-gpu}; shift || true
-QUICK=0 COMPILE=1 COMPILE_ONLY=0 P2P_OFF=0 NET=0 AMP=O2 MODELS="resnet50 bert_base vit_b16" STEPS=30 WARMUP=10
+QUICK=0 COMPILE=1 COMPILE_ONLY=0 COMPILE_BATCHES=0 COMPILE_MODES=default P2P_OFF=0 NET=0 AMP=O2 MODELS="resnet50 bert_base vit_b16" STEPS=30 WARMUP=10
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1; STEPS=15; WARMUP=5 ;;
     --no-compile) COMPILE=0 ;;
     --compile-only) COMPILE_ONLY=1 ;;
+    --compile-batches) COMPILE_BATCHES=1 ;;
+    --compile-modes) COMPILE_MODES=$2; shift ;;
     --p2p-off) P2P_OFF=1 ;;
     --net) NET=1 ;;
     --amp) AMP=$2; shift ;;
@@ -64,16 +69,29 @@ print(json.dumps({"label": label, "kiln": load(k), "torch": load(t)}))
 PY
 }
 
-compile_row() {  # model batch: torch.compile (with channels_last for ResNet-50) against Kiln
-  local extra=(); [ "$1" = resnet50 ] && extra=(--channels-last)
-  local t; t=$(torch_ref --model "$1" --batch "$2" --compile "${extra[@]}")
-  record "$1|$2|fp16 AMP, torch.compile|1" "$(kiln "$1" "$2" 1)" "$t"
+compile_row() {  # model batch [mode]: torch.compile (channels_last for ResNet-50) against Kiln
+  local mode=${3:-default} extra=(); [ "$1" = resnet50 ] && extra=(--channels-last)
+  local t; t=$(torch_ref --model "$1" --batch "$2" --compile --compile-mode "$mode" "${extra[@]}")
+  local label="fp16 AMP, torch.compile"; [ "$mode" = default ] || label="$label $mode"
+  record "$1|$2|$label|1" "$(kiln "$1" "$2" 1)" "$t"
+}
+compile_rows() {  # model: the torch.compile rows the options ask for
+  local all mode; all=$(batches "$1")
+  for mode in $COMPILE_MODES; do
+    if [ "$mode" = reduce-overhead ]; then
+      compile_row "$1" "$(echo "$all" | awk '{print $1}')" "$mode"
+    elif [ "$COMPILE_BATCHES" = 1 ]; then
+      for b in $all; do compile_row "$1" "$b" "$mode"; done
+    else
+      compile_row "$1" "$(echo "$all" | awk '{print $3}')" "$mode"
+    fi
+  done
 }
 
 for m in $MODELS; do
   largest=$(batches "$m" | awk '{print $3}')
   if [ "$COMPILE_ONLY" = 1 ]; then
-    compile_row "$m" "$largest"
+    compile_rows "$m"
     continue
   fi
   for b in $(batches "$m"); do
@@ -85,7 +103,7 @@ for m in $MODELS; do
     record "$m|$largest|fp16 AMP, channels_last|1" "$(kiln "$m" "$largest" 1)" "$t"
   fi
   if [ "$COMPILE" = 1 ] && [ "$QUICK" = 0 ]; then
-    compile_row "$m" "$largest"
+    compile_rows "$m"
   fi
 done
 if [ "$GPUS" -ge 2 ] && [ "$COMPILE_ONLY" = 0 ]; then

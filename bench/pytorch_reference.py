@@ -78,9 +78,11 @@ def run(rank, args, result_queue=None):
         register_comm_hook(model, args)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     scaler = torch.amp.GradScaler("cuda")
-    step_model = torch.compile(model) if args.compile else model
+    step_model = torch.compile(model, mode=args.compile_mode) if args.compile else model
 
     def step():
+        if args.compile and args.compile_mode == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()  # a new iteration for cudagraph trees
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.float16):
             loss = loss_fn(step_model(*inputs))
@@ -106,7 +108,7 @@ def run(rank, args, result_queue=None):
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         median = t.item()
     if rank == 0:
-        mode = "fp16 AMP" + (", channels_last" if args.channels_last else "") + (", torch.compile" if args.compile else "") + (", DDP" if args.gpus > 1 else "") + (f", {args.comm_hook} hook" if args.comm_hook != "none" else "")
+        mode = "fp16 AMP" + (", channels_last" if args.channels_last else "") + ((", torch.compile" + ("" if args.compile_mode == "default" else f" {args.compile_mode}")) if args.compile else "") + (", DDP" if args.gpus > 1 else "") + (f", {args.comm_hook} hook" if args.comm_hook != "none" else "")
         print(json.dumps({
             "framework": "pytorch", "model": args.model, "batch_per_gpu": args.batch, "gpus": args.gpus,
             "mode": mode, "median_step_ms": median,
@@ -126,6 +128,8 @@ def main():
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--compile-mode", choices=["default", "reduce-overhead", "max-autotune"],
+                   default="default", help="torch.compile's mode (reduce-overhead: CUDA graphs)")
     p.add_argument("--comm-hook", choices=["none", "fp16", "bf16", "powersgd"], default="none",
                    help="DDP gradient compression (with --gpus 2 or more)")
     p.add_argument("--powersgd-rank", type=int, default=4)

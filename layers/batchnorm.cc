@@ -44,6 +44,14 @@ void BatchNorm2d::reset_parameters(std::uint64_t seed) {
   num_batches_tracked_->value.fill(0.0);
 }
 
+void BatchNorm2d::count_batch() {
+  Tensor& nbt = num_batches_tracked_->value;
+  if (!one_.defined() || one_.device() != nbt.device() || one_.dtype() != nbt.dtype()) {
+    one_ = Tensor::full(nbt.shape(), 1.0, nbt.dtype(), nbt.device());
+  }
+  ops::axpy(1.0, one_, nbt);
+}
+
 namespace {
 
 // Element (o, c, i) of a physical tensor is at (o * C + c) * inner + i: NCHW has outer = N and
@@ -106,12 +114,7 @@ Tensor BatchNorm2d::forward_impl(Context& ctx, const Tensor& x) {
       batchnorm_cuda::forward_training(xp, weight_->value, bias_->value, cl, eps_, momentum_,
                                        update_running, running_mean_->value, running_var_->value,
                                        yp, saved_mean_, saved_invstd_, fused_relu_);
-      if (update_running) {
-        if (!one_.defined() || one_.device() != nbt.device() || one_.dtype() != nbt.dtype()) {
-          one_ = Tensor::full(nbt.shape(), 1.0, nbt.dtype(), nbt.device());
-        }
-        ops::axpy(1.0, one_, nbt);
-      }
+      if (update_running) count_batch();
     } else {
       saved_mean_ = running_mean_->value;
       batchnorm_cuda::forward_inference(xp, weight_->value, bias_->value, cl, eps_,

@@ -38,6 +38,8 @@ class BatchNorm2d : public Layer {
   bool fused_relu() const { return fused_relu_; }
   double eps() const { return eps_; }
   double momentum() const { return momentum_; }
+  // num_batches_tracked += 1, on the buffer's device without a host round trip.
+  void count_batch();
 
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& x) override;

@@ -369,6 +369,12 @@ Tensor Conv2d::compute_weight(const Context& ctx, DType dtype, bool channels_las
   return weight_cache_.get(w, dtype, ctx.weights_version, channels_last);
 }
 
+void Conv2d::accumulate_weight_gradient(const Tensor& dw, bool channels_last) {
+  Tensor& grad = weight_->grad;
+  Tensor dw_kcrs = (channels_last ? dw.permute({0, 3, 1, 2}) : dw).to(grad.dtype()).contiguous();
+  ops::axpy(1.0, dw_kcrs, grad);
+}
+
 Tensor Conv2d::forward_cuda(Context& ctx, const Tensor& x) {
   const bool cl = ctx.channels_last;
   DType cd = cuda_compute_dtype(ctx, x.dtype());
@@ -408,8 +414,7 @@ Tensor Conv2d::backward_cuda(Context& ctx, const Tensor& dy) {
   } else {
     Tensor dw = Tensor::empty(w.shape(), cd, dy.device());
     cudnn_conv::backward_filter(g, last_algorithms_, saved_x_, dyp, dw, 0.0);
-    Tensor dw_kcrs = (cl ? dw.permute({0, 3, 1, 2}) : dw).to(grad.dtype()).contiguous();
-    ops::axpy(1.0, dw_kcrs, grad);
+    accumulate_weight_gradient(dw, cl);
   }
   if (bias_) {
     // (N*OH*OW, K) columns for NHWC; (N, K, OH*OW) rows then columns for NCHW.

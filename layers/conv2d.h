@@ -101,6 +101,11 @@ class Conv2d : public Layer {
   // The cuDNN algorithms of the last CUDA forward (all -1 before one, and on CPU).
   const ConvAlgorithmChoice& last_algorithms() const { return last_algorithms_; }
   Conv2dGeometry geometry(const Shape& input, DType dtype, bool channels_last) const;
+  // The weight in the compute dtype and filter order (KRSC when channels_last), cast once per
+  // ctx.weights_version.
+  Tensor compute_weight(const Context& ctx, DType dtype, bool channels_last);
+  // weight.grad += dw, dw in the filter order and compute dtype of a CUDA weight gradient.
+  void accumulate_weight_gradient(const Tensor& dw, bool channels_last);
 
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& x) override;
@@ -115,10 +120,6 @@ class Conv2d : public Layer {
   Tensor backward_cpu(const Tensor& dy_nchw);
   Tensor forward_cuda(Context& ctx, const Tensor& x);
   Tensor backward_cuda(Context& ctx, const Tensor& dy);
-  // The weight in the compute dtype and filter order (KRSC when channels_last), cast once per
-  // ctx.weights_version.
-  Tensor compute_weight(const Context& ctx, DType dtype, bool channels_last);
-
   std::int64_t in_channels_, out_channels_, kernel_h_, kernel_w_, stride_h_, stride_w_, pad_h_,
       pad_w_, dilation_h_, dilation_w_, groups_;
   Parameter* weight_;

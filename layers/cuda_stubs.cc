@@ -6,6 +6,7 @@
 #include "layers/cuda/attention_cuda.h"
 #include "layers/cuda/batchnorm_cuda.h"
 #include "layers/cuda/conv2d_cuda.h"
+#include "layers/cuda/conv_bn_fusion_cuda.h"
 #include "layers/cuda/dropout_cuda.h"
 #include "layers/cuda/embedding_cuda.h"
 #include "layers/cuda/layernorm_cuda.h"
@@ -131,6 +132,42 @@ void backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const 
   not_built("BatchNorm2d");
 }
 }  // namespace batchnorm_cuda
+
+namespace conv_bn_fusion {
+bool supported(Pattern, const Conv2dGeometry&, const ConvAlgorithmOptions&) {
+  not_built("A fused convolution");
+}
+Counts counts() {
+  return {};
+}
+void forward(const Conv2dGeometry&, const ConvAlgorithmOptions&, const Tensor&, const Tensor&,
+             const Tensor&, const Tensor&, Tensor&, Tensor&, Tensor&) {
+  not_built("A fused convolution");
+}
+void backward_filter(const Conv2dGeometry&, const ConvAlgorithmOptions&, const Tensor&,
+                     const Tensor&, const Tensor&, const Tensor&, Tensor&) {
+  not_built("A fused convolution");
+}
+void backward_data(const Conv2dGeometry&, const ConvAlgorithmOptions&, const Tensor&, const Tensor&,
+                   const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                   Tensor&, Tensor&, Tensor&, Tensor&, Tensor&, Tensor&) {
+  not_built("A fused convolution");
+}
+bool packs_fit(const Tensor&) {
+  return false;
+}
+void finalize(const Tensor&, const Tensor&, std::int64_t, const Tensor&, const Tensor&, double,
+              double, bool, Tensor&, Tensor&, Tensor&, Tensor&, Tensor&, Tensor&, Tensor&) {
+  not_built("A fused convolution");
+}
+void scale_bias_relu(const Tensor&, const Tensor&, const Tensor&, Tensor&) {
+  not_built("A fused convolution");
+}
+void apply_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                    Tensor&) {
+  not_built("A fused convolution");
+}
+}  // namespace conv_bn_fusion
 
 namespace cudnn_conv {
 bool can_implement(const Conv2dGeometry&, std::string*) {

@@ -8,7 +8,8 @@
 #   table     the Kiln vs PyTorch table (bench/compare-pytorch.sh --quick; TABLE_MODELS orders
 #             the models, ViT-B/16 first by default, so a cut run keeps the rows that matter most;
 #             TABLE_ARGS=--p2p-off adds the two-GPU rows without NVLink peer-to-peer)
-#   compile   the torch.compile rows alone (--quick --compile-only; about 330 s)
+#   compile   the torch.compile rows alone (--quick --compile-only; about 330 s; COMPILE_ARGS adds
+#             options, e.g. "--compile-batches" or "--compile-modes reduce-overhead")
 #   kbench    Kiln alone on the nine seed configurations (kiln bench --json, 15 timed steps;
 #             KBENCH="model batch,..." picks others; KBENCH_GRAPHS="true false" runs each with
 #             train.cuda_graphs on and off)
@@ -105,7 +106,8 @@ PY
       echo "exit $?"; tail -25 "$OUT/bench.log" ;;
     compile)
       OUT=$OUT/compile timeout $(( $(left) - 10 )) bash bench/compare-pytorch.sh "$BUILD" --quick \
-        --compile-only --models "${TABLE_MODELS:-vit_b16 bert_base resnet50}" > "$OUT/compile.log" 2>&1
+        --compile-only ${COMPILE_ARGS:-} --models "${TABLE_MODELS:-vit_b16 bert_base resnet50}" \
+        > "$OUT/compile.log" 2>&1
       echo "exit $?"; tail -12 "$OUT/compile.log" ;;
     parity)
       timeout "$(upto 200)" python3 tools/parity/models.py --build "$BUILD" --steps 20 > "$OUT/parity.log" 2>&1

@@ -44,6 +44,7 @@ ModelOptions model_options_from(const config::Experiment& experiment) {
   o.image_channels = m.image_channels();
   o.dropout = m.dropout();
   o.cifar_stem = m.cifar_stem();
+  o.fuse_conv_batch_norm = m.fuse_conv_batch_norm();
   o.mlp_hidden.assign(m.mlp_hidden().begin(), m.mlp_hidden().end());
   o.recompute_blocks = e.train().recompute() == config::TrainConfig::BLOCKS;
   if (m.has_bert()) take_transformer_shape(m.bert(), o);

@@ -20,6 +20,9 @@ struct ModelOptions {
   // train.recompute: BLOCKS: transformer blocks and ResNet stages recompute their activations in
   // backward from their input (Layer::set_recompute).
   bool recompute_blocks = false;
+  // ResNet: batch norm fused into cuDNN's convolutions in CUDA training
+  // (model.fuse_conv_batch_norm; layers/conv_bn_chain.h).
+  bool fuse_conv_batch_norm = false;
   // mlp: hidden widths (empty: none). Kiln's commands take them from the experiment, whose
   // default is declared once, in configs/kiln.proto (model.mlp_hidden).
   std::vector<int> mlp_hidden;

@@ -13,6 +13,7 @@
 #include "core/ops.h"
 #include "layers/batchnorm.h"
 #include "layers/conv2d.h"
+#include "layers/conv_bn_chain.h"
 #include "layers/linear.h"
 #include "layers/models/model.h"
 #include "layers/pooling.h"
@@ -29,10 +30,13 @@ std::unique_ptr<Conv2d> conv_no_bias(std::int64_t in, std::int64_t out, std::int
 }
 
 // A residual block: y = relu(body(x) + shortcut(x)), body = conv-bn-relu-conv-bn(-relu-conv-bn).
-// Children carry torchvision's names; the addition keeps the activations' memory order.
+// Children carry torchvision's names; the addition keeps the activations' memory order. With
+// `fuse`, the body trains on CUDA with batch norm fused into the convolutions where it can
+// (ConvBatchNormChain; the block's input is a ReLU's output, as the chain asks).
 class ResNetBlock : public Layer {
  public:
-  ResNetBlock(std::int64_t in_planes, std::int64_t planes, std::int64_t stride, bool bottleneck) {
+  ResNetBlock(std::int64_t in_planes, std::int64_t planes, std::int64_t stride, bool bottleneck,
+              bool fuse) {
     const std::int64_t out_planes = bottleneck ? planes * 4 : planes;
     if (bottleneck) {
       convs_.push_back(&add_child("conv1", conv_no_bias(in_planes, planes, 1, 1, 0)));
@@ -57,6 +61,7 @@ class ResNetBlock : public Layer {
       down->add("1", std::make_unique<BatchNorm2d>(out_planes));
       downsample_ = &add_child("downsample", std::move(down));
     }
+    if (fuse) chain_ = std::make_unique<ConvBatchNormChain>(convs_, bns_);
   }
 
   std::string type() const override { return convs_.size() == 3 ? "Bottleneck" : "BasicBlock"; }
@@ -82,8 +87,13 @@ class ResNetBlock : public Layer {
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& x) override {
     Tensor h = x;
-    for (std::size_t i = 0; i < convs_.size(); ++i) {
-      h = bns_[i]->forward(ctx, convs_[i]->forward(ctx, h));
+    if (chain_) chain_->release();
+    if (chain_ && training() && chain_->applicable(ctx, x)) {
+      h = chain_->forward(ctx, x);
+    } else {
+      for (std::size_t i = 0; i < convs_.size(); ++i) {
+        h = bns_[i]->forward(ctx, convs_[i]->forward(ctx, h));
+      }
     }
     // The residual sum runs fused into the block's last ReLU.
     relu_->set_residual(downsample_ ? downsample_->forward(ctx, x) : x);
@@ -94,10 +104,18 @@ class ResNetBlock : public Layer {
     Tensor g = relu_->backward(ctx, dy);
     Tensor d_shortcut = downsample_ ? downsample_->backward(ctx, g) : g;
     Tensor d = g;
-    for (std::size_t i = convs_.size(); i-- > 0;) {
-      d = convs_[i]->backward(ctx, bns_[i]->backward(ctx, d));
+    if (chain_ && chain_->saved()) {
+      d = chain_->backward(ctx, g);
+    } else {
+      for (std::size_t i = convs_.size(); i-- > 0;) {
+        d = convs_[i]->backward(ctx, bns_[i]->backward(ctx, d));
+      }
     }
     return add_in_order(ctx, d, d_shortcut);
+  }
+
+  void release_saved() override {
+    if (chain_) chain_->release();
   }
 
  private:
@@ -115,6 +133,7 @@ class ResNetBlock : public Layer {
   std::vector<BatchNorm2d*> bns_;
   ReLU* relu_ = nullptr;
   Layer* downsample_ = nullptr;
+  std::unique_ptr<ConvBatchNormChain> chain_;
 };
 
 // The whole network; re-initialises convolutions as torchvision does after the defaults.
@@ -169,7 +188,8 @@ Model make_resnet(const ModelOptions& options, int depth) {
     for (int b = 0; b < blocks[stage]; ++b) {
       const std::int64_t stride = (stage > 0 && b == 0) ? 2 : 1;
       layer->add(std::to_string(b),
-                 std::make_unique<ResNetBlock>(in_planes, planes, stride, bottleneck));
+                 std::make_unique<ResNetBlock>(in_planes, planes, stride, bottleneck,
+                                               options.fuse_conv_batch_norm));
       in_planes = planes * expansion;
     }
     layer->set_recompute(options.recompute_blocks);

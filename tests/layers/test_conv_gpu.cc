@@ -4,6 +4,7 @@
 // |gpu - cpu| <= factor * eps(dtype) * (max|cpu| + |cpu|). A failing comparison writes both
 // tensors to conv_gpu_<case>.txt in the working directory.
 
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -17,6 +18,7 @@
 #include "layers/batchnorm.h"
 #include "layers/conv2d.h"
 #include "layers/cuda/conv2d_cuda.h"
+#include "layers/cuda/conv_bn_fusion_cuda.h"
 #include "layers/models/model.h"
 #include "layers/pooling.h"
 #include "layers/relu.h"
@@ -532,6 +534,136 @@ TEST_F(ConvGpuTest, ResNet50ForwardBackwardMatchesCpu) {
         "(worst) %.2e; eval logits %.2e, eval grads (worst) %.2e (%s)\n",
         run.name, train_logits_err, buffer_worst, train_worst, eval_logits_err, eval_worst,
         eval_worst_name.c_str());
+  }
+}
+
+// model.fuse_conv_batch_norm: a ResNet trained with batch norm fused into cuDNN's convolutions
+// is as close to the f32 CPU reference as its layers run one by one are (the same initialisation,
+// input and output gradient, two training steps): logits, every parameter gradient and the
+// running statistics, the same batch counts, then eval logits from those statistics. Halves differ
+// from the reference by their roundings (ReLU masks flip), so each error is held against the
+// layers' own. cuDNN 9 fuses f16 on Ampere and Hopper, so there the blocks must run fused; bf16
+// has no engines and must fall back to the layers exactly.
+TEST_F(ConvGpuTest, ResNetFusedBatchNormEqualsTheLayers) {
+  int device = 0, major = 0, minor = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), cudaSuccess);
+  struct Run {
+    const char* name;
+    int depth;
+    bool cifar_stem;
+    int image_size;
+    DType dtype;
+  };
+  const Run runs[] = {
+      {"resnet18_cifar_f16", 18, true, 32, DType::F16},
+      {"resnet50_f16", 50, false, 64, DType::F16},
+      {"resnet50_bf16", 50, false, 64, DType::BF16},
+  };
+  const std::uint64_t seed = fresh_seed();
+  for (const Run& run : runs) {
+    SCOPED_TRACE(std::string(run.name) + " seed " + std::to_string(seed));
+    const bool fusable = run.dtype == DType::F16 && ((major == 8 && minor == 0) || major == 9);
+    ModelOptions options;
+    options.image_channels = 3;
+    options.num_classes = 10;
+    options.image_size = run.image_size;
+    options.cifar_stem = run.cifar_stem;
+    const std::int64_t batch = 8;
+    // The input as the GPU sees it (rounded to the half type), for the reference too.
+    Tensor x = random_cpu({batch, 3, run.image_size, run.image_size}, seed, DType::F32)
+                   .to(run.dtype)
+                   .to(DType::F32);
+    Tensor dy = random_cpu({batch, 10}, seed + 1, DType::F32).to(run.dtype).to(DType::F32);
+    struct Result {
+      Tensor logits, eval_logits;
+      std::vector<Tensor> grads, buffers;
+      std::vector<std::string> names;
+    };
+    auto train = [&](bool gpu, bool fuse) {
+      options.fuse_conv_batch_norm = fuse;
+      Model m = make_resnet(options, run.depth);
+      Context ctx;
+      Tensor xin = x, dyin = dy;
+      if (gpu) {
+        m.net->to(kGpu, run.dtype);
+        ctx.device = kGpu;
+        ctx.precision.activation = run.dtype;
+        ctx.precision.matmul = run.dtype;
+        ctx.channels_last = true;
+        xin = from_physical(to_physical(x.to(run.dtype), true).to(kGpu), true);
+        dyin = dy.to(kGpu, run.dtype);
+      }
+      Result r;
+      for (int step = 0; step < 2; ++step) {  // two batches: the running statistics move twice
+        for (Parameter* p : m.net->parameters()) p->grad.zero();
+        r.logits = m.net->forward(ctx, xin).to(Device::cpu(), DType::F32);
+        m.net->backward(ctx, dyin);
+      }
+      for (Parameter* p : m.net->parameters()) {
+        r.grads.push_back(p->grad.to(Device::cpu(), DType::F32));
+        r.names.push_back(p->name);
+      }
+      for (Buffer* b : m.net->buffers())
+        r.buffers.push_back(b->value.to(Device::cpu(), DType::F32));
+      m.net->set_training(false);
+      r.eval_logits = m.net->forward(ctx, xin).to(Device::cpu(), DType::F32);
+      return r;
+    };
+    const Result cpu = train(false, false);
+    const conv_bn_fusion::Counts before = conv_bn_fusion::counts();
+    const Result layers = train(true, false);
+    const conv_bn_fusion::Counts middle = conv_bn_fusion::counts();
+    EXPECT_EQ(middle.fused + middle.refused, before.fused + before.refused)
+        << "fuse_conv_batch_norm=false built fused plans";
+    const Result fused = train(true, true);
+    const conv_bn_fusion::Counts after = conv_bn_fusion::counts();
+    if (fusable) {
+      EXPECT_GT(after.fused, middle.fused) << "no convolution ran fused";
+      EXPECT_EQ(after.refused, middle.refused) << "cuDNN refused a pattern (see stderr)";
+    }
+    if (run.dtype == DType::BF16) {
+      EXPECT_EQ(after.fused, middle.fused) << "bf16 ran fused";
+    }
+
+    // Fused no further from the reference than the layers, up to a margin; exactly the layers
+    // when nothing was fused.
+    const bool exact = after.fused == middle.fused;
+    auto check = [&](const Tensor& f, const Tensor& l, const Tensor& ref, double margin,
+                     const std::string& what, double& worst_ratio, std::string& worst_name) {
+      const double ef = relative_l2(f, ref), el = relative_l2(l, ref);
+      if (exact) {
+        EXPECT_EQ(relative_l2(f, l), 0.0) << what;
+      } else {
+        EXPECT_LE(ef, 1.5 * el + margin) << what << ": fused " << ef << ", layers " << el;
+      }
+      const double ratio = ef / std::max(el, 1e-12);
+      if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst_name = what;
+    };
+    double ratio = 0;
+    std::string name;
+    check(fused.logits, layers.logits, cpu.logits, 2e-3, "train logits", ratio, name);
+    check(fused.eval_logits, layers.eval_logits, cpu.eval_logits, 2e-3, "eval logits", ratio, name);
+    ASSERT_EQ(fused.grads.size(), cpu.grads.size());
+    for (std::size_t i = 0; i < fused.grads.size(); ++i) {
+      check(fused.grads[i], layers.grads[i], cpu.grads[i], 2e-2, cpu.names[i], ratio, name);
+    }
+    ASSERT_EQ(fused.buffers.size(), cpu.buffers.size());
+    for (std::size_t i = 0; i < fused.buffers.size(); ++i) {
+      if (fused.buffers[i].numel() == 1) {  // num_batches_tracked
+        EXPECT_EQ(fused.buffers[i].item(), cpu.buffers[i].item());
+        continue;
+      }
+      check(fused.buffers[i], layers.buffers[i], cpu.buffers[i], 2e-3,
+            "buffer " + std::to_string(i), ratio, name);
+    }
+    std::printf(
+        "%s: against the f32 CPU, fused / layers relative L2 error: logits %.2e / %.2e, "
+        "worst ratio %.2f (%s); plans fused %lld, refused %lld\n",
+        run.name, relative_l2(fused.logits, cpu.logits), relative_l2(layers.logits, cpu.logits),
+        ratio, name.c_str(), static_cast<long long>(after.fused - middle.fused),
+        static_cast<long long>(after.refused - middle.refused));
   }
 }
 

@@ -249,6 +249,8 @@ CASES = {
     "data.prefetch": "test_train_run_setup (RunSetup.LoaderOptionsFollowTheExperiment): the loader gets data.prefetch",
     "data.on_corrupt_image": "test_train_run_setup (RunSetup.DatasetOptionsFollowTheExperiment); SKIP/FAIL in test_data_readers",
     "data.augmentation.random_resized_crop_scale": "test_train_run_setup (RunSetup.DatasetOptionsFollowTheExperiment) and the JPEG augmentation tests",
+    "model.fuse_conv_batch_norm": "CUDA only (cuDNN's fused engines): test_layers_conv_gpu (ConvGpuTest.ResNetFusedBatchNormEqualsTheLayers) "
+                                  "on the GPU machine; test_train_units (ModelOptions.ConvBatchNormFusionFollowsTheExperiment)",
     "model.memory_format": "CUDA only (NHWC convolutions): test_layers_conv_gpu on the GPU machine; test_train_run_setup (RunSetup.ChannelsLast)",
     "parallel.bucket_mb": "test_comm_mpi (DataParallelCpu): bucket layouts of every size give the same sums",
     "parallel.first_bucket_mb": "test_comm_mpi (DataParallel.SmallFirstBucketClosesEarly) and tests/train/test_bench_comm.sh: a bucket of its own for the last layer",

@@ -89,6 +89,15 @@ TEST(ModelOptions, MlpHiddenWidthsAreTheSchemaDefault) {
   EXPECT_EQ(model_options_from(e).mlp_hidden, default_model_options("mlp").mlp_hidden);
 }
 
+TEST(ModelOptions, ConvBatchNormFusionFollowsTheExperiment) {
+  config::Experiment e;
+  e.mutable_model()->set_name("resnet50");
+  config::fill_defaults(e);
+  EXPECT_FALSE(model_options_from(e).fuse_conv_batch_norm);  // off unless asked for
+  e.mutable_model()->set_fuse_conv_batch_norm(true);
+  EXPECT_TRUE(model_options_from(e).fuse_conv_batch_norm);
+}
+
 TEST(ModelOptions, ReferenceShapesPerModel) {
   const ModelOptions cnn = default_model_options("fashion_cnn");
   EXPECT_EQ(cnn.num_classes, 10);
