@@ -1,5 +1,7 @@
 #include "layers/conv_bn_chain.h"
 
+#include <cstdio>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -48,6 +50,18 @@ bool ConvBatchNormChain::applicable(const Context& ctx, const Tensor& x) {
   if (!ctx.training || !x.device().is_cuda() || !ctx.channels_last || x.dim() != 4 ||
       (t != DType::F16 && t != DType::BF16) || ctx.precision.matmul != t || x.dtype() != t) {
     return false;
+  }
+  for (const Conv2d* conv : convs_) {
+    if (conv->algorithm_options().deterministic) {
+      // cuDNN's fused statistics differ between two runs of the same step (its reduction order).
+      static std::once_flag told;
+      std::call_once(told, [] {
+        std::fprintf(stderr,
+                     "kiln: model.fuse_conv_batch_norm is off under train.deterministic: cuDNN's "
+                     "fused batch-norm statistics are not reproducible bit for bit\n");
+      });
+      return false;
+    }
   }
   Shape s = x.shape();
   for (std::size_t k = 0; k < convs_.size(); ++k) {

@@ -26,7 +26,8 @@ class ConvBatchNormChain {
   ConvBatchNormChain(std::vector<Conv2d*> convs, std::vector<BatchNorm2d*> bns);
 
   // Whether forward can run fused for x in ctx: training on CUDA, NHWC, f16 or bf16 activations
-  // and convolutions, and cuDNN's fused forward for every convolution. The first convolution's
+  // and convolutions, no determinism asked (the fused statistics' reduction order varies; said
+  // once on stderr), and cuDNN's fused forward for every convolution. The first convolution's
   // input must be non-negative (a ReLU's output, as every residual block's input is): its
   // prologue is relu(x * 1 + 0).
   bool applicable(const Context& ctx, const Tensor& x);

@@ -234,7 +234,6 @@ bool finish(Plan& p, cudnnHandle_t handle, const ConvAlgorithmOptions& o) {
              g.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}))) {
     return false;
   }
-  if (o.deterministic) g.deselect_numeric_notes({fe::NumericalNote_t::NONDETERMINISTIC});
   if (failed("check_support", g.check_support(handle))) return false;
   if (o.search == ConvAlgorithmSearch::Benchmark) {
     if (!autotune(p, handle, p.reason)) return false;
@@ -248,7 +247,6 @@ bool finish(Plan& p, cudnnHandle_t handle, const ConvAlgorithmOptions& o) {
 std::string key_of(Pattern pattern, const Conv2dGeometry& g, const ConvAlgorithmOptions& o,
                    int device) {
   return std::to_string(device) + " " + std::to_string(static_cast<int>(pattern)) + " " + g.str() +
-         (o.deterministic ? " deterministic" : "") +
          (o.search == ConvAlgorithmSearch::Benchmark ? " benchmark" : "");
 }
 

@@ -25,9 +25,10 @@ enum class Pattern { Forward, BackwardFilter, BackwardData };
 
 // Whether cuDNN runs `pattern` fused for the convolution g (NHWC, f16 or bf16, groups 1). The first
 // call per geometry and device builds the plan; a refusal is remembered and told once on stderr,
-// naming the shape and cuDNN's reason. The options act as for the unfused convolutions:
-// deterministic keeps only engines without the NONDETERMINISTIC note, benchmark times the first
-// candidates once and keeps the fastest; the calls below use the plan of the same options.
+// naming the shape and cuDNN's reason. Benchmark search times the first candidates once and
+// keeps the fastest, as for the unfused convolutions; the calls below use the plan of the same
+// options. The fused statistics are not reproducible bit for bit (two runs differ), so callers
+// do not fuse when determinism is asked.
 bool supported(Pattern pattern, const Conv2dGeometry& g, const ConvAlgorithmOptions& options);
 // How many geometries ran each pattern fused, and how many fell back (for tests and logs).
 struct Counts {

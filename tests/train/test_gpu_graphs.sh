@@ -41,6 +41,14 @@ pair() {  # label [env...] -- sets...: graphs off and on, then same_run
 }
 skipped() { sed -n 's/^ *skipped_steps: //p' "$1/checkpoints/step-000006/state.pbtxt"; }
 pair "fashion_cnn O2 fp16 AdamW, accumulation 2" -- "${CNN[@]}"
+# model.fuse_conv_batch_norm under train.deterministic: cuDNN's fused statistics differ between
+# runs (a pair with the fusion gave other losses from step 1), so the fusion is off and says so.
+pair "CIFAR ResNet-18 O2 fp16, fuse_conv_batch_norm under train.deterministic" -- \
+  --set model.name=resnet18 --set model.cifar_stem=true --set model.image_size=32 \
+  --set model.image_channels=3 --set precision.opt_level=O2 --set precision.half=FP16 \
+  --set train.batch_per_gpu=8 --set train.global_batch=8 --set model.fuse_conv_batch_norm=true
+grep -q "fuse_conv_batch_norm is off under train.deterministic" "$WORK/$n-true.log" \
+  || fail "the fusion did not say it is off under train.deterministic"
 if [ "${GRAPHS_QUICK:-0}" = 0 ]; then  # GRAPHS_QUICK=1: the first pair, then resume onwards
 pair "fashion_cnn O2 fp16 SGD nesterov, clipping" -- "${CNN[@]}" --set optimizer.kind=SGD \
   --set optimizer.momentum=0.9 --set optimizer.nesterov=true --set optimizer.max_grad_norm=0.1
