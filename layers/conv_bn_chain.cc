@@ -27,10 +27,9 @@ void end_layer(Context& ctx, Layer& layer, bool forward) {
   }
 }
 
-Tensor nhwc_empty(const Conv2dGeometry& g, bool output, Device device) {
-  return output ? Tensor::empty({g.batch, g.out_height(), g.out_width(), g.out_channels}, g.dtype,
-                                device)
-                : Tensor::empty({g.batch, g.height, g.width, g.in_channels}, g.dtype, device);
+// The convolution's output, NHWC.
+Tensor output_of(const Conv2dGeometry& g, Device device) {
+  return Tensor::empty({g.batch, g.out_height(), g.out_width(), g.out_channels}, g.dtype, device);
 }
 
 Tensor channel_floats(std::int64_t channels, Device device) {
@@ -101,7 +100,7 @@ Tensor ConvBatchNormChain::forward(Context& ctx, const Tensor& x) {
     link.in_scale = scale;
     link.in_bias = bias;
     begin_layer(ctx, conv, true);
-    link.y = nhwc_empty(g, true, device);
+    link.y = output_of(g, device);
     Tensor sum = channel_floats(g.out_channels, device);
     Tensor sq_sum = channel_floats(g.out_channels, device);
     fusion::forward(g, conv.algorithm_options(), input, scale, bias,

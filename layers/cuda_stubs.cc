@@ -153,9 +153,6 @@ void backward_data(const Conv2dGeometry&, const ConvAlgorithmOptions&, const Ten
                    Tensor&, Tensor&, Tensor&, Tensor&, Tensor&, Tensor&) {
   not_built("A fused convolution");
 }
-bool packs_fit(const Tensor&) {
-  return false;
-}
 void finalize(const Tensor&, const Tensor&, std::int64_t, const Tensor&, const Tensor&, double,
               double, bool, Tensor&, Tensor&, Tensor&, Tensor&, Tensor&, Tensor&, Tensor&) {
   not_built("A fused convolution");

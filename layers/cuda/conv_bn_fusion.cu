@@ -108,10 +108,6 @@ std::int64_t packed_channels(const Tensor& x, std::initializer_list<const void*>
 
 }  // namespace
 
-bool packs_fit(const Tensor& x) {
-  return x.dim() == 4 && x.is_contiguous() && x.shape().back() % (16 / dtype_size(x.dtype())) == 0;
-}
-
 void finalize(const Tensor& sum, const Tensor& sq_sum, std::int64_t count, const Tensor& gamma,
               const Tensor& beta, double eps, double momentum, bool update_running,
               Tensor& running_mean, Tensor& running_var, Tensor& mean, Tensor& invstd, Tensor& var,

@@ -52,8 +52,6 @@ void backward_data(const Conv2dGeometry& g, const ConvAlgorithmOptions& options,
                    Tensor& dbias, Tensor& eq_dy, Tensor& eq_x, Tensor& eq_bias);
 
 // Kiln's kernels (conv_bn_fusion.cu).
-// Whether x is an NHWC tensor the elementwise kernels take (channels a multiple of 16 bytes).
-bool packs_fit(const Tensor& x);
 // From per-channel sums over `count` values: the batch mean, invstd = 1/sqrt(var + eps), the
 // biased var, and the prologue's scale = gamma * invstd, bias = beta - mean * scale (in
 // scale.dtype()); the running statistics move by PyTorch's rule when update_running.
