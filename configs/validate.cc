@@ -145,6 +145,15 @@ class Validator {
           "is " +
               ParallelConfig::Compression_Name(experiment_.parallel().compression()) +
               ": drop allreduce_in_half");
+    // ZeRO reduce-scatters the gradients in their own dtype: no strategy compresses them.
+    check(experiment_.parallel().zero_stage() == 0 ||
+              experiment_.parallel().compression() == ParallelConfig::NONE,
+          "parallel.compression",
+          ParallelConfig::Compression_Name(experiment_.parallel().compression()),
+          "is not supported with parallel.zero_stage " +
+              std::to_string(experiment_.parallel().zero_stage()) +
+              " (ZeRO reduce-scatters the gradients in their own dtype): set "
+              "parallel.compression: NONE or parallel.zero_stage: 0");
     check_train();
     check_checkpoint();
     check(!experiment_.logging().dir().empty(), "logging.dir", "\"\"", "must be a directory");

@@ -17,11 +17,8 @@ BenchResult Trainer::benchmark(int warmup, int steps, bool profile) {
   State& s = *s_;
   BenchResult r;
   // A profile times each layer from host callbacks, which a replayed graph does not make.
-  if (profile && s.graphs && s.graphs->capture) {
-    s.graphs->capture = false;
-    s.say_eager("kiln bench --profile times every layer: the steps run eagerly");
-  }
-  ComputeStreamScope on_stream(s.graphs.get());
+  if (profile) s.graphs->stop_capturing("kiln bench --profile times every layer: the steps run eagerly");
+  ComputeStreamScope on_stream(*s.graphs);
   Context ctx = s.make_context(true);
   s.model.net->set_training(true);
   Tensor loss_sum = Tensor::zeros({}, DType::F32, s.device);
@@ -73,11 +70,11 @@ BenchResult Trainer::benchmark(int warmup, int steps, bool profile) {
   }
   double wait_before = s.loader->wait_time();
   // Bucket timing records events from host hooks, which a replayed graph does not call either.
-  const bool graphed = s.graphs && s.graphs->capture;
-  const bool comm_timing = s.dp && !graphed;
-  if (comm_timing) s.dp->set_timing(true);
-  const std::uint64_t micro_steps_before = s.graphs ? s.graphs->micro_steps : 0;
-  const std::uint64_t replays_before = s.graphs ? s.graphs->replays : 0;
+  DataParallel* dp = s.sync->data_parallel();
+  const bool comm_timing = dp != nullptr && !s.graphs->capturing();
+  if (comm_timing) dp->set_timing(true);
+  const std::uint64_t micro_steps_before = s.graphs->micro_steps();
+  const std::uint64_t replays_before = s.graphs->replays();
   double host_seconds = 0;
   std::vector<CommStepTiming> comm_timings;
   auto wall_start = Clock::now();
@@ -91,22 +88,21 @@ BenchResult Trainer::benchmark(int warmup, int steps, bool profile) {
       end.record(current_stream(s.device));
       end.synchronize();
       r.step_ms.push_back(begin.elapsed_ms(end));
-      if (comm_timing) comm_timings.push_back(s.dp->step_timing(&begin, {}));
+      if (comm_timing) comm_timings.push_back(dp->step_timing(&begin, {}));
     } else {
       auto t0 = Clock::now();
       s.run_step(ctx, loss_sum, &micro, &samples);
       r.step_ms.push_back(1e3 * seconds_since(t0));
       host_seconds += seconds_since(t0);
-      if (comm_timing) comm_timings.push_back(s.dp->step_timing(nullptr, t0));
+      if (comm_timing) comm_timings.push_back(dp->step_timing(nullptr, t0));
     }
   }
-  if (comm_timing) s.dp->set_timing(false);
+  if (comm_timing) dp->set_timing(false);
   if (s.optimizer->resident()) s.resident_outcome();  // raises what the device recorded
   r.host_ms_per_step = steps > 0 ? 1e3 * host_seconds / steps : 0;
   // Graphed: every micro-step of the timed steps replayed a graph.
-  r.graph = s.graphs != nullptr &&
-            s.graphs->replays - replays_before == s.graphs->micro_steps - micro_steps_before &&
-            s.graphs->replays > replays_before;
+  r.graph = s.graphs->replays() - replays_before == s.graphs->micro_steps() - micro_steps_before &&
+            s.graphs->replays() > replays_before;
   if (!comm_timings.empty()) {
     std::vector<std::size_t> order(comm_timings.size());
     for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -117,7 +113,7 @@ BenchResult Trainer::benchmark(int warmup, int steps, bool profile) {
     r.exposed_comm_ms = s.comm->all_reduce_host(median.exposed_ms, HostReduceOp::Max);
     if (profile) {
       r.comm_timeline = median;
-      for (const GradientBucketInfo& b : s.dp->bucket_layout()) {
+      for (const GradientBucketInfo& b : dp->bucket_layout()) {
         r.bucket_bytes.push_back(static_cast<std::size_t>(b.numel) * dtype_size(b.dtype));
       }
     }

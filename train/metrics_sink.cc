@@ -134,4 +134,34 @@ void MetricsSink::finish() {
   bar_on_line_ = false;
 }
 
+IntervalReport interval_report(const IntervalFigures& f) {
+  IntervalReport report;
+  const double tflops = f.samples_per_s * f.flops_per_sample / 1e12;
+  report.record = {{"epoch", static_cast<double>(f.epoch)},
+                   {"loss", f.mean_loss},
+                   {"lr", f.lr},
+                   {"loss_scale", f.loss_scale},
+                   {"samples_per_s", f.samples_per_s},
+                   {"tflops", tflops},
+                   {"data_wait_fraction", f.wait_fraction}};
+  char buf[256];
+  std::snprintf(
+      buf, sizeof(buf),
+      "step %lld/%lld epoch %lld loss %.4f lr %.3g scale %.0f %.0f samples/s %.2f TFLOP/s",
+      static_cast<long long>(f.step), static_cast<long long>(f.total_steps),
+      static_cast<long long>(f.epoch), f.mean_loss, f.lr, f.loss_scale, f.samples_per_s, tflops);
+  report.line = buf;
+  if (f.peak_flops > 0) {
+    const double mfu = tflops * 1e12 / f.world_size / f.peak_flops;
+    report.record.emplace_back("mfu", mfu);
+    std::snprintf(buf, sizeof(buf), " MFU %.1f%%", 100.0 * mfu);
+    report.line += buf;
+  }
+  if (f.grad_norm >= 0) report.record.emplace_back("grad_norm", f.grad_norm);
+  if (f.skipped) report.line += " (step skipped: inf/NaN gradients)";
+  std::snprintf(buf, sizeof(buf), "loss %.4f %.0f samples/s", f.mean_loss, f.samples_per_s);
+  report.bar_text = buf;
+  return report;
+}
+
 }  // namespace kiln::train

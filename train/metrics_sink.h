@@ -71,4 +71,25 @@ class MetricsSink {
   std::thread redraw_;
 };
 
+// One training log interval's figures, and the record and line they make:
+// "step 6/6 epoch 0 loss ... samples/s ... TFLOP/s [MFU ...]".
+struct IntervalFigures {
+  std::int64_t step = 0, total_steps = 0, epoch = 0;
+  double mean_loss = 0, lr = 0, loss_scale = 1;
+  double grad_norm = -1;  // -1: not computed
+  bool skipped = false;   // the last step was skipped for inf/NaN gradients
+  double samples_per_s = 0, wait_fraction = 0;
+  double flops_per_sample = 0;
+  double peak_flops = 0;  // per GPU; 0: no MFU
+  int world_size = 1;
+};
+
+struct IntervalReport {
+  Record record;
+  std::string line;
+  std::string bar_text;
+};
+
+IntervalReport interval_report(const IntervalFigures& f);
+
 }  // namespace kiln::train

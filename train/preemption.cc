@@ -119,4 +119,15 @@ void PreemptionDeadline::watch() {
   std::_Exit(1);
 }
 
+StopRequest agreed_stop_request(Communicator& comm, int world_size) {
+  // 0: go on, else the signal number, + kInterruptFlag where a SIGINT came: the maximum over
+  // ranks stops every rank at the same step, interrupted if any rank was, and tells rank 0 the
+  // signal even where only another rank received it.
+  constexpr std::int64_t kInterruptFlag = 256;
+  std::int64_t stop =
+      stop_requested().load() ? stop_signal() + (interrupt_requested() ? kInterruptFlag : 0) : 0;
+  if (world_size > 1) stop = comm.all_reduce_host(stop, HostReduceOp::Max);
+  return {static_cast<int>(stop % kInterruptFlag), stop >= kInterruptFlag};
+}
+
 }  // namespace kiln::train

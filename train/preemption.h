@@ -14,6 +14,8 @@
 #include <string>
 #include <thread>
 
+#include "comm/communicator.h"
+
 namespace kiln::train {
 
 // `kiln train`'s exit code after a SIGINT (the shells' 128 + SIGINT), with or without a checkpoint.
@@ -40,6 +42,14 @@ std::string stop_signal_name();
 // Watches for a stop request while alive. From the moment one arrives, the process has
 // `grace_s` seconds until finish() is called; past that it prints why and exits with code 1.
 // grace_s = 0 exits at once (no checkpoint is attempted).
+// A stop (signal) requested on any rank, agreed by every rank at the same step (collective over
+// `comm` with several ranks): the signal, and whether any rank saw a SIGINT. signal 0: go on.
+struct StopRequest {
+  int signal = 0;
+  bool interrupted = false;
+};
+StopRequest agreed_stop_request(Communicator& comm, int world_size);
+
 class PreemptionDeadline {
  public:
   explicit PreemptionDeadline(int grace_s);

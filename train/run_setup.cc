@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 
 #include "core/allocator.h"
@@ -156,6 +158,69 @@ data::LoaderOptions loader_options(const config::Experiment& e, const config::Ba
   lo.device = device;
   lo.train = true;
   return lo;
+}
+
+DataParallelOptions data_parallel_options(const config::Experiment& e) {
+  const config::ParallelConfig& parallel = e.parallel();
+  DataParallelOptions dp;
+  dp.bucket_bytes = static_cast<std::size_t>(parallel.bucket_mb() * (1 << 20));
+  dp.compression = gradient_compression(parallel);
+  if (parallel.has_first_bucket_mb()) {
+    dp.first_bucket_bytes = static_cast<std::size_t>(parallel.first_bucket_mb() * (1 << 20));
+  }
+  dp.half_dtype = e.precision().half() == config::PrecisionConfig::BF16 ? DType::BF16 : DType::F16;
+  dp.powersgd.rank = parallel.powersgd_rank();
+  dp.powersgd.seed = static_cast<std::uint64_t>(e.train().seed());
+  dp.powersgd_start_step = parallel.powersgd_start_step();
+  dp.zero_stage = parallel.zero_stage();
+  return dp;
+}
+
+StepMode choose_step_mode(const config::Experiment& e, bool cuda, int world_size,
+                          std::string* note) {
+  const config::TrainConfig& t = e.train();
+  note->clear();
+  if (!(t.has_cuda_graphs() ? t.cuda_graphs() : cuda)) return StepMode::Eager;
+  if (world_size > 1 && e.parallel().zero_stage() > 0) {
+    *note = "cuda_graphs: off, parallel.zero_stage > 0 combines the gradient norms on the host "
+            "every step";
+    return StepMode::Eager;
+  }
+  if (e.parallel().compression() == config::ParallelConfig::POWERSGD) {
+    *note = "cuda_graphs: off, parallel.compression POWERSGD resets its error feedback on the "
+            "host after a skipped step";
+    return StepMode::Eager;
+  }
+  if (cuda) return StepMode::Graphed;
+  *note = "cuda_graphs: the CPU has nothing to capture: steps run eagerly, with the step state "
+          "resident";
+  return StepMode::Resident;
+}
+
+CheckpointerOptions checkpointer_options(const config::Experiment& e,
+                                         const std::string& resume_override, bool evaluate_only,
+                                         std::int64_t total_steps) {
+  CheckpointerOptions o;
+  o.dir = e.checkpoint().dir();
+  o.keep_last = e.checkpoint().keep_last();
+  o.every_steps = e.checkpoint().every_steps();
+  o.total_steps = total_steps;
+  o.resume = resume_override.empty() ? e.checkpoint().resume() : resume_override;
+  o.resume_from_command_line = !resume_override.empty();
+  o.evaluate_only = evaluate_only;
+  o.powersgd_start_step = e.parallel().powersgd_start_step();
+  return o;
+}
+
+EvaluatorOptions evaluator_options(const config::Experiment& e, std::int64_t total_steps) {
+  return {e.train().eval_every(), e.train().eval_batches(), total_steps};
+}
+
+std::int64_t total_steps(const config::TrainConfig& t, std::int64_t batches_per_epoch,
+                         int accumulation) {
+  if (t.duration_case() == config::TrainConfig::kSteps) return t.steps();
+  const double micro = t.epochs() * static_cast<double>(std::max<std::int64_t>(1, batches_per_epoch));
+  return std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(micro / accumulation)));
 }
 
 }  // namespace kiln::train

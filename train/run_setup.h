@@ -13,6 +13,9 @@
 #include "data/factory.h"
 #include "data/loader.h"
 #include "layers/models/model.h"
+#include "train/checkpointer.h"
+#include "train/evaluator.h"
+#include "train/graphed_step.h"
 
 namespace kiln::train {
 
@@ -46,5 +49,23 @@ std::string dataset_path(const config::Experiment& experiment, const std::string
 data::LoaderOptions loader_options(const config::Experiment& experiment,
                                    const config::BatchPlan& plan, const World& world,
                                    Device device);
+
+// parallel.* as DataParallel's options.
+DataParallelOptions data_parallel_options(const config::Experiment& experiment);
+
+// train.cuda_graphs as this run can have it: Graphed on CUDA, Resident on the CPU (nothing to
+// capture), Eager when off or when a part needs the host every step. *note: the line that says
+// why a wanted mode was not taken ("" when nothing to say).
+StepMode choose_step_mode(const config::Experiment& experiment, bool cuda, int world_size,
+                          std::string* note);
+
+// checkpoint.* (and --resume, when given: `resume_override`) as the checkpointer's options.
+CheckpointerOptions checkpointer_options(const config::Experiment& experiment,
+                                         const std::string& resume_override, bool evaluate_only,
+                                         std::int64_t total_steps);
+EvaluatorOptions evaluator_options(const config::Experiment& experiment, std::int64_t total_steps);
+// train.steps, or train.epochs over the loader's batches per epoch, in optimizer steps.
+std::int64_t total_steps(const config::TrainConfig& train, std::int64_t batches_per_epoch,
+                         int accumulation);
 
 }  // namespace kiln::train

@@ -242,9 +242,6 @@ double StepOptimizer::loss_scale() const {
 std::uint64_t StepOptimizer::weights_version() const {
   return impl_->optimizer.weights_version();
 }
-double StepOptimizer::lr_at(std::int64_t step) const {
-  return impl_->schedule.lr_at(step);
-}
 
 void StepOptimizer::Impl::agree_on_found_inf(Communicator* comm) {
   // Installed once per communicator, not every step: the hook is a std::function.
@@ -311,22 +308,6 @@ NamedTensors StepOptimizer::state() {
   NamedTensors out;
   for (auto& [name, tensor] : impl_->optimizer.state()) out.emplace_back(name, *tensor);
   return out;
-}
-
-void StepOptimizer::load_state(const std::map<std::string, Tensor>& tensors) {
-  for (auto& [name, tensor] : impl_->optimizer.state()) {
-    auto it = tensors.find(name);
-    if (it == tensors.end()) {
-      throw InputError("optimizer.safetensors: no state '" + name +
-                       "' (a checkpoint of another optimizer or precision)");
-    }
-    if (it->second.shape() != tensor->shape()) {
-      throw InputError("optimizer.safetensors: state '" + name + "' has shape " +
-                       shape_str(it->second.shape()) + ", expected " + shape_str(tensor->shape()));
-    }
-    tensor->copy_from(it->second);
-  }
-  impl_->optimizer.refresh_model_weights();
 }
 
 bool StepOptimizer::sharded() const {
@@ -410,12 +391,6 @@ void StepOptimizer::load_state(const std::vector<const SafetensorsFile*>& files,
 
 std::vector<Parameter*> StepOptimizer::updated_parameters() {
   return impl_->sharded != nullptr ? impl_->shards.list() : impl_->model_parameters;
-}
-
-std::size_t StepOptimizer::state_bytes() {
-  std::size_t bytes = 0;
-  for (auto& [name, tensor] : impl_->optimizer.state()) bytes += tensor->nbytes();
-  return bytes;
 }
 
 config::LossScalerState StepOptimizer::scaler_state() const {

@@ -50,7 +50,6 @@ class StepOptimizer {
   // Schedules the LR for optimizer step `step` (0-based), checks the gradients (all ranks agree
   // through `comm` when given), clips, updates, adjusts the loss scale.
   StepOutcome step(std::int64_t step, Communicator* comm);
-  double lr_at(std::int64_t step) const;
 
   // Device-resident steps (train.cuda_graphs, optim/step_state.h): from now on the loss scale, the
   // skip decision, the clip coefficient, the step counts and the learning rate (a table of the
@@ -69,7 +68,6 @@ class StepOptimizer {
   StepOutcome report(std::int64_t* skipped_steps);
 
   NamedTensors state();                                           // for checkpoints
-  void load_state(const std::map<std::string, Tensor>& tensors);  // InputError if missing
   // Sharded (ZeRO) checkpoints: state() holds this rank's pieces; the metadata says which
   // ("zero_world_size", "zero_rank", and "piece:<parameter>" = "<offset> <numel>").
   bool sharded() const;
@@ -80,8 +78,6 @@ class StepOptimizer {
   void load_state(const std::vector<const SafetensorsFile*>& files, const std::string& what);
   // The parameters whose pieces this rank updates (the whole ones without sharding).
   std::vector<Parameter*> updated_parameters();
-  // Bytes of optimizer-owned tensors (masters and moments) on this rank.
-  std::size_t state_bytes();
   config::LossScalerState scaler_state() const;
   void load_scaler_state(const config::LossScalerState& state);
 

@@ -14,23 +14,10 @@
 #include "comm/data_parallel.h"
 #include "comm/world.h"
 #include "configs/kiln.pb.h"
+#include "train/evaluator.h"
 #include "train/preemption.h"
 
 namespace kiln::train {
-
-struct EvalResult {
-  double loss = 0;
-  double accuracy = 0;  // share of non-ignored targets predicted right
-  std::int64_t samples = 0;
-};
-
-// What evaluate() writes besides its result (`kiln eval --dump-logits/--dump-inputs`), so that
-// another runtime (ONNX Runtime, tests/infer/) can be compared with Kiln on the same inputs.
-// One rank only: with several, each holds a shard of the eval split, and evaluate() refuses.
-struct EvalOptions {
-  std::string dump_logits;  // .npy of the model's f32 outputs: (N, classes) or (N, T, vocab)
-  std::string dump_inputs;  // .npy of the inputs the model saw: (N, C, H, W) f32 or (N, T) i64
-};
 
 struct TrainResult {
   std::int64_t steps = 0;          // optimizer steps completed in total

@@ -700,6 +700,8 @@ const std::vector<BadCase>& bad_cases() {
       {"bucket_zero", {":3:3: parallel.bucket_mb = 0", "(0, 1024]"}},
       {"half_and_powersgd",
        {":3:3: parallel.allreduce_in_half = true", "parallel.compression is POWERSGD"}},
+      {"zero_and_compression",
+       {":4:3: parallel.compression = HALF", "parallel.zero_stage 2", "parallel.compression: NONE"}},
       {"powersgd_rank_zero", {":4:3: parallel.powersgd_rank = 0: must be >= 1"}},
       {"bert_heads", {":5:5: model.bert.hidden_size = 770", "model.bert.num_heads = 12"}},
       {"bad_eval_split", {":3:3: data.eval_split = \"validation\"", "allowed: test, train, none"}},

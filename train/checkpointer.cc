@@ -1,0 +1,187 @@
+#include "train/checkpointer.h"
+
+#include "configs/experiment.h"
+#include "core/system_info.h"
+#include "train/parameter_loader.h"
+
+namespace kiln::train {
+
+bool checkpoint_due(const CheckpointerOptions& options, std::int64_t step) {
+  return options.every_steps > 0 && step % options.every_steps == 0 && step < options.total_steps;
+}
+
+std::string choose_resume(const CheckpointerOptions& options,
+                          const std::optional<std::string>& latest, std::string* note) {
+  if (options.resume != "latest") return options.resume;
+  if (latest) return *latest;
+  if (options.resume_from_command_line) {
+    throw InputError("--resume latest: no complete checkpoint in " + options.dir +
+                     " (checkpoint.dir); start without --resume, or point it at a checkpoint");
+  }
+  // checkpoint.resume "latest" in a config: a job's first run starts fresh, its requeued runs
+  // continue from their checkpoints.
+  *note = "checkpoint.resume latest: no checkpoint in " + options.dir + " yet; starting fresh";
+  return "";
+}
+
+Checkpointer::Checkpointer(CheckpointerOptions options, Parts parts)
+    : options_(std::move(options)), p_(parts), store_(options_.dir, options_.keep_last) {}
+
+void Checkpointer::resume() {
+  std::optional<std::string> latest;
+  if (options_.resume == "latest") {
+    if (p_.world.rank == 0) store_.remove_partial();
+    p_.comm.barrier();  // no rank looks for the latest while rank 0 still removes partial ones
+    latest = store_.latest();
+  }
+  std::string note;
+  const std::string path = choose_resume(options_, latest, &note);
+  if (!note.empty()) p_.metrics.print(note);
+  if (!path.empty()) restore(path);
+}
+
+std::string Checkpointer::maybe_save(bool last) {
+  const std::int64_t step = p_.counters.step;
+  if (last ? last_saved_step_ == step : !checkpoint_due(options_, step)) return "";
+  return save();
+}
+
+// Verified before step 1; a checkpoint of another model or batch layout is refused.
+void Checkpointer::restore(const std::string& path) {
+  const config::Experiment& e = p_.experiment;
+  Checkpoint c = load_model_checkpoint(path, e.model().name(), p_.net);
+  const config::CheckpointState& st = c.state;
+  // One whole optimizer file, or the shards of a ZeRO run on any number of ranks (resharded).
+  std::vector<const SafetensorsFile*> optimizer_files;
+  if (c.optimizer_shards.empty()) optimizer_files.push_back(&c.optimizer);
+  for (const SafetensorsFile& f : c.optimizer_shards) optimizer_files.push_back(&f);
+  p_.optimizer.load_state(optimizer_files, path);
+  p_.optimizer.load_scaler_state(st.loss_scaler());
+  // A sharded checkpoint carries the whole optimizer state, so another world size may resume it
+  // when the data position means the same (the same batches per epoch: a fixed global batch).
+  const bool reshardable = !c.optimizer_shards.empty() || e.parallel().zero_stage() > 0;
+  const int world_size = p_.world.size;
+  if (!options_.evaluate_only &&
+      ((st.world_size() != world_size && !reshardable) ||
+       st.data().batches_per_epoch() != p_.loader.batches_per_epoch())) {
+    throw InputError(path + "/state.pbtxt: written by " + std::to_string(st.world_size()) +
+                     " rank(s) with " + std::to_string(st.data().batches_per_epoch()) +
+                     " batches per epoch; this run has " + std::to_string(world_size) +
+                     " rank(s) and " + std::to_string(p_.loader.batches_per_epoch()) +
+                     ": resume with the same world size and batch size (a ZeRO checkpoint, "
+                     "parallel.zero_stage > 0, resumes on any world size with the same "
+                     "train.global_batch)");
+  }
+  data::LoaderState ls;
+  ls.seed = st.data().seed();
+  ls.epoch = st.data().epoch();
+  ls.next_batch = st.data().next_batch();
+  ls.batches_per_epoch = st.data().batches_per_epoch();
+  if (!options_.evaluate_only) p_.loader.restore(ls);
+  p_.counters.step = st.step();
+  p_.counters.micro_step = st.micro_step();
+  p_.counters.skipped = st.loss_scaler().skipped_steps();
+  if (world_size > 1 && !options_.evaluate_only) restore_reducer_state(c);
+  p_.metrics.print("resumed from " + path + " at step " + std::to_string(p_.counters.step) + " (" +
+                   ls.str() + ")");
+}
+
+// The step count PowerSGD starts by, and this rank's error feedback and Q. A checkpoint without
+// them (written before the run compressed, or by an uncompressed run) starts them afresh.
+void Checkpointer::restore_reducer_state(const Checkpoint& c) {
+  p_.sync.set_finished_steps(c.state.step());
+  if (p_.sync.state().empty()) return;
+  if (!c.compression) {
+    if (c.state.step() > options_.powersgd_start_step) {
+      p_.metrics.print("checkpoint " + c.path +
+                       " holds no PowerSGD state: error feedback starts from zero");
+    }
+    return;
+  }
+  const std::string prefix = "rank" + std::to_string(p_.world.rank) + ".";
+  NamedTensors mine;
+  for (const auto& [name, t] : c.compression->tensors) {
+    if (name.rfind(prefix, 0) == 0) mine.emplace_back(name.substr(prefix.size()), t);
+  }
+  p_.sync.load_state(mine, c.path + "/compression.safetensors");
+}
+
+// Every rank's reducer state (error feedback differs between ranks), gathered to host tensors
+// named "rank<r>.<name>" on rank 0 (empty elsewhere, and without PowerSGD). Collective.
+NamedTensors Checkpointer::gather_reducer_state() {
+  NamedTensors gathered;
+  const int ranks = p_.world.size;
+  for (const auto& [name, t] : p_.sync.state()) {
+    Tensor all = Tensor::empty({ranks * t.numel()}, t.dtype(), t.device());
+    p_.comm.all_gather(t, all);
+    if (p_.world.rank != 0) continue;
+    Tensor host = all.to(Device::cpu());
+    for (int r = 0; r < ranks; ++r) {
+      gathered.emplace_back("rank" + std::to_string(r) + "." + name,
+                            host.slice(0, r * t.numel(), (r + 1) * t.numel()).clone());
+    }
+  }
+  return gathered;
+}
+
+config::CheckpointState Checkpointer::state_record() {
+  const config::Experiment& e = p_.experiment;
+  const StepCounters& n = p_.counters;
+  config::CheckpointState st;
+  st.set_step(n.step);
+  st.set_micro_step(n.micro_step);
+  st.set_samples_seen(n.step * p_.global_batch);
+  data::LoaderState ls = p_.loader.state();
+  st.mutable_data()->set_seed(ls.seed);
+  st.mutable_data()->set_epoch(ls.epoch);
+  st.mutable_data()->set_next_batch(ls.next_batch);
+  st.mutable_data()->set_batches_per_epoch(ls.batches_per_epoch);
+  *st.mutable_loss_scaler() = p_.optimizer.scaler_state();
+  st.mutable_loss_scaler()->set_skipped_steps(n.skipped);
+  st.set_seed(e.train().seed());
+  st.set_world_size(p_.world.size);
+  st.set_model_name(e.model().name());
+  st.set_kiln_version(kiln_version());
+  st.set_experiment_hash(config::experiment_hash(e));
+  *st.mutable_experiment() = e;
+  return st;
+}
+
+std::string Checkpointer::save() {
+  // Resident steps: the scaler and step count, to the host.
+  if (p_.optimizer.resident()) p_.optimizer.report(&p_.counters.skipped);
+  p_.sync.broadcast_buffers();
+  const config::CheckpointState st = state_record();
+  const std::int64_t step = p_.counters.step;
+  const bool rank0 = p_.world.rank == 0;
+  NamedTensors model;
+  const NamedTensors reducer = gather_reducer_state();
+  if (rank0) {
+    for (Parameter* p : p_.net.parameters()) model.emplace_back(p->name, stored_layout(*p));
+    for (Buffer* b : p_.net.buffers()) model.emplace_back(b->name, b->value);
+  }
+  if (p_.optimizer.sharded()) {
+    // Every rank writes its optimizer shard into rank 0's staging directory; rank 0 completes it.
+    if (rank0) store_.prepare_staging(step);
+    p_.comm.barrier();
+    const std::string shard = optimizer_shard_name(p_.world.rank, p_.world.size);
+    auto metadata = p_.optimizer.shard_metadata();
+    metadata["format"] = "kiln";
+    save_safetensors(store_.staging_dir(step) + "/" + shard, p_.optimizer.state(), metadata);
+    p_.comm.barrier();
+    if (rank0) {
+      std::vector<std::string> shards;
+      for (int r = 0; r < p_.world.size; ++r)
+        shards.push_back(optimizer_shard_name(r, p_.world.size));
+      p_.metrics.print("checkpoint " + store_.save_sharded(model, shards, st, reducer));
+    }
+  } else if (rank0) {
+    p_.metrics.print("checkpoint " + store_.save(model, p_.optimizer.state(), st, reducer));
+  }
+  p_.comm.barrier();  // nobody moves on (or exits) before the checkpoint is complete
+  last_saved_step_ = step;
+  last_saved_ = store_.dir() + "/" + checkpoint_name(step);
+  return last_saved_;
+}
+
+}  // namespace kiln::train

@@ -1,0 +1,89 @@
+#pragma once
+// The run's checkpoints as a part of the loop: it decides when to save (checkpoint.every_steps,
+// the last step, a stop request), which checkpoint a run resumes from (checkpoint.resume or
+// --resume), and it collects and restores the state of the model, the optimizer, the gradient
+// reducer and the loader through their own state()/load_state(). The files: train/checkpoint.h.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "comm/communicator.h"
+#include "comm/world.h"
+#include "configs/kiln.pb.h"
+#include "data/loader.h"
+#include "layers/layer.h"
+#include "train/checkpoint.h"
+#include "train/gradient_sync.h"
+#include "train/metrics_sink.h"
+#include "train/step_optimizer.h"
+
+namespace kiln::train {
+
+// The counters the step advances and a checkpoint keeps.
+struct StepCounters {
+  std::int64_t step = 0;        // optimizer steps completed
+  std::int64_t micro_step = 0;  // forward/backward passes completed
+  std::int64_t skipped = 0;     // optimizer steps skipped for inf/NaN gradients
+};
+
+struct CheckpointerOptions {
+  std::string dir;
+  int keep_last = 0;
+  std::int64_t every_steps = 0;  // 0: only the last step and stop requests
+  std::int64_t total_steps = 0;
+  std::string resume;  // "" (fresh), "latest" or a checkpoint directory
+  bool resume_from_command_line = false;  // --resume: "latest" with none is an error
+  bool evaluate_only = false;  // the training data position is not restored, nor checked
+  std::int64_t powersgd_start_step = 0;
+};
+
+// Whether the step just completed is saved by the schedule (the last step is saved by the loop's
+// end, not here).
+bool checkpoint_due(const CheckpointerOptions& options, std::int64_t step);
+
+// The checkpoint a run resumes from ("" for a fresh start), given the newest complete one in the
+// directory. *note gets a line to log when a config's "latest" finds none (a job's first run);
+// --resume latest with none is an InputError.
+std::string choose_resume(const CheckpointerOptions& options,
+                          const std::optional<std::string>& latest, std::string* note);
+
+class Checkpointer {
+ public:
+  struct Parts {
+    const config::Experiment& experiment;
+    const World& world;
+    Communicator& comm;
+    Layer& net;
+    StepOptimizer& optimizer;
+    GradientSync& sync;
+    data::DataLoader& loader;
+    MetricsSink& metrics;
+    StepCounters& counters;
+    std::int64_t global_batch = 0;
+  };
+  Checkpointer(CheckpointerOptions options, Parts parts);
+
+  // Resolves checkpoint.resume and, when there is one, restores it (collective).
+  void resume();
+  // After an optimizer step; `last`: the run ends (saved unless it just was). Returns the path
+  // written, or "".
+  std::string maybe_save(bool last);
+  // Writes a checkpoint of the current step on rank 0; every rank waits until it is complete.
+  std::string save();
+  const std::string& last_saved() const { return last_saved_; }
+
+ private:
+  void restore(const std::string& path);
+  void restore_reducer_state(const Checkpoint& c);
+  NamedTensors gather_reducer_state();
+  config::CheckpointState state_record();
+
+  CheckpointerOptions options_;
+  Parts p_;
+  CheckpointStore store_;
+  std::int64_t last_saved_step_ = -1;
+  std::string last_saved_;
+};
+
+}  // namespace kiln::train

@@ -1,0 +1,68 @@
+#include "train/gradient_sync.h"
+
+namespace kiln::train {
+namespace {
+
+class LocalGradients final : public GradientSync {
+ public:
+  explicit LocalGradients(std::vector<Parameter*> parameters)
+      : parameters_(std::move(parameters)) {}
+  void zero_gradients() override {
+    for (Parameter* p : parameters_) p->grad.zero();
+  }
+  void set_accumulating(bool) override {}
+  void install_hooks(Context&) override {}
+  void finish() override {}
+  void reset_step() override {}
+  bool sharded() const override { return false; }
+  int zero_stage() const override { return 0; }
+  void skipped_step() override {}
+  void broadcast_buffers() override {}
+  NamedTensors state() const override { return {}; }
+  void set_finished_steps(std::int64_t) override {}
+  void load_state(const NamedTensors&, const std::string&) override {}
+  DataParallel* data_parallel() override { return nullptr; }
+
+ private:
+  std::vector<Parameter*> parameters_;
+};
+
+class DataParallelSync final : public GradientSync {
+ public:
+  explicit DataParallelSync(std::unique_ptr<DataParallel> dp) : dp_(std::move(dp)) {}
+  void zero_gradients() override { dp_->zero_grad_lazily(); }
+  void set_accumulating(bool accumulating) override {
+    dp_->set_accumulation_micro_step(accumulating);
+  }
+  void install_hooks(Context& ctx) override {
+    ctx.on_grad_ready = dp_->grad_ready_hook();
+    ctx.on_layer = dp_->gradient_allocation_hook();
+  }
+  void finish() override { dp_->finish(); }
+  void reset_step() override { dp_->reset_step(); }
+  bool sharded() const override { return dp_->zero_stage() > 0; }
+  int zero_stage() const override { return dp_->zero_stage(); }
+  void skipped_step() override { dp_->reset_compression_state(); }
+  void broadcast_buffers() override { dp_->broadcast_buffers(); }
+  NamedTensors state() const override { return dp_->compression_state(); }
+  void set_finished_steps(std::int64_t steps) override { dp_->set_finished_steps(steps); }
+  void load_state(const NamedTensors& state, const std::string& where) override {
+    dp_->load_compression_state(state, where);
+  }
+  DataParallel* data_parallel() override { return dp_.get(); }
+
+ private:
+  std::unique_ptr<DataParallel> dp_;
+};
+
+}  // namespace
+
+std::unique_ptr<GradientSync> make_local_gradients(std::vector<Parameter*> parameters) {
+  return std::make_unique<LocalGradients>(std::move(parameters));
+}
+
+std::unique_ptr<GradientSync> make_data_parallel_sync(std::unique_ptr<DataParallel> dp) {
+  return std::make_unique<DataParallelSync>(std::move(dp));
+}
+
+}  // namespace kiln::train

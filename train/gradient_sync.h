@@ -1,0 +1,54 @@
+#pragma once
+// How a run's gradients become the ones the optimizer reads, chosen once at set-up: on one rank
+// they are used where backward wrote them; on several, DataParallel reduces them (all-reduce,
+// half, PowerSGD, or ZeRO's reduce-scatter), overlapped with backward. The step calls the same
+// methods either way, so it holds no "is there data parallelism" branch.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/data_parallel.h"
+#include "layers/layer.h"
+
+namespace kiln::train {
+
+class GradientSync {
+ public:
+  virtual ~GradientSync() = default;
+
+  // The first micro-step of an optimizer step: gradients start from zero (ZeRO-2: lazily, as
+  // backward reaches the layers that write them).
+  virtual void zero_gradients() = 0;
+  // Accumulation micro-steps keep their gradients local; the last one reduces.
+  virtual void set_accumulating(bool accumulating) = 0;
+  // The reduction's hooks on a training context (backward calls them).
+  virtual void install_hooks(Context& ctx) = 0;
+  // Waits for the step's reductions: the optimizer's gradients are complete after it.
+  virtual void finish() = 0;
+  // A captured step failed half-way: the buckets start over.
+  virtual void reset_step() = 0;
+  // ZeRO: the optimizer reads this rank's reduced shards, not whole gradients.
+  virtual bool sharded() const = 0;
+  virtual int zero_stage() const = 0;
+  // After a skipped step (inf/NaN): compression's error feedback restarts.
+  virtual void skipped_step() = 0;
+  // Every rank gets rank 0's buffers (batch-norm statistics) before they are saved or used.
+  virtual void broadcast_buffers() = 0;
+  // The reducer's own state (PowerSGD: this rank's error feedback and Q), for checkpoints;
+  // empty when it keeps none.
+  virtual NamedTensors state() const = 0;
+  // A resumed run: the optimizer steps done, and the state saved (InputError naming `where`).
+  virtual void set_finished_steps(std::int64_t steps) = 0;
+  virtual void load_state(const NamedTensors& state, const std::string& where) = 0;
+  // The reducer behind it (benchmark timing, the optimizer's shards); null on one rank.
+  virtual DataParallel* data_parallel() = 0;
+};
+
+// One rank: zeroes the parameters' gradients, reduces nothing.
+std::unique_ptr<GradientSync> make_local_gradients(std::vector<Parameter*> parameters);
+// Several ranks: DataParallel's buckets and strategy.
+std::unique_ptr<GradientSync> make_data_parallel_sync(std::unique_ptr<DataParallel> dp);
+
+}  // namespace kiln::train

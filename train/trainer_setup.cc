@@ -1,0 +1,147 @@
+// Trainer's construction: the experiment translated into each part's options (run_setup.h), and
+// the parts built in the order their dependencies need.
+
+#include "core/allocator.h"
+#include "core/safetensors.h"
+#include "core/system_info.h"
+#include "data/factory.h"
+#include "train/model_options.h"
+#include "train/parameter_loader.h"
+#include "train/run_setup.h"
+#include "train/trainer_state.h"
+
+namespace kiln::train {
+namespace {
+
+// Deterministic fp32 initialisation on the host (or model.init_from), before any device copy.
+void initialise_model(Trainer::State& s) {
+  s.model = make_model(model_options_from(s.e));
+  s.model.net->reset_parameters(s.e.train().seed());
+  // Nothing consumes the gradient of the model's input: its first layer may skip computing it.
+  for (Layer* first = s.model.net.get(); first != nullptr;) {
+    first->set_input_gradient(false);
+    auto children = first->children();
+    first = children.empty() ? nullptr : children.front();
+  }
+  const std::string& init_from = s.e.model().init_from();
+  if (!init_from.empty()) {
+    SafetensorsFile file = load_safetensors(init_from);
+    load_named_tensors(
+        {init_from, &file.tensors, " (model.init_from, for model " + s.e.model().name() + ")"},
+        s.model.net->parameters(), s.model.net->buffers(), false);
+  }
+}
+
+MetricsSinkOptions metrics_options(const Trainer::State& s) {
+  MetricsSinkOptions sink;
+  sink.active = s.rank0();
+  sink.print = !s.options.quiet;
+  sink.progress = progress_bar_wanted(s.e.logging(), s.world);
+  sink.dir = s.e.logging().dir();
+  sink.jsonl = s.e.logging().jsonl();
+  sink.tensorboard = s.e.logging().tensorboard();
+  sink.append = !(s.options.resume.empty() ? s.e.checkpoint().resume() : s.options.resume).empty();
+  sink.total_steps = s.total_steps;
+  sink.device = s.device;
+  return sink;
+}
+
+// The optimizer's step state goes resident outside Eager mode; graphs are captured in Graphed.
+void set_up_step(Trainer::State& s) {
+  std::string note;
+  const StepMode mode = s.options.evaluate_only
+                            ? StepMode::Eager
+                            : choose_step_mode(s.e, s.device.is_cuda(), s.world.size, &note);
+  if (!note.empty()) s.metrics->print(note);
+  GraphedStepOptions o;
+  o.mode = mode;
+  o.world_size = s.world.size;
+  o.collective_timeout_s = s.e.parallel().collective_timeout_s();
+  o.say = [m = s.metrics.get()](const std::string& line) { m->print(line); };
+  o.on_capture_failed = [sync = s.sync.get()] { sync->reset_step(); };
+  s.graphs = std::make_unique<GraphedStep>(s.device, o, s.counters.micro_step);
+  if (mode != StepMode::Eager) s.optimizer->make_resident(s.counters.step, s.counters.skipped);
+}
+
+}  // namespace
+
+Trainer::Trainer(const config::Experiment& experiment, const World& world, TrainerOptions options)
+    : s_(std::make_unique<State>()) {
+  State& s = *s_;
+  s.e = experiment;
+  s.world = world;
+  s.options = options;
+  if (options.lock_directories && world.rank == 0) {
+    // Before the checkpoint store removes partial checkpoints or metrics.jsonl is truncated:
+    // those belong to the run that holds the lock.
+    s.directory_locks = lock_run_directories(
+        {{"logging.dir", s.e.logging().dir()}, {"checkpoint.dir", s.e.checkpoint().dir()}});
+  }
+  s.device = choose_device(s.e.train(), world);
+  configure_process(s.e, s.device, options.heuristic_algorithms);
+  s.faults = FaultInjection::from_environment(world.rank);
+  s.plan = config::plan_batches(s.e, world.size);
+  CommunicatorOptions comm_options;
+  comm_options.timeout_s = s.e.parallel().collective_timeout_s();
+  comm_options.backend = comm_backend(s.e.parallel());
+  s.comm = make_communicator(world, s.device, comm_options);
+  s.comm->check_same_on_all_ranks(config::experiment_hash(s.e),
+                                  "the experiment (config file and --set overrides)");
+
+  initialise_model(s);
+  NamedTensors fp32_init;
+  for (Parameter* p : s.model.net->parameters()) {
+    fp32_init.emplace_back(p->name, p->value.to(s.device));
+  }
+  s.parameters = s.model.net->parameters();
+  s.precision = precision_for(s.e, s.device);
+  s.channels_last_layout = channels_last(s.e.model(), s.device, s.precision.policy);
+  s.model.net->to(s.device, s.device.is_cpu() && s.precision.parameter_dtype == DType::F32
+                                ? DType::F32
+                                : s.precision.parameter_dtype);
+  if (world.size > 1) {
+    s.sync = make_data_parallel_sync(std::make_unique<DataParallel>(
+        s.model.net->parameters(), s.model.net->buffers(), *s.comm, data_parallel_options(s.e)));
+  } else {
+    s.sync = make_local_gradients(s.parameters);
+  }
+
+  const std::string kind = dataset_kind(s.e, s.model);
+  const data::DatasetOptions dataset = dataset_options(s.e, s.model);
+  auto train_set = data::make_dataset(kind, dataset_path(s.e, "train"), "train", dataset);
+  std::shared_ptr<data::Dataset> eval_set;
+  const std::string& eval_split = s.e.data().eval_split();
+  if (eval_split != "none") {
+    eval_set = data::make_dataset(kind, dataset_path(s.e, eval_split), eval_split, dataset);
+  }
+  s.loader =
+      std::make_unique<data::DataLoader>(train_set, loader_options(s.e, s.plan, world, s.device));
+  s.total_steps = total_steps(s.e.train(), s.loader->batches_per_epoch(), s.plan.accumulation);
+  // The optimizer's own tensors (masters, moments) as the allocator counts them: ZeRO divides
+  // them by the world size.
+  const std::size_t allocated_before = allocator_for(s.device).stats().allocated_bytes;
+  s.optimizer = std::make_unique<StepOptimizer>(s.model.net->parameters(), fp32_init, s.e,
+                                                s.total_steps, s.sync->data_parallel());
+  const std::size_t allocated_after = allocator_for(s.device).stats().allocated_bytes;
+  s.optimizer_bytes = allocated_after > allocated_before ? allocated_after - allocated_before : 0;
+  Shape input = s.model.sample_shape;
+  input.insert(input.begin(), 1);
+  s.flops_per_sample = 3.0 * s.model.net->forward_flops(input);
+  s.peak_flops = s.device.is_cuda() ? dense_half_peak_flops(s.device.index) : 0;
+
+  s.metrics = std::make_unique<MetricsSink>(metrics_options(s));
+  s.checkpointer = std::make_unique<Checkpointer>(
+      checkpointer_options(s.e, options.resume, options.evaluate_only, s.total_steps),
+      Checkpointer::Parts{s.e, s.world, *s.comm, *s.model.net, *s.optimizer, *s.sync, *s.loader,
+                          *s.metrics, s.counters, s.plan.global});
+  s.evaluator = std::make_unique<Evaluator>(
+      evaluator_options(s.e, s.total_steps),
+      Evaluator::Parts{s.world, *s.comm, *s.model.net, *s.sync, *s.loader, *s.metrics},
+      std::move(eval_set), s.make_context(false));
+  s.checkpointer->resume();
+  set_up_step(s);
+}
+
+Trainer::~Trainer() = default;
+
+}  // namespace kiln::train
