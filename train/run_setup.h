@@ -13,6 +13,9 @@
 #include "data/factory.h"
 #include "data/loader.h"
 #include "layers/models/model.h"
+#include "optim/amp/amp.h"
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
 #include "train/checkpointer.h"
 #include "train/evaluator.h"
 #include "train/graphed_step.h"
@@ -49,6 +52,12 @@ std::string dataset_path(const config::Experiment& experiment, const std::string
 data::LoaderOptions loader_options(const config::Experiment& experiment,
                                    const config::BatchPlan& plan, const World& world,
                                    Device device);
+
+// precision.*, optimizer.* and schedule.* as optim/'s options.
+optim::AmpOptions amp_options(const config::Experiment& experiment);
+optim::OptimizerOptions optimizer_options(const config::Experiment& experiment);
+optim::ScheduleOptions schedule_options(const config::Experiment& experiment,
+                                        std::int64_t total_steps);
 
 // parallel.* as DataParallel's options.
 DataParallelOptions data_parallel_options(const config::Experiment& experiment);

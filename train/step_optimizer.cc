@@ -6,101 +6,10 @@
 #include "optim/amp/amp.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
+#include "train/run_setup.h"
 
 namespace kiln::train {
 namespace {
-
-optim::AmpOptions amp_options(const config::Experiment& e) {
-  const config::PrecisionConfig& p = e.precision();
-  optim::AmpOptions a;
-  a.level = static_cast<optim::OptLevel>(static_cast<int>(p.opt_level()));
-  a.half =
-      p.half() == config::PrecisionConfig::BF16 ? optim::HalfType::BF16 : optim::HalfType::FP16;
-  const config::LossScaleConfig& ls = p.loss_scale();
-  if (ls.has_dynamic()) {
-    a.loss_scale = ls.dynamic() ? optim::LossScaleMode::Dynamic
-                                : (ls.has_static_scale() && ls.static_scale() != 1.0
-                                       ? optim::LossScaleMode::Static
-                                       : optim::LossScaleMode::None);
-  }
-  // fp32 gradients need no scaling: O0 runs without a scaler whatever the half type says.
-  if (a.level == optim::OptLevel::O0) a.loss_scale = optim::LossScaleMode::None;
-  a.scaler.init_scale =
-      a.loss_scale == optim::LossScaleMode::Static ? ls.static_scale() : ls.init_scale();
-  a.scaler.growth_factor = ls.growth_factor();
-  a.scaler.backoff_factor = ls.backoff_factor();
-  a.scaler.growth_interval = ls.growth_interval();
-  a.scaler.min_scale = ls.min_scale();
-  a.scaler.max_scale = ls.max_scale();
-  return a;
-}
-
-optim::OptimizerOptions optimizer_options(const config::Experiment& e) {
-  const config::OptimizerConfig& c = e.optimizer();
-  optim::OptimizerOptions o;
-  switch (c.kind()) {
-    case config::OptimizerConfig::SGD:
-      o.kind = optim::OptimizerKind::SGD;
-      break;
-    case config::OptimizerConfig::LAMB:
-      o.kind = optim::OptimizerKind::LAMB;
-      break;
-    default:
-      o.kind = optim::OptimizerKind::AdamW;
-      break;
-  }
-  o.lr = c.lr();
-  o.weight_decay = c.weight_decay();
-  o.momentum = c.momentum();
-  o.nesterov = c.nesterov();
-  if (c.betas_size() == 2) {
-    o.beta1 = c.betas(0);
-    o.beta2 = c.betas(1);
-  }
-  o.eps = c.eps();
-  o.amsgrad = c.amsgrad();
-  o.bias_correction = c.bias_correction();
-  o.max_grad_norm = c.max_grad_norm();
-  o.exclude_flagged_from_decay = c.no_weight_decay_for_bias_and_norm();
-  for (const config::ParamGroup& g : c.param_groups()) {
-    optim::ParamGroupRule rule;
-    rule.pattern = g.name_pattern();
-    rule.lr_multiplier = g.has_lr_multiplier() ? g.lr_multiplier() : 1.0;
-    rule.weight_decay = g.has_weight_decay() ? g.weight_decay() : -1.0;
-    o.groups.push_back(rule);
-  }
-  return o;
-}
-
-optim::ScheduleOptions schedule_options(const config::Experiment& e, std::int64_t total_steps) {
-  const config::ScheduleConfig& c = e.schedule();
-  optim::ScheduleOptions o;
-  switch (c.kind()) {
-    case config::ScheduleConfig::WARMUP_COSINE:
-      o.kind = optim::ScheduleKind::Cosine;
-      break;
-    case config::ScheduleConfig::WARMUP_LINEAR:
-      o.kind = optim::ScheduleKind::Linear;
-      break;
-    case config::ScheduleConfig::WARMUP_POLY:
-      o.kind = optim::ScheduleKind::Polynomial;
-      break;
-    case config::ScheduleConfig::STEP:
-      o.kind = optim::ScheduleKind::Step;
-      break;
-    default:
-      o.kind = optim::ScheduleKind::Constant;
-      break;
-  }
-  o.base_lr = e.optimizer().lr();
-  o.min_lr = c.min_lr();
-  o.warmup_steps = c.warmup_steps();
-  o.total_steps = total_steps;
-  o.power = c.power();
-  o.gamma = c.gamma();
-  o.step_size = c.step_size();
-  return o;
-}
 
 // ZeRO: this rank's pieces as parameters of their own (values are views into the model's
 // weights, gradients views into the reduced gradient shards), so the optimizer and the

@@ -8,6 +8,7 @@
 
 #include "core/nvtx.h"
 #include "core/ops.h"
+#include "optim/amp/amp.h"
 #include "train/trainer_state.h"
 
 namespace kiln::train {
