@@ -6,18 +6,6 @@
 
 namespace kiln::train {
 
-const char* step_mode_name(StepMode mode) {
-  switch (mode) {
-    case StepMode::Eager:
-      return "eager";
-    case StepMode::Resident:
-      return "resident";
-    case StepMode::Graphed:
-      return "graphed";
-  }
-  return "?";
-}
-
 MicroPosition micro_position(int micro, int micro_batches) {
   if (micro_batches == 1) return MicroPosition::Only;
   if (micro == 0) return MicroPosition::First;

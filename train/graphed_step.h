@@ -30,7 +30,6 @@ namespace kiln::train {
 //   Resident  the optimizer's step state lives on the device (no host read inside a step);
 //   Graphed   resident, and steady micro-steps replay captured CUDA graphs.
 enum class StepMode { Eager, Resident, Graphed };
-const char* step_mode_name(StepMode mode);
 
 // Where a micro-batch sits in its optimizer step: what its captured work includes.
 enum class MicroPosition { Only = 0, First = 1, Middle = 2, Last = 3 };

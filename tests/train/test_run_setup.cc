@@ -140,5 +140,65 @@ TEST(RunSetup, DeterministicSetsReductionOrderAndMemoryLimit) {
   host_allocator().set_memory_limit(previous_limit);
 }
 
+TEST(Checkpointer, OptionsFollowTheExperimentAndTheCommandLine) {
+  const config::Experiment e =
+      experiment({"checkpoint.every_steps=7", "checkpoint.keep_last=3", "checkpoint.dir=/c",
+                  "checkpoint.resume=latest", "parallel.powersgd_start_step=9"});
+  CheckpointerOptions o = checkpointer_options(e, "", false, 70);
+  EXPECT_EQ(o.every_steps, 7);
+  EXPECT_EQ(o.keep_last, 3);
+  EXPECT_EQ(o.dir, "/c");
+  EXPECT_EQ(o.resume, "latest");
+  EXPECT_FALSE(o.resume_from_command_line);
+  EXPECT_EQ(o.total_steps, 70);
+  EXPECT_EQ(o.powersgd_start_step, 9);
+  o = checkpointer_options(e, "/d/step-000001", true, 70);
+  EXPECT_EQ(o.resume, "/d/step-000001");
+  EXPECT_TRUE(o.resume_from_command_line);
+  EXPECT_TRUE(o.evaluate_only);
+}
+
+TEST(StepMode, FollowsCudaGraphsAndWhatNeedsTheHost) {
+  std::string note;
+  // Unset: graphed on CUDA, eager on the CPU, nothing said.
+  EXPECT_EQ(choose_step_mode(experiment({}), true, 1, &note), StepMode::Graphed);
+  EXPECT_EQ(choose_step_mode(experiment({}), false, 1, &note), StepMode::Eager);
+  EXPECT_TRUE(note.empty());
+  // Asked for on the CPU: the step state is resident, nothing is captured.
+  EXPECT_EQ(choose_step_mode(experiment({"train.cuda_graphs=true"}), false, 1, &note),
+            StepMode::Resident);
+  EXPECT_NE(note.find("the CPU has nothing to capture"), std::string::npos) << note;
+  EXPECT_EQ(choose_step_mode(experiment({"train.cuda_graphs=false"}), true, 1, &note),
+            StepMode::Eager);
+  EXPECT_TRUE(note.empty());
+  // ZeRO combines norms on the host: eager with several ranks; one rank has no ZeRO.
+  const config::Experiment zero = experiment({"parallel.zero_stage=2"});
+  EXPECT_EQ(choose_step_mode(zero, true, 2, &note), StepMode::Eager);
+  EXPECT_NE(note.find("parallel.zero_stage > 0"), std::string::npos) << note;
+  EXPECT_EQ(choose_step_mode(zero, true, 1, &note), StepMode::Graphed);
+  const config::Experiment powersgd = experiment({"parallel.compression=POWERSGD"});
+  EXPECT_EQ(choose_step_mode(powersgd, true, 2, &note), StepMode::Eager);
+  EXPECT_NE(note.find("POWERSGD"), std::string::npos) << note;
+}
+
+TEST(Translation, TotalStepsFromStepsOrEpochs) {
+  config::TrainConfig t;
+  t.set_steps(40);
+  EXPECT_EQ(total_steps(t, 1000, 2), 40);
+  t.set_epochs(1.5);
+  EXPECT_EQ(total_steps(t, 10, 2), 8);  // 15 micro-batches, ceil(15 / 2)
+  EXPECT_EQ(total_steps(t, 0, 1), 2);   // an empty epoch counts as one batch
+  t.set_epochs(0.01);
+  EXPECT_EQ(total_steps(t, 10, 4), 1);
+}
+
+TEST(Translation, EvaluatorOptions) {
+  const EvaluatorOptions o =
+      evaluator_options(experiment({"train.eval_every=25", "train.eval_batches=3"}), 100);
+  EXPECT_EQ(o.every_steps, 25);
+  EXPECT_EQ(o.max_batches, 3);
+  EXPECT_EQ(o.total_steps, 100);
+}
+
 }  // namespace
 }  // namespace kiln::train
