@@ -106,4 +106,12 @@ void fill_defaults(Experiment& experiment, const std::string& config_path) {
   if (!checkpoint.has_dir()) checkpoint.set_dir(logging.dir() + "/checkpoints");
 }
 
+void fill_device_defaults(Experiment& experiment, bool cuda_available) {
+  TrainConfig& train = *experiment.mutable_train();
+  if (train.has_cuda_graphs()) return;
+  const bool cuda = train.device() == TrainConfig::CUDA ||
+                    (train.device() == TrainConfig::AUTO && cuda_available);
+  train.set_cuda_graphs(cuda);
+}
+
 }  // namespace kiln::config

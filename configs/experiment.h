@@ -62,6 +62,11 @@ bool is_gpt_model(const std::string& model_name);
 // Idempotent.
 void fill_defaults(Experiment& experiment, const std::string& config_path = "");
 
+// The defaults that depend on where the run goes, filled by each command that runs or describes
+// one, after fill_defaults: train.cuda_graphs is true where the run's device is CUDA (train.device
+// CUDA, or AUTO with `cuda_available`). Idempotent; a field set stays as it is.
+void fill_device_defaults(Experiment& experiment, bool cuda_available);
+
 // Checks the ranges kiln.proto declares, then the combinations of fields and the paths the
 // experiment names (each must be of the kind its field says: a file, a directory); throws the
 // first problem found as a ConfigError. Expects an experiment that went through fill_defaults.

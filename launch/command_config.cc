@@ -37,6 +37,7 @@ int run_config(const Arguments& args) {
   // The job this describes may run elsewhere (a login node without a GPU describes a GPU job):
   // take the device the experiment names as present. `kiln train` checks it for real.
   config::ValidationContext context{world_size, cuda_device_count() > 0, path, overrides};
+  config::fill_device_defaults(experiment, context.cuda_available);
   context.assume_named_device = true;
   config::validate(experiment, context);
   config::BatchPlan plan = config::plan_batches(experiment, world_size);

@@ -180,7 +180,7 @@ StepMode choose_step_mode(const config::Experiment& e, bool cuda, int world_size
                           std::string* note) {
   const config::TrainConfig& t = e.train();
   note->clear();
-  if (!(t.has_cuda_graphs() ? t.cuda_graphs() : cuda)) return StepMode::Eager;
+  if (!t.cuda_graphs()) return StepMode::Eager;  // filled by config::fill_device_defaults
   if (world_size > 1 && e.parallel().zero_stage() > 0) {
     *note = "cuda_graphs: off, parallel.zero_stage > 0 combines the gradient norms on the host "
             "every step";

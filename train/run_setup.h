@@ -62,8 +62,9 @@ optim::ScheduleOptions schedule_options(const config::Experiment& experiment,
 // parallel.* as DataParallel's options.
 DataParallelOptions data_parallel_options(const config::Experiment& experiment);
 
-// train.cuda_graphs as this run can have it: Graphed on CUDA, Resident on the CPU (nothing to
-// capture), Eager when off or when a part needs the host every step. *note: the line that says
+// train.cuda_graphs (filled by config::fill_device_defaults) as this run can have it: Graphed on
+// CUDA, Resident on the CPU (nothing to capture), Eager when off or when a part needs the host
+// every step. *note: the line that says
 // why a wanted mode was not taken ("" when nothing to say).
 StepMode choose_step_mode(const config::Experiment& experiment, bool cuda, int world_size,
                           std::string* note);

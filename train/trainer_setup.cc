@@ -78,6 +78,7 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
         {{"logging.dir", s.e.logging().dir()}, {"checkpoint.dir", s.e.checkpoint().dir()}});
   }
   s.device = choose_device(s.e.train(), world);
+  config::fill_device_defaults(s.e, s.device.is_cuda());
   configure_process(s.e, s.device, options.heuristic_algorithms);
   s.faults = FaultInjection::from_environment(world.rank);
   s.plan = config::plan_batches(s.e, world.size);

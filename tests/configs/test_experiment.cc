@@ -130,6 +130,21 @@ TEST(Defaults, EmptyFileIsTheFashionMnistQuickStart) {
   EXPECT_EQ(experiment.parallel().collective_timeout_s(), 600);
   EXPECT_EQ(experiment.train().preemption_grace_s(), 120);
   EXPECT_FALSE(experiment.train().has_cuda_graphs());  // unset: chosen by the device
+  // The device's defaults: CUDA where the run's device is (AUTO follows the machine).
+  Experiment on_gpu = experiment;
+  fill_device_defaults(on_gpu, true);
+  EXPECT_TRUE(on_gpu.train().cuda_graphs());
+  Experiment on_cpu = experiment;
+  fill_device_defaults(on_cpu, false);
+  EXPECT_TRUE(on_cpu.train().has_cuda_graphs());
+  EXPECT_FALSE(on_cpu.train().cuda_graphs());
+  on_cpu.mutable_train()->set_device(TrainConfig::CUDA);
+  fill_device_defaults(on_cpu, false);  // a value set stays
+  EXPECT_FALSE(on_cpu.train().cuda_graphs());
+  Experiment named = experiment;
+  named.mutable_train()->set_device(TrainConfig::CUDA);
+  fill_device_defaults(named, false);  // the device named, on a login node without one
+  EXPECT_TRUE(named.train().cuda_graphs());
   EXPECT_EQ(experiment.train().batch_per_gpu(), 32);
   EXPECT_EQ(experiment.train().accumulation_steps(), 1);
   EXPECT_DOUBLE_EQ(experiment.train().epochs(), 1.0);

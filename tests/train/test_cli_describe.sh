@@ -10,7 +10,10 @@ source "$(dirname "$0")/lib.sh"
 grep -q '^name: "bert_base"' "$WORK/config.txt" || { cat "$WORK/config.txt"; fail "no experiment printed"; }
 grep -qF "# batch plan for 8 rank(s): 64 per GPU x 8 accumulation x 8 = 4096 global" "$WORK/config.txt" \
   || { cat "$WORK/config.txt"; fail "no batch plan for 8 ranks"; }
-# train.cuda_graphs is described as set (unset, it is chosen by the device the run gets).
+# train.cuda_graphs: unset, it is filled from the device the run gets (tiny.pbtxt: the CPU).
+"$KILN" config --config "$TINY" > "$WORK/default.txt" 2>&1 || { cat "$WORK/default.txt"; fail "kiln config of tiny"; }
+grep -q "cuda_graphs: false" "$WORK/default.txt" || { cat "$WORK/default.txt"; fail "train.cuda_graphs default not shown"; }
+# and described as set when set.
 "$KILN" config --config "$TINY" --set train.cuda_graphs=true > "$WORK/graphs.txt" 2>&1 \
   || { cat "$WORK/graphs.txt"; fail "train.cuda_graphs=true refused"; }
 grep -q "cuda_graphs: true" "$WORK/graphs.txt" || { cat "$WORK/graphs.txt"; fail "train.cuda_graphs not shown"; }

@@ -160,9 +160,13 @@ TEST(Checkpointer, OptionsFollowTheExperimentAndTheCommandLine) {
 
 TEST(StepMode, FollowsCudaGraphsAndWhatNeedsTheHost) {
   std::string note;
-  // Unset: graphed on CUDA, eager on the CPU, nothing said.
-  EXPECT_EQ(choose_step_mode(experiment({}), true, 1, &note), StepMode::Graphed);
-  EXPECT_EQ(choose_step_mode(experiment({}), false, 1, &note), StepMode::Eager);
+  // Unset: filled by the device the run gets: graphed on CUDA, eager on the CPU, nothing said.
+  config::Experiment unset = experiment({});
+  config::fill_device_defaults(unset, true);
+  EXPECT_EQ(choose_step_mode(unset, true, 1, &note), StepMode::Graphed);
+  unset = experiment({});
+  config::fill_device_defaults(unset, false);
+  EXPECT_EQ(choose_step_mode(unset, false, 1, &note), StepMode::Eager);
   EXPECT_TRUE(note.empty());
   // Asked for on the CPU: the step state is resident, nothing is captured.
   EXPECT_EQ(choose_step_mode(experiment({"train.cuda_graphs=true"}), false, 1, &note),
@@ -172,11 +176,12 @@ TEST(StepMode, FollowsCudaGraphsAndWhatNeedsTheHost) {
             StepMode::Eager);
   EXPECT_TRUE(note.empty());
   // ZeRO combines norms on the host: eager with several ranks; one rank has no ZeRO.
-  const config::Experiment zero = experiment({"parallel.zero_stage=2"});
+  const config::Experiment zero = experiment({"parallel.zero_stage=2", "train.cuda_graphs=true"});
   EXPECT_EQ(choose_step_mode(zero, true, 2, &note), StepMode::Eager);
   EXPECT_NE(note.find("parallel.zero_stage > 0"), std::string::npos) << note;
   EXPECT_EQ(choose_step_mode(zero, true, 1, &note), StepMode::Graphed);
-  const config::Experiment powersgd = experiment({"parallel.compression=POWERSGD"});
+  const config::Experiment powersgd =
+      experiment({"parallel.compression=POWERSGD", "train.cuda_graphs=true"});
   EXPECT_EQ(choose_step_mode(powersgd, true, 2, &note), StepMode::Eager);
   EXPECT_NE(note.find("POWERSGD"), std::string::npos) << note;
 }
