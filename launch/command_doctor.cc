@@ -39,17 +39,17 @@ int run_doctor_on_rank(const World& world, const DoctorOptions& o) {
                                                      kWriteTimeoutS + kCollectiveTimeoutS)) {
     ranks.push_back(decode(bytes));
   }
-  const Gathered gathered = gather(std::move(ranks), world.rank, o);
+  const JobFacts job = job_facts(std::move(ranks), world.rank, o);
   const std::vector<CheckEntry>& table = fact_checks();
   std::vector<Check> checks;
   for (std::size_t i = 0; i < kChecksBeforeCollectives; ++i) {
-    checks.push_back(run_check(table[i], gathered, o));
+    checks.push_back(run_check(table[i], job, o));
   }
   Device device = Device::cpu();
   std::string note;
-  if (gpus_usable(gathered, checks.front())) {
+  if (gpus_usable(job, checks.front())) {
     device = select_local_device(world);
-  } else if (gathered.cuda) {
+  } else if (job.cuda) {
     note = "measured over MPI on the CPU: the ranks do not have one GPU each";
   }
   CommunicatorOptions options;
@@ -59,14 +59,14 @@ int run_doctor_on_rank(const World& world, const DoctorOptions& o) {
   checks.push_back(check_bandwidth(*comm, o, note));
   comm.reset();
   for (std::size_t i = kChecksBeforeCollectives; i < table.size(); ++i) {
-    checks.push_back(run_check(table[i], gathered, o));
+    checks.push_back(run_check(table[i], job, o));
   }
   if (world.rank == 0) {
     std::string device_name = device.is_cuda() ? "cuda" : "cpu";
     if (o.json) {
-      print_json(checks, gathered.ranks, device_name);
+      print_json(checks, job.ranks, device_name);
     } else {
-      print_table(checks, gathered.ranks, device_name);
+      print_table(checks, job.ranks, device_name);
     }
   }
   return overall_verdict(checks) == Verdict::Fail ? 1 : 0;

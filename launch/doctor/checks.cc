@@ -20,17 +20,17 @@ std::string rank_list(const std::vector<int>& ranks) {
 }
 
 // One rank per GPU: every rank has a GPU of its own, and no two ranks of a host share a PCI bus id.
-void check_world(Check& c, const Gathered& g, const DoctorOptions&) {
-  const std::size_t ranks = g.ranks.size();
-  const int hosts = host_count(g.ranks);
+void check_world(Check& c, const JobFacts& job, const DoctorOptions&) {
+  const std::size_t ranks = job.ranks.size();
+  const int hosts = host_count(job.ranks);
   c.detail = std::to_string(ranks) + " rank" + (ranks == 1 ? "" : "s") + " on " +
              std::to_string(hosts) + " host" + (hosts == 1 ? "" : "s");
-  if (!g.cuda) {
+  if (!job.cuda) {
     c.detail += ", on the CPU";
     return;
   }
   std::map<std::string, std::vector<int>> by_gpu;  // host + PCI bus id -> ranks
-  for (const RankFacts& f : g.ranks) {
+  for (const RankFacts& f : job.ranks) {
     if (!f.gpu) {
       c.raise(Verdict::Fail);
       c.add_detail("rank " + std::to_string(f.rank) + " on " + f.host +
@@ -58,10 +58,10 @@ void check_world(Check& c, const Gathered& g, const DoctorOptions&) {
 }
 
 // Peer access among each host's GPUs, as its local rank 0 found it.
-void check_peer_access(Check& c, const Gathered& g, const DoctorOptions&) {
-  const std::optional<std::string>& disable = g.ranks.at(g.self).nccl_p2p_disable;
+void check_peer_access(Check& c, const JobFacts& job, const DoctorOptions&) {
+  const std::optional<std::string>& disable = job.ranks.at(job.self).nccl_p2p_disable;
   const bool p2p_disabled = disable && *disable == "1";
-  for (const RankFacts& f : g.ranks) {
+  for (const RankFacts& f : job.ranks) {
     if (f.local_rank != 0) continue;
     const PeerAccessFacts peer = f.peer_access.value_or(PeerAccessFacts{});
     bool rtx4090 = peer.gpu_names.find("4090") != std::string::npos;
@@ -91,10 +91,10 @@ void check_peer_access(Check& c, const Gathered& g, const DoctorOptions&) {
 }
 
 // The interface NCCL would take on each host, judged against NCCL_SOCKET_IFNAME and the hosts.
-void check_network(Check& c, const Gathered& g, const DoctorOptions&) {
-  const int hosts = host_count(g.ranks);
+void check_network(Check& c, const JobFacts& job, const DoctorOptions&) {
+  const int hosts = host_count(job.ranks);
   std::set<std::string> seen;
-  for (const RankFacts& f : g.ranks) {
+  for (const RankFacts& f : job.ranks) {
     if (!seen.insert(f.host).second) continue;
     const std::string spec = f.nccl_socket_ifname.value_or("");
     const std::string& chosen = f.nccl_interface;
@@ -116,18 +116,18 @@ void check_network(Check& c, const Gathered& g, const DoctorOptions&) {
     const std::string ib = f.nccl_ib_disable.value_or("");
     if (!ib.empty()) c.add_detail(f.host + ": NCCL_IB_DISABLE=" + ib);
   }
-  if (!g.cuda) c.add_detail("NCCL is not used on the CPU; MPI picks its own transport");
+  if (!job.cuda) c.add_detail("NCCL is not used on the CPU; MPI picks its own transport");
 }
 
 // Each host's write test of the checkpoint directory: an error fails, a slow disk warns.
-void check_write(Check& c, const Gathered& g, const DoctorOptions& o) {
+void check_write(Check& c, const JobFacts& job, const DoctorOptions& o) {
   struct HostWrite {
     std::string host;
     WriteResult write;
     double mb_per_s;
   };
   auto hosts = std::make_shared<std::vector<HostWrite>>();
-  for (const RankFacts& f : g.ranks) {
+  for (const RankFacts& f : job.ranks) {
     if (f.local_rank != 0) continue;
     const WriteResult w = f.write.value_or(WriteResult{});
     hosts->push_back({f.host, w, w.seconds > 0 ? w.bytes / w.seconds / 1e6 : 0});
@@ -171,8 +171,8 @@ void check_write(Check& c, const Gathered& g, const DoctorOptions& o) {
 }
 
 // NVML's temperature, power and clocks of every rank's GPU; a hot GPU warns.
-void check_gpu_health(Check& c, const Gathered& g, const DoctorOptions&) {
-  for (const RankFacts& f : g.ranks) {
+void check_gpu_health(Check& c, const JobFacts& job, const DoctorOptions&) {
+  for (const RankFacts& f : job.ranks) {
     if (!f.gpu) continue;
     const GpuFacts& gpu = *f.gpu;
     std::string who =
@@ -206,13 +206,13 @@ std::string format_number(const char* format, double value) {
   return buf;
 }
 
-Gathered gather(std::vector<RankFacts> ranks, int self, const DoctorOptions& options) {
-  Gathered g;
-  g.cuda = options.use_cuda;
-  for (const RankFacts& f : ranks) g.cuda = g.cuda && f.gpu_count > 0;  // every rank agrees
-  g.ranks = std::move(ranks);
-  g.self = self;
-  return g;
+JobFacts job_facts(std::vector<RankFacts> ranks, int self, const DoctorOptions& options) {
+  JobFacts job;
+  job.cuda = options.use_cuda;
+  for (const RankFacts& f : ranks) job.cuda = job.cuda && f.gpu_count > 0;  // every rank agrees
+  job.ranks = std::move(ranks);
+  job.self = self;
+  return job;
 }
 
 const std::vector<CheckEntry>& fact_checks() {
@@ -237,19 +237,19 @@ void finish_check(Check& check) {
   if (check.fix.empty()) check.fix = "nothing to do";
 }
 
-Check run_check(const CheckEntry& entry, const Gathered& gathered, const DoctorOptions& options) {
+Check run_check(const CheckEntry& entry, const JobFacts& job, const DoctorOptions& options) {
   Check check{entry.name};
-  if (entry.about_gpus && !gathered.cuda) {
+  if (entry.about_gpus && !job.cuda) {
     check.detail = "no GPU";
   } else {
-    entry.body(check, gathered, options);
+    entry.body(check, job, options);
   }
   finish_check(check);
   return check;
 }
 
-bool gpus_usable(const Gathered& gathered, const Check& world) {
-  return gathered.cuda && world.verdict != Verdict::Fail;
+bool gpus_usable(const JobFacts& job, const Check& world) {
+  return job.cuda && world.verdict != Verdict::Fail;
 }
 
 }  // namespace kiln::launch::doctor

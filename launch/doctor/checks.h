@@ -1,6 +1,6 @@
 #pragma once
 // The checks of `kiln doctor`, each a verdict (ok / warn / fail), a detail and a fix. The checks
-// of gathered facts are pure: a table of entries (name, whether it is about GPUs, body) that
+// of the gathered facts are pure: a table of entries (name, whether it is about GPUs, body) that
 // run_check evaluates, so each can be tested from made-up facts.
 
 #include <algorithm>
@@ -39,7 +39,7 @@ struct Check {
 };
 
 // What the checks of facts read: every rank's facts, in rank order, and what this process knows.
-struct Gathered {
+struct JobFacts {
   std::vector<RankFacts> ranks;
   // This process's rank: the peer-access check reads NCCL_P2P_DISABLE as this process sees it.
   int self = 0;
@@ -47,12 +47,13 @@ struct Gathered {
   bool cuda = false;
 };
 
-Gathered gather(std::vector<RankFacts> ranks, int self, const DoctorOptions& options);
+// The job's facts from every rank's, `self` being this process's rank.
+JobFacts job_facts(std::vector<RankFacts> ranks, int self, const DoctorOptions& options);
 
 struct CheckEntry {
   const char* name;
   bool about_gpus;  // without GPUs the check says "no GPU" and does not run its body
-  void (*body)(Check& check, const Gathered& gathered, const DoctorOptions& options);
+  void (*body)(Check& check, const JobFacts& job, const DoctorOptions& options);
 };
 
 // The checks of facts in report order: world, peer_access, network, checkpoint_write,
@@ -65,13 +66,13 @@ const CheckEntry& fact_check(const std::string& name);
 
 // The prologue and epilogue every check shares: a Check named after the entry, "no GPU" for a
 // check about GPUs on a job without them, "nothing to do" when the body found no fix.
-Check run_check(const CheckEntry& entry, const Gathered& gathered, const DoctorOptions& options);
+Check run_check(const CheckEntry& entry, const JobFacts& job, const DoctorOptions& options);
 // The epilogue alone, for the collective checks.
 void finish_check(Check& check);
 
 // The world check failing means the ranks do not have one GPU each: collectives then run on the
 // CPU over MPI.
-bool gpus_usable(const Gathered& gathered, const Check& world);
+bool gpus_usable(const JobFacts& job, const Check& world);
 
 // printf of one number, for messages ("%.0f" MB/s).
 std::string format_number(const char* format, double value);

@@ -52,7 +52,7 @@ std::vector<RankFacts> one_host_two_gpus() {
 
 Check run(const std::string& name, const std::vector<RankFacts>& ranks,
           const DoctorOptions& options = {}) {
-  return run_check(fact_check(name), gather(ranks, 0, options), options);
+  return run_check(fact_check(name), job_facts(ranks, 0, options), options);
 }
 
 void expect_same(const RankFacts& a, const RankFacts& b) {
@@ -137,7 +137,7 @@ TEST(DoctorChecks, WorldOkWithOneGpuPerRank) {
   EXPECT_EQ(c.verdict, Verdict::Ok);
   EXPECT_EQ(c.detail, "2 ranks on 1 host; one GPU per rank");
   EXPECT_EQ(c.fix, "nothing to do");
-  EXPECT_TRUE(gpus_usable(gather(one_host_two_gpus(), 0, {}), c));
+  EXPECT_TRUE(gpus_usable(job_facts(one_host_two_gpus(), 0, {}), c));
 }
 
 TEST(DoctorChecks, WorldOnTheCpuIsOk) {
@@ -155,7 +155,7 @@ TEST(DoctorChecks, WorldFailsWhenTwoRanksShareAGpu) {
   EXPECT_EQ(c.verdict, Verdict::Fail);
   EXPECT_TRUE(contains(c.detail, "ranks 0, 1 share one GPU (host and PCI bus id node1 0000:01"));
   EXPECT_TRUE(contains(c.fix, "one rank per GPU"));
-  EXPECT_FALSE(gpus_usable(gather(ranks, 0, {}), c));
+  EXPECT_FALSE(gpus_usable(job_facts(ranks, 0, {}), c));
   // The same bus id on two hosts is two GPUs.
   ranks[1].host = "node2";
   EXPECT_EQ(run("world", ranks).verdict, Verdict::Ok);
