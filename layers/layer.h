@@ -55,6 +55,12 @@ struct Context {
   std::int64_t loss_scale_divisor = 1;
 };
 
+// A Context::on_layer that calls `hook` with Layer::written_parameters() as each layer's backward
+// begins: comm/ knows parameters, not layers (ZeRO-2 allocates gradient buckets from it). Empty
+// when `hook` is, so that runs without one call nothing per layer.
+std::function<void(Layer& layer, bool forward, bool begin)> on_backward_begin(
+    std::function<void(const std::vector<Parameter*>& written)> hook);
+
 class Layer {
  public:
   virtual ~Layer() = default;

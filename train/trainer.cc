@@ -364,7 +364,7 @@ Context Trainer::State::make_context(bool training) const {
   ctx.channels_last = channels_last(e.model(), device, precision.policy);
   if (dp && training) {
     ctx.on_grad_ready = dp->grad_ready_hook();
-    ctx.on_layer = dp->gradient_allocation_hook();
+    ctx.on_layer = on_backward_begin(dp->gradient_allocation_hook());
   }
   if (graphs && training) {
     ctx.step_source = reinterpret_cast<const std::uint64_t*>(graphs->micro_step.data());
