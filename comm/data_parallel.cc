@@ -325,11 +325,10 @@ void DataParallel::zero_grad_lazily() {
   }
 }
 
-std::function<void(Layer&, bool, bool)> DataParallel::gradient_allocation_hook() {
+std::function<void(const std::vector<Parameter*>&)> DataParallel::gradient_allocation_hook() {
   if (options_.zero_stage != 2) return {};
-  return [this](Layer& layer, bool forward, bool begin) {
-    if (forward || !begin) return;
-    for (Parameter* p : layer.written_parameters()) {
+  return [this](const std::vector<Parameter*>& written) {
+    for (Parameter* p : written) {
       auto it = slots_.find(p);
       if (it != slots_.end()) allocate_gradients(buckets_[it->second.bucket]);
     }

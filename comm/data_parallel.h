@@ -49,8 +49,10 @@
 
 #include "comm/communicator.h"
 #include "comm/powersgd.h"
+#include "core/parameter.h"
+#include "core/safetensors.h"
 #include "core/stream.h"
-#include "layers/layer.h"
+#include "core/tensor.h"
 
 namespace kiln {
 
@@ -134,14 +136,14 @@ class DataParallel {
   // that failed part way): the next backward starts afresh.
   void reset_step();
   // ZeRO-2 without full gradient buffers at the start of backward: zero_grad_lazily() zeroes the
-  // buffers that exist and leaves released ones unallocated; the hook (Context::on_layer)
-  // allocates a bucket, zeroed, when the backward of a layer that writes one of its gradients
-  // begins. Where the collectives block the caller (MPI), a bucket is released again as soon as
-  // it is reduce-scattered, so a rank holds few full buckets at a time; on a communication
-  // stream, finish() releases them. Other stages: zero_grad_lazily() is zero_grad() and the hook
-  // does nothing.
+  // buffers that exist and leaves released ones unallocated; the hook, called with the parameters
+  // a layer's backward is about to write as that backward begins (layers/ adapts it to
+  // Context::on_layer), allocates, zeroed, every bucket holding one of their gradients. Where the
+  // collectives block the caller (MPI), a bucket is released again as soon as it is
+  // reduce-scattered, so a rank holds few full buckets at a time; on a communication stream,
+  // finish() releases them. Other stages: zero_grad_lazily() is zero_grad() and the hook is empty.
   void zero_grad_lazily();
-  std::function<void(Layer& layer, bool forward, bool begin)> gradient_allocation_hook();
+  std::function<void(const std::vector<Parameter*>& written)> gradient_allocation_hook();
 
   // Optimizer steps finished (finish() calls outside accumulation micro-steps): PowerSgd starts
   // compressing at options.powersgd_start_step. set_finished_steps restores it on resume.

@@ -12,6 +12,14 @@ std::uint64_t Layer::next_layer_id() {
   return counter++;
 }
 
+std::function<void(Layer&, bool, bool)> on_backward_begin(
+    std::function<void(const std::vector<Parameter*>&)> hook) {
+  if (!hook) return {};
+  return [hook = std::move(hook)](Layer& layer, bool forward, bool begin) {
+    if (!forward && begin) hook(layer.written_parameters());
+  };
+}
+
 Tensor Layer::forward(Context& ctx, const Tensor& x) {
   NvtxRange range(name_.empty() ? "forward" : name_.c_str());
   if (ctx.on_layer) ctx.on_layer(*this, true, true);

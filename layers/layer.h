@@ -18,32 +18,11 @@
 #include <utility>
 #include <vector>
 
+#include "core/parameter.h"
+#include "core/precision.h"
 #include "core/tensor.h"
 
 namespace kiln {
-
-struct Parameter {
-  std::string name;              // full dotted name, PyTorch's ("layer1.0.conv1.weight")
-  Tensor value;                  // working weights (f32; half in O2/O3 unless fp32_in_half)
-  Tensor grad;                   // same shape and dtype as value; accumulated into
-  bool no_weight_decay = false;  // biases and norm parameters
-  bool fp32_in_half = false;     // norm parameters stay fp32 in O2
-  // A 2-D weight that files hold transposed, (in, out): transformers' Conv1D (GPT-2). Kiln keeps
-  // it as (out, in) like every Linear; checkpoints and model.init_from transpose at the boundary.
-  bool stored_transposed = false;
-};
-
-struct Buffer {
-  std::string name;  // "bn1.running_mean"
-  Tensor value;      // always fp32
-};
-
-// The precision a forward/backward runs at; optim/amp derives it from the opt level.
-struct PrecisionPolicy {
-  DType activation = DType::F32;  // dtype of tensors passed between layers
-  DType matmul = DType::F32;      // GEMM and convolution inputs (fp32 accumulation always)
-  // O1 casts fp32 weights to `matmul` once per weights_version, not once per use.
-};
 
 class Layer;
 struct KvCache;  // layers/attention.h
@@ -75,6 +54,12 @@ struct Context {
   const double* loss_scale_source = nullptr;
   std::int64_t loss_scale_divisor = 1;
 };
+
+// A Context::on_layer that calls `hook` with Layer::written_parameters() as each layer's backward
+// begins: comm/ knows parameters, not layers (ZeRO-2 allocates gradient buckets from it). Empty
+// when `hook` is, so that runs without one call nothing per layer.
+std::function<void(Layer& layer, bool forward, bool begin)> on_backward_begin(
+    std::function<void(const std::vector<Parameter*>& written)> hook);
 
 class Layer {
  public:

@@ -18,8 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/parameter.h"
 #include "core/tensor.h"
-#include "layers/layer.h"
 #include "optim/multi_tensor.h"
 
 namespace kiln::optim {

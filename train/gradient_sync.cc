@@ -36,7 +36,7 @@ class DataParallelSync final : public GradientSync {
   }
   void install_hooks(Context& ctx) override {
     ctx.on_grad_ready = dp_->grad_ready_hook();
-    ctx.on_layer = dp_->gradient_allocation_hook();
+    ctx.on_layer = on_backward_begin(dp_->gradient_allocation_hook());
   }
   void finish() override { dp_->finish(); }
   void reset_step() override { dp_->reset_step(); }

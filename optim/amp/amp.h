@@ -30,7 +30,9 @@
 #include <utility>
 #include <vector>
 
-#include "layers/layer.h"
+#include "core/dtype.h"
+#include "core/parameter.h"
+#include "core/precision.h"
 #include "optim/optimizer.h"
 #include "optim/step_state.h"
 

@@ -469,7 +469,7 @@ TEST(DataParallel, ZeroStage2AllocatesBucketsAsBackwardReachesThem) {
     ctx.on_layer = [&](Layer& layer, bool forward, bool begin) {
       if (!forward && begin) {
         if (seen++ == 0) first = dp.gradient_buffer_bytes();
-        if (allocate) allocate(layer, forward, begin);
+        if (allocate) allocate(layer.written_parameters());
         most = std::max(most, dp.gradient_buffer_bytes());
       }
     };
