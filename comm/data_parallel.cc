@@ -39,6 +39,22 @@ void broadcast_tensor(Communicator& comm, Tensor& t) {
   t.copy_from(tmp);
 }
 
+GradientReductionOptions reduction_options(const DataParallelOptions& o) {
+  using Kind = GradientReductionOptions::Kind;
+  GradientReductionOptions r;
+  r.half_dtype = o.half_dtype;
+  r.powersgd = o.powersgd;
+  r.powersgd_start_step = o.powersgd_start_step;
+  if (o.zero_stage > 0) {
+    r.kind = Kind::ReduceScatter;
+  } else if (o.compression == GradientCompression::Half) {
+    r.kind = Kind::HalfAllReduce;
+  } else if (o.compression == GradientCompression::PowerSgd) {
+    r.kind = Kind::PowerSgd;
+  }
+  return r;
+}
+
 }  // namespace
 
 const char* gradient_compression_name(GradientCompression c) {
@@ -65,6 +81,7 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
   KILN_CHECK(options_.compression != GradientCompression::Half || is_half(options_.half_dtype),
              std::string("DataParallel half_dtype must be f16 or bf16, got ") +
                  dtype_name(options_.half_dtype));
+  reduction_ = make_gradient_reduction(reduction_options(options_), comm_);
   const Device device = comm_.device();
   for (Parameter* p : params_) {
     KILN_CHECK(p != nullptr && p->value.defined(), "DataParallel got an undefined parameter");
@@ -136,9 +153,6 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
     if (options_.zero_stage > 0) fill[bi] = (fill[bi] + ranks - 1) / ranks * ranks;
     b.numel = fill[bi];
     b.flat = Tensor::zeros({fill[bi]}, b.dtype, device);
-    if (options_.compression == GradientCompression::Half && b.dtype == DType::F32) {
-      b.staging = Tensor::empty({fill[bi]}, options_.half_dtype, device);
-    }
     for (std::size_t i = 0; i < b.params.size(); ++i) {
       Parameter* p = b.params[i];
       if (p->grad.defined()) {
@@ -170,12 +184,7 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
     }
     std::vector<Tensor> grads;
     for (const Parameter* p : b.params) grads.push_back(p->grad);
-    if (options_.compression == GradientCompression::PowerSgd &&
-        PowerSgdBucket::compresses_any(grads, options_.powersgd.rank)) {
-      PowerSgdOptions powersgd = options_.powersgd;
-      powersgd.seed += bi;  // Qs of different buckets differ; every rank draws the same
-      b.powersgd = std::make_unique<PowerSgdBucket>(std::move(grads), powersgd);
-    }
+    reduction_->add_bucket(bi, b.dtype, b.numel, grads);
   }
   reset_step();
 
@@ -259,31 +268,11 @@ void DataParallel::launch(Bucket& bucket) {
   // The bucket's gradients were written on the compute stream: the comm stream waits for them.
   comm_.comm_stream_wait_for_current();
   if (timing_) mark(bucket.start, comm_.comm_stream());
-  if (bucket.powersgd && finished_steps_ >= options_.powersgd_start_step) {
-    StreamGuard guard(comm_.device(), comm_.comm_stream() != nullptr
-                                          ? comm_.comm_stream()
-                                          : current_stream(comm_.device()));
-    bucket.powersgd->all_reduce(comm_);
-  } else if (bucket.staging.defined()) {
-    void* stream = comm_.comm_stream();
-    if (stream != nullptr) {
-      StreamGuard guard(comm_.device(), stream);
-      bucket.staging.copy_from(bucket.flat);
-      comm_.all_reduce_on_comm_stream(bucket.staging, ReduceOp::Average);
-      bucket.flat.copy_from(bucket.staging);
-    } else {
-      bucket.staging.copy_from(bucket.flat);
-      comm_.all_reduce_on_comm_stream(bucket.staging, ReduceOp::Average);
-      bucket.flat.copy_from(bucket.staging);
-    }
-  } else if (options_.zero_stage > 0) {
-    allocate_gradients(bucket);  // stage 2: a bucket no backward wrote (unused parameters)
-    comm_.reduce_scatter_on_comm_stream(bucket.flat, bucket.shard, ReduceOp::Average);
-    // Collectives that block the caller have read the bucket: stage 2 lets it go at once.
-    if (options_.zero_stage == 2 && comm_.comm_stream() == nullptr) release_gradients(bucket);
-  } else {
-    comm_.all_reduce_on_comm_stream(bucket.flat, ReduceOp::Average);
-  }
+  if (options_.zero_stage > 0) allocate_gradients(bucket);  // stage 2: no backward wrote it
+  reduction_->reduce(static_cast<std::size_t>(&bucket - buckets_.data()), bucket.flat,
+                     bucket.shard, finished_steps_);
+  // Collectives that block the caller have read the bucket: stage 2 lets it go at once.
+  if (options_.zero_stage == 2 && comm_.comm_stream() == nullptr) release_gradients(bucket);
   if (timing_) mark(bucket.end, comm_.comm_stream());
   bucket.launched = true;
   ++bucket_all_reduces_;
@@ -376,35 +365,15 @@ std::size_t DataParallel::gradient_buffer_bytes() const {
 }
 
 void DataParallel::reset_compression_state() {
-  for (Bucket& b : buckets_) {
-    if (b.powersgd) b.powersgd->reset();
-  }
+  reduction_->reset();
 }
 
 NamedTensors DataParallel::compression_state() const {
-  NamedTensors out;
-  for (std::size_t i = 0; i < buckets_.size(); ++i) {
-    if (!buckets_[i].powersgd) continue;
-    for (auto& [name, t] : buckets_[i].powersgd->state()) {
-      out.emplace_back("bucket" + std::to_string(i) + "." + name, t);
-    }
-  }
-  return out;
+  return reduction_->state();
 }
 
 void DataParallel::load_compression_state(const NamedTensors& state, const std::string& where) {
-  const auto find = [&](const std::string& name) {
-    for (const auto& [n, t] : state) {
-      if (n == name) return t;
-    }
-    throw InputError(where + ": no PowerSGD state " + name +
-                     " (written with another parallel.compression, bucket_mb or model)");
-  };
-  for (std::size_t i = 0; i < buckets_.size(); ++i) {
-    if (!buckets_[i].powersgd) continue;
-    const std::string prefix = "bucket" + std::to_string(i) + ".";
-    buckets_[i].powersgd->load_state(find(prefix + "error"), find(prefix + "q"), where);
-  }
+  reduction_->load_state(state, where);
 }
 
 void DataParallel::reset_step() {

@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/gradient_reduction.h"
 #include "comm/powersgd.h"
 #include "core/parameter.h"
 #include "core/safetensors.h"
@@ -197,9 +198,7 @@ class DataParallel {
     DType dtype;
     std::int64_t numel = 0;
     Tensor flat;                               // (numel,) the gradients' storage
-    Tensor staging;                            // (numel,) half copy with GradientCompression::Half
     Tensor shard;                              // ZeRO: (numel / size,) this rank's reduced shard
-    std::unique_ptr<PowerSgdBucket> powersgd;  // with GradientCompression::PowerSgd, if any gains
     std::vector<Parameter*> params;
     std::vector<std::int64_t> offsets;
     int pending = 0;  // parameters whose hook has not fired this step
@@ -219,6 +218,7 @@ class DataParallel {
 
   Communicator& comm_;
   DataParallelOptions options_;
+  std::unique_ptr<GradientReduction> reduction_;  // how a bucket is reduced (the strategy)
   std::vector<Parameter*> params_;
   std::vector<Buffer*> buffers_;
   std::vector<Bucket> buckets_;

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "comm/bandwidth.h"
+#include "comm/gradient_reduction.h"
 #include "comm/mpi_communicator.h"
 #include "comm/watchdog.h"
 #include "comm/world.h"
@@ -255,6 +256,117 @@ TEST_P(DataParallelCpu, GradientAccumulationReducesOncePerStep) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, DataParallelCpu, ::testing::Values(DType::F64, DType::F32),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// Each gradient reduction strategy on its own (comm/gradient_reduction.h), against closed forms:
+// rank r's bucket holds (r + 1) * (i % 5 + 1), whose average over P ranks is (P + 1) / 2 * (i % 5 + 1)
+// (exact in f32 and bf16 for these values).
+std::vector<double> bucket_values(std::int64_t n, int rank) {
+  std::vector<double> v(n);
+  for (std::int64_t i = 0; i < n; ++i) v[i] = (rank + 1) * (i % 5 + 1);
+  return v;
+}
+
+double bucket_average(std::int64_t i, int ranks) {
+  return (ranks + 1) / 2.0 * (i % 5 + 1);
+}
+
+std::unique_ptr<GradientReduction> reduction(GradientReductionOptions::Kind kind) {
+  GradientReductionOptions o;
+  o.kind = kind;
+  o.half_dtype = DType::BF16;
+  o.powersgd.rank = 1;
+  o.powersgd_start_step = 2;
+  return make_gradient_reduction(o, comm());
+}
+
+TEST(GradientReduction, AllReduceAndHalfAllReduceAverage) {
+  using Kind = GradientReductionOptions::Kind;
+  const int P = comm().size(), r = comm().rank();
+  const std::int64_t n = 37;
+  for (Kind kind : {Kind::AllReduce, Kind::HalfAllReduce}) {
+    auto strategy = reduction(kind);
+    EXPECT_FALSE(strategy->scatters());
+    Tensor f32 = Tensor::from_vector(bucket_values(n, r), {n}).to(DType::F32);
+    Tensor f64 = Tensor::from_vector(bucket_values(n, r), {n});
+    Tensor unused;
+    strategy->add_bucket(0, DType::F32, n, {f32});
+    strategy->add_bucket(1, DType::F64, n, {f64});
+    strategy->reduce(0, f32, unused, 0);
+    strategy->reduce(1, f64, unused, 0);
+    const std::vector<double> a = f32.to_vector<double>(), b = f64.to_vector<double>();
+    for (std::int64_t i = 0; i < n; ++i) {
+      EXPECT_EQ(a[i], bucket_average(i, P)) << i;
+      EXPECT_EQ(b[i], bucket_average(i, P)) << i;
+    }
+    EXPECT_TRUE(strategy->state().empty());
+  }
+  // Half rounds what travels: a value bf16 cannot hold comes back rounded to it (f32 kept as is).
+  auto half = reduction(Kind::HalfAllReduce);
+  auto plain = reduction(Kind::AllReduce);
+  Tensor x = Tensor::from_vector(std::vector<double>{1.0 + 1.0 / 1024}, {1}).to(DType::F32);
+  Tensor y = x.clone(), unused;
+  half->add_bucket(0, DType::F32, 1, {x});
+  half->reduce(0, x, unused, 0);
+  plain->reduce(0, y, unused, 0);
+  EXPECT_EQ(x.to_vector<double>()[0], 1.0);
+  EXPECT_EQ(y.to_vector<double>()[0], 1.0 + 1.0 / 1024);
+}
+
+TEST(GradientReduction, ReduceScatterLeavesEachRankItsShardOfTheAverage) {
+  const int P = comm().size(), r = comm().rank();
+  const std::int64_t shard = 6, n = shard * P;
+  auto strategy = reduction(GradientReductionOptions::Kind::ReduceScatter);
+  EXPECT_TRUE(strategy->scatters());
+  Tensor flat = Tensor::from_vector(bucket_values(n, r), {n}).to(DType::F32);
+  Tensor mine = Tensor::zeros({shard}, DType::F32);
+  strategy->add_bucket(0, DType::F32, n, {flat});
+  strategy->reduce(0, flat, mine, 0);
+  const std::vector<double> got = mine.to_vector<double>();
+  for (std::int64_t i = 0; i < shard; ++i) EXPECT_EQ(got[i], bucket_average(r * shard + i, P)) << i;
+}
+
+TEST(GradientReduction, PowerSgdStartsAtItsStepAndKeepsItsState) {
+  const int P = comm().size(), r = comm().rank();
+  const std::int64_t rows = 8, cols = 6;
+  auto strategy = reduction(GradientReductionOptions::Kind::PowerSgd);
+  // A rank-1 gradient, the same direction on every rank: rank-1 PowerSGD reduces it exactly.
+  std::vector<double> base(rows * cols);
+  for (std::int64_t i = 0; i < rows * cols; ++i) base[i] = (i / cols + 1) * (i % cols + 1);
+  const auto scaled = [&](int rank) {
+    std::vector<double> v = base;
+    for (double& x : v) x *= rank + 1;
+    return v;
+  };
+  Tensor grad = Tensor::from_vector(scaled(r), {rows, cols});
+  Tensor flat = grad.view({rows * cols}), unused;
+  strategy->add_bucket(0, DType::F64, rows * cols, {grad});
+  const NamedTensors state = strategy->state();
+  ASSERT_EQ(state.size(), 2u);
+  EXPECT_EQ(state[0].first, "bucket0.error");
+  EXPECT_EQ(state[1].first, "bucket0.q");
+  // Before the start step: the plain all-reduce, exact.
+  strategy->reduce(0, flat, unused, 1);
+  std::vector<double> got = grad.to_vector<double>();
+  for (std::int64_t i = 0; i < rows * cols; ++i) EXPECT_EQ(got[i], base[i] * (P + 1) / 2.0) << i;
+  // From it on: compressed, still the average up to rounding.
+  grad.copy_from(Tensor::from_vector(scaled(r), {rows, cols}));
+  strategy->reduce(0, flat, unused, 2);
+  got = grad.to_vector<double>();
+  for (std::int64_t i = 0; i < rows * cols; ++i) {
+    EXPECT_NEAR(got[i], base[i] * (P + 1) / 2.0, 1e-9 * base[i] * P) << i;
+  }
+  // Its state travels through checkpoints by name; a checkpoint without it is refused.
+  strategy->load_state(strategy->state(), "here");
+  try {
+    strategy->load_state({}, "ckpt/compression.safetensors");
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("ckpt/compression.safetensors: no PowerSGD state "
+                                         "bucket0.error"),
+              std::string::npos)
+        << e.what();
+  }
+}
 
 TEST(DataParallel, BucketSizesGiveIdenticalResults) {
   DpRun one_bucket;  // 25 MiB: the whole model in one bucket
