@@ -215,15 +215,7 @@ Model make_vit_b16(const ModelOptions& options) {
   if (options.hidden_size % options.num_heads != 0)
     throw InputError("vit_b16: hidden_size " + std::to_string(options.hidden_size) +
                      " is not a multiple of num_heads " + std::to_string(options.num_heads));
-  Model m;
-  m.net = std::make_unique<VisionTransformer>(options);
-  m.net->set_name("");
-  m.net->reset_parameters(0);
-  m.sample_shape = {options.image_channels, options.image_size, options.image_size};
-  m.input_dtype = DType::F32;
-  m.task = Task::Classification;
-  m.num_outputs = options.num_classes;
-  return m;
+  return image_model(std::make_unique<VisionTransformer>(options), options);
 }
 
 }  // namespace kiln
