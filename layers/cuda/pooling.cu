@@ -296,21 +296,21 @@ void check_dense(const Tensor& a, const Tensor& b, const char* who) {
              std::string(who) + ": " + a.str() + ", " + b.str());
 }
 
-// Calls launch(T{}, I{}, total): T the storage type of `out`, total its element count (nothing
+// Calls f(T{}, I{}, total): T the storage type of `out`, total its element count (nothing
 // for an empty output), I the index type, int32 when every index of a and b fits (64-bit
 // division is several times slower on the GPU), else int64. The operands were checked dense and
 // of one dtype.
 template <typename F>
-void for_each_output(const Tensor& out, const Tensor& a, const Tensor& b, F&& launch) {
+void for_each_output(const Tensor& out, const Tensor& a, const Tensor& b, F&& f) {
   const std::int64_t total = out.numel();
   if (total == 0) return;
   constexpr std::int64_t kLimit = std::int64_t{1} << 30;
   const bool narrow = a.numel() < kLimit && b.numel() < kLimit;
   KILN_CUDA_DISPATCH_FLOATING(out.dtype(), T, {
     if (narrow) {
-      launch(T{}, std::int32_t{}, total);
+      f(T{}, std::int32_t{}, total);
     } else {
-      launch(T{}, std::int64_t{}, total);
+      f(T{}, std::int64_t{}, total);
     }
   });
 }
