@@ -19,6 +19,22 @@ inline bool is_half(DType t) {
   return t == DType::F16 || t == DType::BF16;
 }
 
+// The type arithmetic on an element of type T runs in, on the host and on the device alike (one
+// definition, so the CPU reference and the CUDA kernels round the same): float, but double for
+// f64 and i64, whose values a float would not hold.
+template <typename T>
+struct Compute {
+  using type = float;
+};
+template <>
+struct Compute<double> {
+  using type = double;
+};
+template <>
+struct Compute<std::int64_t> {
+  using type = double;
+};
+
 // IEEE binary16 and bfloat16 stored as their bit patterns on the host.
 struct Half {
   std::uint16_t bits;

@@ -24,17 +24,18 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-void check_sampling_options(const SamplingOptions& options) {
+}  // namespace
+
+void check_sampling_options(const SamplingOptions& options, const std::string& temperature_name,
+                            const std::string& top_k_name) {
   if (!(options.temperature >= 0) || !std::isfinite(options.temperature)) {
-    throw InputError("temperature " + number(options.temperature) +
+    throw InputError(temperature_name + " " + number(options.temperature) +
                      ": must be a finite number >= 0 (0 = greedy)");
   }
   if (options.top_k < 0) {
-    throw InputError("top_k " + std::to_string(options.top_k) + ": must be >= 0 (0 = off)");
+    throw InputError(top_k_name + " " + std::to_string(options.top_k) + ": must be >= 0 (0 = off)");
   }
 }
-
-}  // namespace
 
 std::int64_t choose_token(const std::vector<float>& logits, const SamplingOptions& options,
                           std::uint64_t draw) {

@@ -18,6 +18,7 @@
 // their last bits, so only nearly tied candidates can go different ways.
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/device.h"
@@ -30,6 +31,12 @@ struct SamplingOptions {
   std::int64_t top_k = 0;    // keep the k most likely tokens (ties at the k-th kept too); 0: all
   std::uint64_t seed = 0;
 };
+
+// InputError for a negative or non-finite temperature or a negative top_k, naming them as the
+// caller's user knows them (`kiln sample` says "--temperature" and "--top-k").
+void check_sampling_options(const SamplingOptions& options,
+                            const std::string& temperature_name = "temperature",
+                            const std::string& top_k_name = "top_k");
 
 // The next token from one position's logits (vocab); `draw` is the token's index among the
 // generated ones. InputError for a negative or non-finite temperature or a negative top_k.

@@ -5,7 +5,6 @@
 
 #include <boost/program_options.hpp>
 
-#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -28,12 +27,6 @@ namespace po = boost::program_options;
 
 namespace kiln::launch {
 namespace {
-
-std::string number(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
-}
 
 std::vector<std::int64_t> parse_token_ids(const std::string& text) {
   std::vector<std::int64_t> ids;
@@ -157,13 +150,7 @@ int run_sample(const Arguments& args) {
   if (go.max_new_tokens < 1) {
     throw InputError("--max-new-tokens " + std::to_string(go.max_new_tokens) + ": must be >= 1");
   }
-  if (!(go.sampling.temperature >= 0) || !std::isfinite(go.sampling.temperature)) {
-    throw InputError("--temperature " + number(go.sampling.temperature) +
-                     ": must be a finite number >= 0 (0 = greedy)");
-  }
-  if (go.sampling.top_k < 0) {
-    throw InputError("--top-k " + std::to_string(go.sampling.top_k) + ": must be >= 0 (0 = off)");
-  }
+  infer::check_sampling_options(go.sampling, "--temperature", "--top-k");
   std::vector<std::int64_t> prompt;
   if (has_ids) prompt = parse_token_ids(vm["prompt-tokens"].as<std::string>());
   std::unique_ptr<infer::Gpt2Tokenizer> tokenizer;

@@ -4,6 +4,7 @@
 
 namespace kiln {
 
+// HuggingFace BertLayer is the defaults with these sizes; the other presets start from it.
 TransformerBlockConfig TransformerBlockConfig::bert(std::int64_t hidden, std::int64_t heads,
                                                     std::int64_t intermediate, double dropout) {
   TransformerBlockConfig c;
@@ -17,11 +18,7 @@ TransformerBlockConfig TransformerBlockConfig::bert(std::int64_t hidden, std::in
 
 TransformerBlockConfig TransformerBlockConfig::vit(std::int64_t hidden, std::int64_t heads,
                                                    std::int64_t intermediate, double dropout) {
-  TransformerBlockConfig c;
-  c.hidden = hidden;
-  c.heads = heads;
-  c.intermediate = intermediate;
-  c.dropout = dropout;
+  TransformerBlockConfig c = bert(hidden, heads, intermediate, dropout);
   c.attention_dropout = 0.0;
   c.layer_norm_eps = 1e-6;
   c.pre_norm = true;
@@ -37,12 +34,7 @@ TransformerBlockConfig TransformerBlockConfig::vit(std::int64_t hidden, std::int
 
 TransformerBlockConfig TransformerBlockConfig::gpt2(std::int64_t hidden, std::int64_t heads,
                                                     std::int64_t intermediate, double dropout) {
-  TransformerBlockConfig c;
-  c.hidden = hidden;
-  c.heads = heads;
-  c.intermediate = intermediate;
-  c.dropout = dropout;
-  c.attention_dropout = dropout;
+  TransformerBlockConfig c = bert(hidden, heads, intermediate, dropout);
   c.layer_norm_eps = 1e-5;
   c.pre_norm = true;
   c.qkv_layout = QkvLayout::FusedConv1D;
@@ -142,6 +134,22 @@ Tensor TransformerBlock::backward_impl(Context& ctx, const Tensor& dy) {
   Tensor dh = sum(ds2, mlp_backward(ds2));
   Tensor ds1 = norm1_->backward(ctx, dh);
   return sum(ds1, attention_backward(ds1));
+}
+
+Tensor TransformerStack::forward(Context& ctx, Tensor h) const {
+  for (TransformerBlock* block : blocks_) h = block->forward(ctx, h);
+  return h;
+}
+
+Tensor TransformerStack::backward(Context& ctx, Tensor g) const {
+  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) g = (*it)->backward(ctx, g);
+  return g;
+}
+
+double TransformerStack::forward_flops(const Shape& input) const {
+  double f = 0;
+  for (const TransformerBlock* block : blocks_) f += block->forward_flops(input);
+  return f;
 }
 
 }  // namespace kiln

@@ -8,7 +8,9 @@
 // Child names are configurable so that parameter names match the reference implementation.
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "layers/attention.h"
 #include "layers/dropout.h"
@@ -84,6 +86,31 @@ class TransformerBlock : public Layer {
   Dropout* mlp_inner_dropout_ = nullptr;
   Dropout* mlp_output_dropout_;
   bool recomputed_mlp_ = false;  // the last forward dropped mlp_out's input (see the config)
+};
+
+// A model's stack of blocks: forward runs them first to last, backward last to first. The
+// blocks are the model's own children, so their parameter names carry the model's prefixes; the
+// model registers each one through the `add` it passes to build().
+class TransformerStack {
+ public:
+  // Makes `count` blocks of `config`, recomputed in backward when `recompute`;
+  // add(i, std::unique_ptr<TransformerBlock>) registers block i as the model's child and returns
+  // a reference to it.
+  template <typename Add>
+  void build(int count, const TransformerBlockConfig& config, bool recompute, Add&& add) {
+    for (int i = 0; i < count; ++i) {
+      TransformerBlock& block = add(i, std::make_unique<TransformerBlock>(config));
+      block.set_recompute(recompute);
+      blocks_.push_back(&block);
+    }
+  }
+  Tensor forward(Context& ctx, Tensor h) const;    // (B, T, hidden)
+  Tensor backward(Context& ctx, Tensor g) const;   // (B, T, hidden)
+  double forward_flops(const Shape& input) const;  // the blocks' sum, first to last
+  const std::vector<TransformerBlock*>& blocks() const { return blocks_; }
+
+ private:
+  std::vector<TransformerBlock*> blocks_;
 };
 
 }  // namespace kiln

@@ -1,5 +1,6 @@
 #pragma once
-// Host-side element access: every floating type computes in float (double for f64).
+// Host-side element access: every floating type computes in float, f64 in double (Compute,
+// core/dtype.h).
 
 #include <cstdint>
 
@@ -9,14 +10,7 @@
 
 namespace kiln::cpu {
 
-template <typename T>
-struct Compute {
-  using type = float;
-};
-template <>
-struct Compute<double> {
-  using type = double;
-};
+using ::kiln::Compute;  // core/dtype.h; callers name it cpu::Compute beside cpu::load
 
 inline float load(float v) {
   return v;

@@ -1,6 +1,6 @@
 #pragma once
-// Device-side element access: floating types compute in float (double for f64); half storage
-// rounds to nearest even on store.
+// Device-side element access: floating types compute in float, f64 in double (Compute,
+// core/dtype.h); half storage rounds to nearest even on store.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -43,19 +43,6 @@ struct Storage<DType::I64> {
 template <>
 struct Storage<DType::U8> {
   using type = std::uint8_t;
-};
-
-template <typename T>
-struct Compute {
-  using type = float;
-};
-template <>
-struct Compute<double> {
-  using type = double;
-};
-template <>
-struct Compute<std::int64_t> {
-  using type = double;
 };
 
 __device__ __forceinline__ float load(float v) {

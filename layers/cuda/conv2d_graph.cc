@@ -10,9 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -22,6 +20,7 @@
 #include "core/cuda/cudnn_handle.h"
 #include "core/stream.h"
 #include "core/tensor.h"
+#include "layers/cuda/plan_cache.h"
 
 namespace kiln::cudnn_conv::graph {
 namespace {
@@ -70,15 +69,9 @@ struct Plan {
   std::int64_t workspace = 0;
 };
 
-struct Registry {
-  std::mutex mutex;
-  std::map<std::string, int> index;  // key -> plan (or -1: none usable)
-  std::vector<std::unique_ptr<Plan>> plans;
-};
-
-Registry& registry() {
-  static Registry r;
-  return r;
+PlanCache<Plan>& plans() {
+  static PlanCache<Plan> cache;
+  return cache;
 }
 
 const char* direction_name(Direction d) {
@@ -351,35 +344,16 @@ int plan_for(const Conv2dGeometry& g, const ConvAlgorithmOptions& o, Direction d
                           (o.search == ConvAlgorithmSearch::Benchmark ? " benchmark" : "") +
                           (o.deterministic ? " deterministic" : "") + " ws " +
                           std::to_string(o.workspace_limit);
-  Registry& r = registry();
-  {
-    std::lock_guard<std::mutex> lock(r.mutex);
-    auto it = r.index.find(key);
-    if (it != r.index.end()) return it->second;
-  }
-  std::unique_ptr<Plan> plan = build(g, o, direction, beta);
-  std::lock_guard<std::mutex> lock(r.mutex);
-  auto it = r.index.find(key);
-  if (it != r.index.end()) return it->second;
-  int index = -1;
-  if (plan) {
-    index = static_cast<int>(r.plans.size());
-    r.plans.push_back(std::move(plan));
-  }
-  r.index.emplace(key, index);
-  return index;
+  const auto entry = plans().find_or_build(
+      key, [&] { return build(g, o, direction, beta); }, [](Plan*) {});
+  return entry.plan != nullptr ? static_cast<int>(entry.index) : -1;
 }
 
 bool execute(int plan, const void* a, const void* b, void* out, Device device) {
   for (const void* p : {a, b, static_cast<const void*>(out)}) {
     if (reinterpret_cast<std::uintptr_t>(p) % kAlignment != 0) return false;
   }
-  const Plan* p = nullptr;
-  {
-    Registry& r = registry();
-    std::lock_guard<std::mutex> lock(r.mutex);
-    p = r.plans.at(static_cast<std::size_t>(plan)).get();
-  }
+  const Plan* p = plans().at(static_cast<std::size_t>(plan));
   Tensor workspace;
   if (p->workspace > 0) workspace = Tensor::empty({p->workspace}, DType::U8, device);
   void* pointers[3] = {const_cast<void*>(a), const_cast<void*>(b), out};

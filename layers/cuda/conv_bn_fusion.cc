@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -20,6 +19,7 @@
 #include "core/device.h"
 #include "core/tensor.h"
 #include "layers/cuda/conv_bn_fusion_cuda.h"
+#include "layers/cuda/plan_cache.h"
 
 namespace kiln::conv_bn_fusion {
 namespace {
@@ -38,8 +38,8 @@ struct Plan {
 };
 
 struct Registry {
-  std::mutex mutex;
-  std::map<std::string, std::unique_ptr<Plan>> plans;
+  PlanCache<Plan> plans;
+  std::mutex counts_mutex;  // taken inside the cache's lock, never around it
   Counts counts;
 };
 
@@ -257,49 +257,45 @@ const Plan& plan_for(Pattern pattern, const Conv2dGeometry& g,
   KILN_CUDA_CHECK(cudaGetDevice(&device));
   const std::string key = key_of(pattern, g, options, device);
   Registry& r = registry();
-  {
-    std::lock_guard<std::mutex> lock(r.mutex);
-    auto it = r.plans.find(key);
-    if (it != r.plans.end()) return *it->second;
-  }
-  auto p = std::make_unique<Plan>();
-  if (g.dtype != DType::F16 && g.dtype != DType::BF16) {
-    p->reason = "only f16 and bf16 activations are fused";
-  } else if (!g.channels_last || g.groups != 1) {
-    p->reason = "only NHWC, ungrouped convolutions are fused";
-  } else {
-    try {
-      switch (pattern) {
-        case Pattern::Forward:
-          build_forward(*p, g);
-          break;
-        case Pattern::BackwardFilter:
-          build_backward_filter(*p, g);
-          break;
-        case Pattern::BackwardData:
-          build_backward_data(*p, g);
-          break;
+  auto build = [&] {
+    auto p = std::make_unique<Plan>();
+    if (g.dtype != DType::F16 && g.dtype != DType::BF16) {
+      p->reason = "only f16 and bf16 activations are fused";
+    } else if (!g.channels_last || g.groups != 1) {
+      p->reason = "only NHWC, ungrouped convolutions are fused";
+    } else {
+      try {
+        switch (pattern) {
+          case Pattern::Forward:
+            build_forward(*p, g);
+            break;
+          case Pattern::BackwardFilter:
+            build_backward_filter(*p, g);
+            break;
+          case Pattern::BackwardData:
+            build_backward_data(*p, g);
+            break;
+        }
+        p->supported = finish(*p, cuda::cudnn_handle(), options);
+      } catch (const std::exception& e) {  // the frontend throws on some malformed graphs
+        p->supported = false;
+        p->reason = e.what();
       }
-      p->supported = finish(*p, cuda::cudnn_handle(), options);
-    } catch (const std::exception& e) {  // the frontend throws on some malformed graphs
-      p->supported = false;
-      p->reason = e.what();
     }
-  }
-  std::lock_guard<std::mutex> lock(r.mutex);
-  auto [it, inserted] = r.plans.emplace(key, std::move(p));
-  if (inserted) {
-    Plan& q = *it->second;
-    if (q.supported) {
+    return p;
+  };
+  auto count = [&](Plan* q) {
+    std::lock_guard<std::mutex> lock(r.counts_mutex);
+    if (q->supported) {
       ++r.counts.fused;
     } else {
       ++r.counts.refused;
-      q.graph.reset();
+      q->graph.reset();
       std::fprintf(stderr, "kiln: batch norm runs unfused around the convolution %s (%s): %s\n",
-                   g.str().c_str(), pattern_name(pattern), q.reason.c_str());
+                   g.str().c_str(), pattern_name(pattern), q->reason.c_str());
     }
-  }
-  return *it->second;
+  };
+  return *r.plans.find_or_build(key, build, count).plan;
 }
 
 void execute(const Plan& p, const std::vector<const Tensor*>& tensors, Device device,
@@ -342,7 +338,7 @@ bool supported(Pattern pattern, const Conv2dGeometry& g, const ConvAlgorithmOpti
 
 Counts counts() {
   Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
+  std::lock_guard<std::mutex> lock(r.counts_mutex);
   return r.counts;
 }
 

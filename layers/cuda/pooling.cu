@@ -296,25 +296,31 @@ void check_dense(const Tensor& a, const Tensor& b, const char* who) {
              std::string(who) + ": " + a.str() + ", " + b.str());
 }
 
-// Calls launch(T{}, total) with T the storage type of `out` and total its element count; nothing
-// for an empty output. The operands were checked dense and of one dtype.
+// Calls f(T{}, I{}, total): T the storage type of `out`, total its element count (nothing
+// for an empty output), I the index type, int32 when every index of a and b fits (64-bit
+// division is several times slower on the GPU), else int64. The operands were checked dense and
+// of one dtype.
 template <typename F>
-void for_each_output(const Tensor& out, F&& launch) {
+void for_each_output(const Tensor& out, const Tensor& a, const Tensor& b, F&& f) {
   const std::int64_t total = out.numel();
   if (total == 0) return;
-  KILN_CUDA_DISPATCH_FLOATING(out.dtype(), T, launch(T{}, total));
+  constexpr std::int64_t kLimit = std::int64_t{1} << 30;
+  const bool narrow = a.numel() < kLimit && b.numel() < kLimit;
+  KILN_CUDA_DISPATCH_FLOATING(out.dtype(), T, {
+    if (narrow) {
+      f(T{}, std::int32_t{}, total);
+    } else {
+      f(T{}, std::int64_t{}, total);
+    }
+  });
 }
 
-// Calls f(I{}) with I = int32 when every index of a and b fits (64-bit division is several times
-// slower on the GPU), else int64.
-template <typename F>
-void with_index_type(const Tensor& a, const Tensor& b, F&& f) {
-  constexpr std::int64_t kLimit = std::int64_t{1} << 30;
-  if (a.numel() < kLimit && b.numel() < kLimit) {
-    f(std::int32_t{});
-  } else {
-    f(std::int64_t{});
-  }
+// The one kernel launch of the pooling entry points: one thread per item (element, or pack of
+// channels) in blocks of 256, on `stream`.
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), std::int64_t items, cudaStream_t stream, Args... args) {
+  kernel<<<cuda::grid_for(items), 256, 0, stream>>>(args...);
+  KILN_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
@@ -322,92 +328,77 @@ void with_index_type(const Tensor& a, const Tensor& b, F&& f) {
 void max_forward(const PoolGeometry& g, const Tensor& x, Tensor& y, Tensor& argmax) {
   check_dense(x, y, "pooling_cuda::max_forward");
   KILN_CHECK(argmax.dtype() == DType::I32 && argmax.numel() == y.numel(), "max_forward: argmax");
-  for_each_output(y, [&](auto tag, std::int64_t total) {
+  for_each_output(y, x, y, [&](auto tag, auto index, std::int64_t total) {
     using T = decltype(tag);
+    using I = decltype(index);
     if (packed<T>(g, x, y, argmax)) {
       const std::int64_t packs = total / cuda::Pack<T>::kSize;
-      max_forward_packed_kernel<T><<<cuda::grid_for(packs), 256, 0, stream_of(x)>>>(
-          g, static_cast<const cuda::Pack<T>*>(x.data()), static_cast<cuda::Pack<T>*>(y.data()),
-          static_cast<ArgmaxPack<T>*>(argmax.data()), static_cast<std::int32_t>(packs));
-      KILN_CUDA_LAUNCH_CHECK();
+      launch(max_forward_packed_kernel<T>, packs, stream_of(x), g,
+             static_cast<const cuda::Pack<T>*>(x.data()), static_cast<cuda::Pack<T>*>(y.data()),
+             static_cast<ArgmaxPack<T>*>(argmax.data()), static_cast<std::int32_t>(packs));
       return;
     }
-    with_index_type(x, y, [&](auto index) {
-      using I = decltype(index);
-      max_forward_kernel<T, I><<<cuda::grid_for(total), 256, 0, stream_of(x)>>>(
-          g, static_cast<const T*>(x.data()), static_cast<T*>(y.data()),
-          static_cast<std::int32_t*>(argmax.data()), static_cast<I>(total));
-      KILN_CUDA_LAUNCH_CHECK();
-    });
+    launch(max_forward_kernel<T, I>, total, stream_of(x), g, static_cast<const T*>(x.data()),
+           static_cast<T*>(y.data()), static_cast<std::int32_t*>(argmax.data()),
+           static_cast<I>(total));
   });
 }
 
 void max_backward(const PoolGeometry& g, const Tensor& dy, const Tensor& argmax, Tensor& dx) {
   check_dense(dy, dx, "pooling_cuda::max_backward");
-  for_each_output(dx, [&](auto tag, std::int64_t total) {
+  for_each_output(dx, dx, dy, [&](auto tag, auto index, std::int64_t total) {
     using T = decltype(tag);
+    using I = decltype(index);
     if (packed<T>(g, dx, dy, argmax)) {
       const std::int64_t packs = total / cuda::Pack<T>::kSize;
-      max_backward_packed_kernel<T><<<cuda::grid_for(packs), 256, 0, stream_of(dx)>>>(
-          g, static_cast<const cuda::Pack<T>*>(dy.data()),
-          static_cast<const ArgmaxPack<T>*>(argmax.data()), static_cast<cuda::Pack<T>*>(dx.data()),
-          static_cast<std::int32_t>(packs));
-      KILN_CUDA_LAUNCH_CHECK();
+      launch(max_backward_packed_kernel<T>, packs, stream_of(dx), g,
+             static_cast<const cuda::Pack<T>*>(dy.data()),
+             static_cast<const ArgmaxPack<T>*>(argmax.data()),
+             static_cast<cuda::Pack<T>*>(dx.data()), static_cast<std::int32_t>(packs));
       return;
     }
-    with_index_type(dx, dy, [&](auto index) {
-      using I = decltype(index);
-      max_backward_kernel<T, I><<<cuda::grid_for(total), 256, 0, stream_of(dx)>>>(
-          g, static_cast<const T*>(dy.data()), static_cast<const std::int32_t*>(argmax.data()),
-          static_cast<T*>(dx.data()), static_cast<I>(total));
-      KILN_CUDA_LAUNCH_CHECK();
-    });
+    launch(max_backward_kernel<T, I>, total, stream_of(dx), g, static_cast<const T*>(dy.data()),
+           static_cast<const std::int32_t*>(argmax.data()), static_cast<T*>(dx.data()),
+           static_cast<I>(total));
   });
 }
 
 void avg_forward(const PoolGeometry& g, const Tensor& x, Tensor& y) {
   check_dense(x, y, "pooling_cuda::avg_forward");
-  for_each_output(y, [&](auto tag, std::int64_t total) {
+  for_each_output(y, x, y, [&](auto tag, auto index, std::int64_t total) {
     using T = decltype(tag);
-    with_index_type(x, y, [&](auto index) {
-      using I = decltype(index);
-      avg_forward_kernel<T, I><<<cuda::grid_for(total), 256, 0, stream_of(x)>>>(
-          g, static_cast<const T*>(x.data()), static_cast<T*>(y.data()), static_cast<I>(total));
-      KILN_CUDA_LAUNCH_CHECK();
-    });
+    using I = decltype(index);
+    launch(avg_forward_kernel<T, I>, total, stream_of(x), g, static_cast<const T*>(x.data()),
+           static_cast<T*>(y.data()), static_cast<I>(total));
   });
 }
 
 void avg_backward(const PoolGeometry& g, const Tensor& dy, Tensor& dx) {
   check_dense(dy, dx, "pooling_cuda::avg_backward");
-  for_each_output(dx, [&](auto tag, std::int64_t total) {
+  for_each_output(dx, dx, dy, [&](auto tag, auto index, std::int64_t total) {
     using T = decltype(tag);
-    with_index_type(dx, dy, [&](auto index) {
-      using I = decltype(index);
-      avg_backward_kernel<T, I><<<cuda::grid_for(total), 256, 0, stream_of(dx)>>>(
-          g, static_cast<const T*>(dy.data()), static_cast<T*>(dx.data()), static_cast<I>(total));
-      KILN_CUDA_LAUNCH_CHECK();
-    });
+    using I = decltype(index);
+    launch(avg_backward_kernel<T, I>, total, stream_of(dx), g, static_cast<const T*>(dy.data()),
+           static_cast<T*>(dx.data()), static_cast<I>(total));
   });
 }
 
+// The global kernels always index in 64 bits (one thread per (n, c); I is not theirs to pick).
 void global_avg_forward(const PoolGeometry& g, const Tensor& x, Tensor& y) {
   check_dense(x, y, "pooling_cuda::global_avg_forward");
-  for_each_output(y, [&](auto tag, std::int64_t total) {
+  for_each_output(y, x, y, [&](auto tag, auto, std::int64_t total) {
     using T = decltype(tag);
-    global_avg_forward_kernel<T><<<cuda::grid_for(total), 256, 0, stream_of(x)>>>(
-        g, static_cast<const T*>(x.data()), static_cast<T*>(y.data()), total);
-    KILN_CUDA_LAUNCH_CHECK();
+    launch(global_avg_forward_kernel<T>, total, stream_of(x), g, static_cast<const T*>(x.data()),
+           static_cast<T*>(y.data()), total);
   });
 }
 
 void global_avg_backward(const PoolGeometry& g, const Tensor& dy, Tensor& dx) {
   check_dense(dy, dx, "pooling_cuda::global_avg_backward");
-  for_each_output(dx, [&](auto tag, std::int64_t total) {
+  for_each_output(dx, dx, dy, [&](auto tag, auto, std::int64_t total) {
     using T = decltype(tag);
-    global_avg_backward_kernel<T><<<cuda::grid_for(total), 256, 0, stream_of(dx)>>>(
-        g, static_cast<const T*>(dy.data()), static_cast<T*>(dx.data()), total);
-    KILN_CUDA_LAUNCH_CHECK();
+    launch(global_avg_backward_kernel<T>, total, stream_of(dx), g, static_cast<const T*>(dy.data()),
+           static_cast<T*>(dx.data()), total);
   });
 }
 

@@ -8,6 +8,7 @@
 // embedding's gradient before the embedding's own backward (which fires on_grad_ready for it).
 
 #include <memory>
+#include <utility>
 
 #include "core/ops.h"
 #include "layers/attention.h"
@@ -81,13 +82,12 @@ class BertForMaskedLM : public Layer {
  public:
   explicit BertForMaskedLM(const ModelOptions& o) : vocab_(o.vocab_size), hidden_(o.hidden_size) {
     embeddings_ = &add_child("bert.embeddings", std::make_unique<BertEmbeddings>(o));
-    for (int i = 0; i < o.num_layers; ++i) {
-      layers_.push_back(
-          &add_child("bert.encoder.layer." + std::to_string(i),
-                     std::make_unique<TransformerBlock>(TransformerBlockConfig::bert(
-                         o.hidden_size, o.num_heads, o.intermediate_size, o.dropout))));
-      layers_.back()->set_recompute(o.recompute_blocks);
-    }
+    layers_.build(
+        o.num_layers,
+        TransformerBlockConfig::bert(o.hidden_size, o.num_heads, o.intermediate_size, o.dropout),
+        o.recompute_blocks, [this](int i, std::unique_ptr<TransformerBlock> block) -> auto& {
+          return add_child("bert.encoder.layer." + std::to_string(i), std::move(block));
+        });
     transform_ = &add_child(
         "cls.predictions.transform.dense",
         std::make_unique<Linear>(o.hidden_size, o.hidden_size, true, Activation::GELUErf));
@@ -101,9 +101,7 @@ class BertForMaskedLM : public Layer {
   Shape output_shape(const Shape& input) const override { return {input[0], input[1], vocab_}; }
   double forward_flops(const Shape& input) const override {
     Shape h = {input[0], input[1], hidden_};
-    double f = 0;
-    for (const TransformerBlock* l : layers_) f += l->forward_flops(h);
-    return f + transform_->forward_flops(h) + decoder_->forward_flops(h);
+    return layers_.forward_flops(h) + transform_->forward_flops(h) + decoder_->forward_flops(h);
   }
   // HuggingFace's _init_weights: N(0, 0.02) for linear and embedding weights, zero biases,
   // LayerNorm 1 and 0, the padding row zero.
@@ -129,21 +127,20 @@ class BertForMaskedLM : public Layer {
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& ids) override {  // (B, T) -> (B, T, V)
     Tensor h = embeddings_->forward(ctx, ids);
-    for (TransformerBlock* l : layers_) h = l->forward(ctx, h);
+    h = layers_.forward(ctx, std::move(h));
     h = transform_norm_->forward(ctx, transform_->forward(ctx, h));
     return decoder_->forward(ctx, h);
   }
   Tensor backward_impl(Context& ctx, const Tensor& dy) override {
     Tensor g =
         transform_->backward(ctx, transform_norm_->backward(ctx, decoder_->backward(ctx, dy)));
-    for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) g = (*it)->backward(ctx, g);
-    return embeddings_->backward(ctx, g);
+    return embeddings_->backward(ctx, layers_.backward(ctx, std::move(g)));
   }
 
  private:
   std::int64_t vocab_, hidden_;
   BertEmbeddings* embeddings_;
-  std::vector<TransformerBlock*> layers_;
+  TransformerStack layers_;  // bert.encoder.layer.N
   Linear* transform_;
   LayerNorm* transform_norm_;
   TiedDecoder* decoder_;

@@ -50,16 +50,7 @@ Model make_fashion_cnn(const ModelOptions& options) {
   // hold most of the parameters.
   if (options.dropout > 0) net->add("dropout", std::make_unique<Dropout>(options.dropout));
   net->add("fc2", std::make_unique<Linear>(128, options.num_classes));
-  net->set_name("");
-  net->reset_parameters(0);
-
-  Model model;
-  model.net = std::move(net);
-  model.sample_shape = {c, options.image_size, options.image_size};
-  model.input_dtype = DType::F32;
-  model.task = Task::Classification;
-  model.num_outputs = options.num_classes;
-  return model;
+  return image_model(std::move(net), options);
 }
 
 }  // namespace kiln

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/ops.h"
@@ -35,13 +36,12 @@ class Gpt2LMHeadModel : public Layer {
     wpe_ =
         &add_child("transformer.wpe", std::make_unique<Embedding>(o.max_positions, o.hidden_size));
     drop_ = &add_child("transformer.drop", std::make_unique<Dropout>(o.dropout));
-    for (int i = 0; i < o.num_layers; ++i) {
-      blocks_.push_back(
-          &add_child("transformer.h." + std::to_string(i),
-                     std::make_unique<TransformerBlock>(TransformerBlockConfig::gpt2(
-                         o.hidden_size, o.num_heads, o.intermediate_size, o.dropout))));
-      blocks_.back()->set_recompute(o.recompute_blocks);
-    }
+    blocks_.build(
+        o.num_layers,
+        TransformerBlockConfig::gpt2(o.hidden_size, o.num_heads, o.intermediate_size, o.dropout),
+        o.recompute_blocks, [this](int i, std::unique_ptr<TransformerBlock> block) -> auto& {
+          return add_child("transformer.h." + std::to_string(i), std::move(block));
+        });
     ln_f_ = &add_child("transformer.ln_f",
                        std::make_unique<LayerNorm>(o.hidden_size, kGptLayerNormEps));
     lm_head_ = &add_child(
@@ -51,12 +51,11 @@ class Gpt2LMHeadModel : public Layer {
   Shape output_shape(const Shape& input) const override { return {input[0], input[1], vocab_}; }
   double forward_flops(const Shape& input) const override {
     Shape h = {input[0], input[1], hidden_};
-    double f = 0;
-    for (const TransformerBlock* b : blocks_) f += b->forward_flops(h);
-    return f + lm_head_->forward_flops(h);
+    return blocks_.forward_flops(h) + lm_head_->forward_flops(h);
   }
   void reset_parameters(std::uint64_t seed) override {
-    const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(blocks_.size()));
+    const double residual_std =
+        0.02 / std::sqrt(2.0 * static_cast<double>(blocks_.blocks().size()));
     std::uint64_t index = 0;
     for (Parameter* p : parameters()) {
       ++index;
@@ -90,13 +89,11 @@ class Gpt2LMHeadModel : public Layer {
     Tensor h = wte_->forward(ctx, ids);
     ops::add(h, wpe_->forward(ctx, positions), h);
     h = drop_->forward(ctx, h);
-    for (TransformerBlock* block : blocks_) h = block->forward(ctx, h);
-    return lm_head_->forward(ctx, ln_f_->forward(ctx, h));
+    return lm_head_->forward(ctx, ln_f_->forward(ctx, blocks_.forward(ctx, std::move(h))));
   }
   Tensor backward_impl(Context& ctx, const Tensor& dy) override {
     Tensor g = ln_f_->backward(ctx, lm_head_->backward(ctx, dy));
-    for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) g = (*it)->backward(ctx, g);
-    g = drop_->backward(ctx, g);
+    g = drop_->backward(ctx, blocks_.backward(ctx, std::move(g)));
     wpe_->backward(ctx, g);
     wte_->backward(ctx, g);  // after lm_head's: it fires on_grad_ready for the summed gradient
     return Tensor();         // ids have no gradient
@@ -107,7 +104,7 @@ class Gpt2LMHeadModel : public Layer {
   Embedding* wte_;
   Embedding* wpe_;
   Dropout* drop_;
-  std::vector<TransformerBlock*> blocks_;
+  TransformerStack blocks_;  // transformer.h.N
   LayerNorm* ln_f_;
   TiedDecoder* lm_head_;
   std::map<std::array<std::int64_t, 3>, Tensor> position_ids_;  // by (past, B, T)

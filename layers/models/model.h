@@ -57,6 +57,9 @@ Model make_model(const ModelOptions& options);  // throws InputError for an unkn
 // The Model of a token network (BERT, GPT-2): (seq_len) I64 ids in, scores over the vocabulary
 // out, its parameters initialised with seed 0.
 Model token_model(std::unique_ptr<Layer> net, const ModelOptions& options, Task task);
+// The Model of an image classifier (ResNet, ViT, the Fashion CNN): (C, H, W) f32 images in,
+// num_classes scores out, its parameters initialised with seed 0.
+Model image_model(std::unique_ptr<Layer> net, const ModelOptions& options);
 const std::vector<std::string>& model_names();
 
 // One per model family, implemented beside it.

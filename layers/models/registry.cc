@@ -63,4 +63,16 @@ Model token_model(std::unique_ptr<Layer> net, const ModelOptions& options, Task 
   return m;
 }
 
+Model image_model(std::unique_ptr<Layer> net, const ModelOptions& options) {
+  Model m;
+  m.net = std::move(net);
+  m.net->set_name("");
+  m.net->reset_parameters(0);
+  m.sample_shape = {options.image_channels, options.image_size, options.image_size};
+  m.input_dtype = DType::F32;
+  m.task = Task::Classification;
+  m.num_outputs = options.num_classes;
+  return m;
+}
+
 }  // namespace kiln

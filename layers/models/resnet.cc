@@ -197,16 +197,7 @@ Model make_resnet(const ModelOptions& options, int depth) {
   }
   net->add("avgpool", std::make_unique<GlobalAvgPool>());
   net->add("fc", std::make_unique<Linear>(in_planes, options.num_classes));
-  net->set_name("");
-  net->reset_parameters(0);
-
-  Model model;
-  model.net = std::move(net);
-  model.sample_shape = {options.image_channels, options.image_size, options.image_size};
-  model.input_dtype = DType::F32;
-  model.task = Task::Classification;
-  model.num_outputs = options.num_classes;
-  return model;
+  return image_model(std::move(net), options);
 }
 
 }  // namespace kiln

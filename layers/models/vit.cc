@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <memory>
+#include <utility>
 
 #include "core/ops.h"
 #include "layers/attention.h"
@@ -119,12 +120,12 @@ class VisionTransformer : public Layer {
                             std::make_unique<PatchEmbedding>(o.image_channels, hidden_, kPatch));
     pos_embedding_ = &add_parameter("encoder.pos_embedding", {1, tokens_, hidden_});
     dropout_ = &add_child("encoder.dropout", std::make_unique<Dropout>(o.dropout));
-    for (int i = 0; i < o.num_layers; ++i) {
-      layers_.push_back(&add_child("encoder.layers.encoder_layer_" + std::to_string(i),
-                                   std::make_unique<TransformerBlock>(TransformerBlockConfig::vit(
-                                       hidden_, o.num_heads, o.intermediate_size, o.dropout))));
-      layers_.back()->set_recompute(o.recompute_blocks);
-    }
+    layers_.build(
+        o.num_layers,
+        TransformerBlockConfig::vit(hidden_, o.num_heads, o.intermediate_size, o.dropout),
+        o.recompute_blocks, [this](int i, std::unique_ptr<TransformerBlock> block) -> auto& {
+          return add_child("encoder.layers.encoder_layer_" + std::to_string(i), std::move(block));
+        });
     norm_ = &add_child("encoder.ln", std::make_unique<LayerNorm>(hidden_, kVitLayerNormEps));
     head_ = &add_child("heads.head", std::make_unique<Linear>(hidden_, classes_));
   }
@@ -133,7 +134,7 @@ class VisionTransformer : public Layer {
   double forward_flops(const Shape& input) const override {
     Shape h = {input[0], tokens_, hidden_};
     double f = conv_proj_->forward_flops(input) + head_->forward_flops({input[0], hidden_});
-    for (const TransformerBlock* l : layers_) f += l->forward_flops(h);
+    for (const TransformerBlock* l : layers_.blocks()) f += l->forward_flops(h);
     return f;
   }
   void reset_parameters(std::uint64_t seed) override {
@@ -144,7 +145,7 @@ class VisionTransformer : public Layer {
     conv_proj_->bias().value.fill(0.0);
     class_token_->value.fill(0.0);
     ops::fill_normal(pos_embedding_->value, 0.0, 0.02, ++stream);
-    for (TransformerBlock* l : layers_) {
+    for (TransformerBlock* l : layers_.blocks()) {
       for (Linear* lin : {&l->mlp_in(), &l->mlp_out()}) {
         double bound =
             std::sqrt(6.0 / static_cast<double>(lin->in_features() + lin->out_features()));
@@ -174,7 +175,7 @@ class VisionTransformer : public Layer {
       ops::axpy(1.0, pos, sample);
     }
     Tensor h = dropout_->forward(ctx, tokens);
-    for (TransformerBlock* l : layers_) h = l->forward(ctx, h);
+    h = layers_.forward(ctx, std::move(h));
     h = norm_->forward(ctx, h);
     batch_ = b;
     return head_->forward(ctx, h.select(1, 0).contiguous());  // (B, classes)
@@ -184,7 +185,7 @@ class VisionTransformer : public Layer {
     Tensor dh = Tensor::zeros({batch_, tokens_, hidden_}, dcls.dtype(), dcls.device());
     dh.select(1, 0).copy_from(dcls);
     dh = norm_->backward(ctx, dh);
-    for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) dh = (*it)->backward(ctx, dh);
+    dh = layers_.backward(ctx, std::move(dh));
     Tensor dtokens = dropout_->backward(ctx, dh).contiguous();  // (B, L+1, E)
     // pos_embedding gets the batch sum; the class token gets its row 0.
     Tensor sums = ops::reduce_cols(dtokens.view({batch_, tokens_ * hidden_}), ops::Reduction::Sum);
@@ -200,7 +201,7 @@ class VisionTransformer : public Layer {
   Parameter* pos_embedding_;
   PatchEmbedding* conv_proj_;
   Dropout* dropout_;
-  std::vector<TransformerBlock*> layers_;
+  TransformerStack layers_;  // encoder.layers.encoder_layer_N
   LayerNorm* norm_;
   Linear* head_;
 };
@@ -214,15 +215,7 @@ Model make_vit_b16(const ModelOptions& options) {
   if (options.hidden_size % options.num_heads != 0)
     throw InputError("vit_b16: hidden_size " + std::to_string(options.hidden_size) +
                      " is not a multiple of num_heads " + std::to_string(options.num_heads));
-  Model m;
-  m.net = std::make_unique<VisionTransformer>(options);
-  m.net->set_name("");
-  m.net->reset_parameters(0);
-  m.sample_shape = {options.image_channels, options.image_size, options.image_size};
-  m.input_dtype = DType::F32;
-  m.task = Task::Classification;
-  m.num_outputs = options.num_classes;
-  return m;
+  return image_model(std::make_unique<VisionTransformer>(options), options);
 }
 
 }  // namespace kiln
