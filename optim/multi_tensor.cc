@@ -45,6 +45,37 @@ inline T store_value(C v) {
   }
 }
 
+// One pass of an element-wise rule: each element's weight, gradient and the rule's state values
+// are loaded, updated by Rule::element and stored back (the CUDA kernel does the same).
+template <typename Rule>
+void cpu_elementwise(const std::vector<TensorEntry>& entries, const Rule& rule) {
+  for (const TensorEntry& e : entries) {
+    dispatch_value_grad(e, [&](auto v_tag, auto g_tag) {
+      using V = decltype(v_tag);
+      using G = decltype(g_tag);
+      using C = ComputeOf<V>;
+      const auto s = rule.template scalars<C>(e);
+      V* p = static_cast<V*>(e.value);
+      const G* g = static_cast<const G*>(e.grad);
+      C* const slots[3] = {static_cast<C*>(e.state0), static_cast<C*>(e.state1),
+                           static_cast<C*>(e.state2)};
+      for (std::int64_t i = 0; i < e.numel; ++i) {
+        C pv = static_cast<C>(cpu::load(p[i]));
+        C state[Rule::kStates] = {};
+        for (int k = 0; k < Rule::kStates; ++k) {
+          if (slots[k] != nullptr) state[k] = slots[k][i];
+        }
+        Rule::element(pv, static_cast<C>(cpu::load(g[i])), state, s);
+        for (int k = 0; k < Rule::kStates; ++k) {
+          if (slots[k] != nullptr) slots[k][i] = state[k];
+        }
+        p[i] = store_value<V>(pv);
+        store_copy(e, i, pv);
+      }
+    });
+  }
+}
+
 }  // namespace
 
 void MultiTensorTable::set(std::vector<TensorEntry> entries, Device device) {
@@ -143,57 +174,10 @@ void cpu_scale_grads(const std::vector<TensorEntry>& entries, double factor) {
   }
 }
 
-void cpu_sgd(const std::vector<TensorEntry>& entries, const SgdStep& step_in) {
-  SgdStep step = step_in;
-  if (!load_resident(step)) return;
-  for (const TensorEntry& e : entries) {
-    dispatch_value_grad(e, [&](auto v_tag, auto g_tag) {
-      using V = decltype(v_tag);
-      using G = decltype(g_tag);
-      using C = ComputeOf<V>;
-      SgdScalars<C> s = sgd_scalars<C>(step, e);
-      V* p = static_cast<V*>(e.value);
-      const G* g = static_cast<const G*>(e.grad);
-      C* buf = static_cast<C*>(e.state0);
-      for (std::int64_t i = 0; i < e.numel; ++i) {
-        C pv = static_cast<C>(cpu::load(p[i]));
-        sgd_element(pv, static_cast<C>(cpu::load(g[i])), buf ? buf + i : nullptr, s);
-        p[i] = store_value<V>(pv);
-        store_copy(e, i, pv);
-      }
-    });
-  }
-}
-
-void cpu_adamw(const std::vector<TensorEntry>& entries, const AdamWStep& step_in) {
-  AdamWStep step = step_in;
-  if (!load_resident(step)) return;
-  for (const TensorEntry& e : entries) {
-    dispatch_value_grad(e, [&](auto v_tag, auto g_tag) {
-      using V = decltype(v_tag);
-      using G = decltype(g_tag);
-      using C = ComputeOf<V>;
-      AdamWScalars<C> s = adamw_scalars<C>(step, e);
-      V* p = static_cast<V*>(e.value);
-      const G* g = static_cast<const G*>(e.grad);
-      C* m = static_cast<C*>(e.state0);
-      C* v = static_cast<C*>(e.state1);
-      C* v_max = static_cast<C*>(e.state2);
-      for (std::int64_t i = 0; i < e.numel; ++i) {
-        C pv = static_cast<C>(cpu::load(p[i]));
-        adamw_element(pv, static_cast<C>(cpu::load(g[i])), m[i], v[i], v_max ? v_max + i : nullptr,
-                      s);
-        p[i] = store_value<V>(pv);
-        store_copy(e, i, pv);
-      }
-    });
-  }
-}
-
 std::vector<double> cpu_lamb_moments_sumsq(const std::vector<TensorEntry>& entries,
-                                           const LambStep& step_in) {
+                                           const LambRule& rule) {
   std::vector<double> sums(2 * entries.size(), 0.0);
-  LambStep step = step_in;
+  LambRule step = rule;
   if (!load_resident(step)) return sums;
   for (std::size_t t = 0; t < entries.size(); ++t) {
     const TensorEntry& e = entries[t];
@@ -201,16 +185,16 @@ std::vector<double> cpu_lamb_moments_sumsq(const std::vector<TensorEntry>& entri
       using V = decltype(v_tag);
       using G = decltype(g_tag);
       using C = ComputeOf<V>;
-      LambScalars<C> s = lamb_scalars<C>(step, e);
+      const LambRule::Scalars<C> s = step.scalars<C>(e);
       const V* p = static_cast<const V*>(e.value);
       const G* g = static_cast<const G*>(e.grad);
       C* m = static_cast<C*>(e.state0);
       C* v = static_cast<C*>(e.state1);
       double param_sumsq = 0.0, update_sumsq = 0.0;
       for (std::int64_t i = 0; i < e.numel; ++i) {
-        lamb_moments(static_cast<C>(cpu::load(g[i])), m[i], v[i], s);
+        LambRule::moments(static_cast<C>(cpu::load(g[i])), m[i], v[i], s);
         C pv = static_cast<C>(cpu::load(p[i]));
-        C u = lamb_update(pv, m[i], v[i], s);
+        C u = LambRule::update(pv, m[i], v[i], s);
         param_sumsq += static_cast<double>(pv) * static_cast<double>(pv);
         update_sumsq += static_cast<double>(u) * static_cast<double>(u);
       }
@@ -221,9 +205,9 @@ std::vector<double> cpu_lamb_moments_sumsq(const std::vector<TensorEntry>& entri
   return sums;
 }
 
-void cpu_lamb_apply(const std::vector<TensorEntry>& entries, const LambStep& step_in,
+void cpu_lamb_apply(const std::vector<TensorEntry>& entries, const LambRule& rule,
                     const std::vector<double>& sums) {
-  LambStep step = step_in;
+  LambRule step = rule;
   if (!load_resident(step)) return;
   for (std::size_t t = 0; t < entries.size(); ++t) {
     const TensorEntry& e = entries[t];
@@ -231,15 +215,15 @@ void cpu_lamb_apply(const std::vector<TensorEntry>& entries, const LambStep& ste
       using V = decltype(v_tag);
       using C = ComputeOf<V>;
       (void)g_tag;
-      LambScalars<C> s = lamb_scalars<C>(step, e);
+      const LambRule::Scalars<C> s = step.scalars<C>(e);
       V* p = static_cast<V*>(e.value);
       const C* m = static_cast<const C*>(e.state0);
       const C* v = static_cast<const C*>(e.state1);
-      C ratio = lamb_trust_ratio<C>(sums[2 * t], sums[2 * t + 1], e.adapt != 0);
+      C ratio = LambRule::trust_ratio<C>(sums[2 * t], sums[2 * t + 1], e.adapt != 0);
       C step_size = s.lr * ratio;
       for (std::int64_t i = 0; i < e.numel; ++i) {
         C pv = static_cast<C>(cpu::load(p[i]));
-        C u = lamb_update(pv, m[i], v[i], s);
+        C u = LambRule::update(pv, m[i], v[i], s);
         pv = pv - step_size * u;
         p[i] = store_value<V>(pv);
         store_copy(e, i, pv);
@@ -248,8 +232,26 @@ void cpu_lamb_apply(const std::vector<TensorEntry>& entries, const LambStep& ste
   }
 }
 
-void cpu_lamb(const std::vector<TensorEntry>& entries, const LambStep& step) {
-  cpu_lamb_apply(entries, step, cpu_lamb_moments_sumsq(entries, step));
+namespace {
+
+template <typename Rule>
+void cpu_rule_step(const std::vector<TensorEntry>& entries, const Rule& rule_in) {
+  Rule rule = rule_in;
+  if constexpr (Rule::kTrustRatio) {
+    cpu_lamb_apply(entries, rule, cpu_lamb_moments_sumsq(entries, rule));
+  } else {
+    if (!load_resident(rule)) return;
+    cpu_elementwise(entries, rule);
+  }
 }
+
+}  // namespace
+
+#define KILN_OPTIMIZER_STEP_(kind, Rule)                                     \
+  void cpu_step(const std::vector<TensorEntry>& entries, const Rule& rule) { \
+    cpu_rule_step(entries, rule);                                            \
+  }
+KILN_OPTIMIZERS(KILN_OPTIMIZER_STEP_)
+#undef KILN_OPTIMIZER_STEP_
 
 }  // namespace kiln::optim::detail

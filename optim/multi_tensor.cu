@@ -1,5 +1,5 @@
 // CUDA multi-tensor kernels: one block per chunk of ChunkEntry; the element rules come from
-// optim/update_rules.h (this file is compiled with --fmad=false so that they round as on the CPU).
+// optim/rules/*.h (this file is compiled with --fmad=false so that they round as on the CPU).
 // Per-chunk partial sums are combined in a fixed order, so norms are deterministic.
 
 #include "core/cuda/block_sum.cuh"
@@ -93,48 +93,34 @@ __global__ void scale_grads_kernel(const TensorEntry* entries, const ChunkEntry*
   });
 }
 
-__global__ void sgd_kernel(const TensorEntry* entries, const ChunkEntry* chunks, SgdStep step) {
-  if (!load_resident(step)) return;  // a skipped resident step
+// One pass of an element-wise rule (the CPU loop in multi_tensor.cc does the same): each
+// element's weight, gradient and the rule's state values are loaded, updated by Rule::element and
+// stored back.
+template <typename Rule>
+__global__ void elementwise_kernel(const TensorEntry* entries, const ChunkEntry* chunks,
+                                   Rule rule) {
+  if (!load_resident(rule)) return;  // a skipped resident step
   const ChunkEntry c = chunks[blockIdx.x];
   const TensorEntry& e = entries[c.tensor];
-  const SgdScalars<float> s = sgd_scalars<float>(step, e);
+  const auto s = rule.template scalars<float>(e);
+  float* const slots[3] = {static_cast<float*>(e.state0), static_cast<float*>(e.state1),
+                           static_cast<float*>(e.state2)};
   with_type(e.value_dtype, [&](auto v_tag) {
     with_type(e.grad_dtype, [&](auto g_tag) {
       using V = decltype(v_tag);
       using G = decltype(g_tag);
       V* p = static_cast<V*>(e.value);
       const G* g = static_cast<const G*>(e.grad);
-      float* buf = static_cast<float*>(e.state0);
       for (std::int64_t i = c.start + threadIdx.x; i < c.start + c.count; i += kThreads) {
         float pv = cuda::load(p[i]);
-        sgd_element(pv, cuda::load(g[i]), buf ? buf + i : nullptr, s);
-        p[i] = cuda::store<V>(pv);
-        store_copy(e, i, pv);
-      }
-    });
-  });
-}
-
-__global__ void adamw_kernel(const TensorEntry* entries, const ChunkEntry* chunks, AdamWStep step) {
-  if (!load_resident(step)) return;  // a skipped resident step
-  const ChunkEntry c = chunks[blockIdx.x];
-  const TensorEntry& e = entries[c.tensor];
-  const AdamWScalars<float> s = adamw_scalars<float>(step, e);
-  with_type(e.value_dtype, [&](auto v_tag) {
-    with_type(e.grad_dtype, [&](auto g_tag) {
-      using V = decltype(v_tag);
-      using G = decltype(g_tag);
-      V* p = static_cast<V*>(e.value);
-      const G* g = static_cast<const G*>(e.grad);
-      float* m = static_cast<float*>(e.state0);
-      float* v = static_cast<float*>(e.state1);
-      float* v_max = static_cast<float*>(e.state2);
-      for (std::int64_t i = c.start + threadIdx.x; i < c.start + c.count; i += kThreads) {
-        float pv = cuda::load(p[i]);
-        float mv = m[i], vv = v[i];
-        adamw_element(pv, cuda::load(g[i]), mv, vv, v_max ? v_max + i : nullptr, s);
-        m[i] = mv;
-        v[i] = vv;
+        float state[Rule::kStates] = {};
+        for (int k = 0; k < Rule::kStates; ++k) {
+          if (slots[k] != nullptr) state[k] = slots[k][i];
+        }
+        Rule::element(pv, cuda::load(g[i]), state, s);
+        for (int k = 0; k < Rule::kStates; ++k) {
+          if (slots[k] != nullptr) slots[k][i] = state[k];
+        }
         p[i] = cuda::store<V>(pv);
         store_copy(e, i, pv);
       }
@@ -144,12 +130,12 @@ __global__ void adamw_kernel(const TensorEntry* entries, const ChunkEntry* chunk
 
 // LAMB stage 1: moments, and per-chunk sums of squares of the weights and of the update.
 __global__ void lamb_moments_kernel(const TensorEntry* entries, const ChunkEntry* chunks,
-                                    LambStep step, double* param_partials,
+                                    LambRule step, double* param_partials,
                                     double* update_partials) {
   if (!load_resident(step)) return;  // a skipped resident step
   const ChunkEntry c = chunks[blockIdx.x];
   const TensorEntry& e = entries[c.tensor];
-  const LambScalars<float> s = lamb_scalars<float>(step, e);
+  const LambRule::Scalars<float> s = step.scalars<float>(e);
   double param_sumsq = 0.0, update_sumsq = 0.0;
   with_type(e.value_dtype, [&](auto v_tag) {
     with_type(e.grad_dtype, [&](auto g_tag) {
@@ -161,11 +147,11 @@ __global__ void lamb_moments_kernel(const TensorEntry* entries, const ChunkEntry
       float* v = static_cast<float*>(e.state1);
       for (std::int64_t i = c.start + threadIdx.x; i < c.start + c.count; i += kThreads) {
         float mv = m[i], vv = v[i];
-        lamb_moments(cuda::load(g[i]), mv, vv, s);
+        LambRule::moments(cuda::load(g[i]), mv, vv, s);
         m[i] = mv;
         v[i] = vv;
         float pv = cuda::load(p[i]);
-        float u = lamb_update(pv, mv, vv, s);
+        float u = LambRule::update(pv, mv, vv, s);
         param_sumsq += static_cast<double>(pv) * static_cast<double>(pv);
         update_sumsq += static_cast<double>(u) * static_cast<double>(u);
       }
@@ -199,16 +185,16 @@ __global__ void lamb_ratio_kernel(const TensorEntry* entries, const double* para
   double p_total, u_total;
   lamb_tensor_totals(e, param_partials, update_partials, &p_total, &u_total);
   if (threadIdx.x == 0)
-    ratios[blockIdx.x] = lamb_trust_ratio<float>(p_total, u_total, e.adapt != 0);
+    ratios[blockIdx.x] = LambRule::trust_ratio<float>(p_total, u_total, e.adapt != 0);
 }
 
 // LAMB stage 3: p -= lr * ratio * update, the update recomputed from (p, m, v).
 __global__ void lamb_apply_kernel(const TensorEntry* entries, const ChunkEntry* chunks,
-                                  LambStep step, const float* ratios) {
+                                  LambRule step, const float* ratios) {
   if (!load_resident(step)) return;  // a skipped resident step
   const ChunkEntry c = chunks[blockIdx.x];
   const TensorEntry& e = entries[c.tensor];
-  const LambScalars<float> s = lamb_scalars<float>(step, e);
+  const LambRule::Scalars<float> s = step.scalars<float>(e);
   const float step_size = s.lr * ratios[c.tensor];
   with_type(e.value_dtype, [&](auto v_tag) {
     using V = decltype(v_tag);
@@ -217,7 +203,7 @@ __global__ void lamb_apply_kernel(const TensorEntry* entries, const ChunkEntry* 
     const float* v = static_cast<const float*>(e.state1);
     for (std::int64_t i = c.start + threadIdx.x; i < c.start + c.count; i += kThreads) {
       float pv = cuda::load(p[i]);
-      pv = pv - step_size * lamb_update(pv, m[i], v[i], s);
+      pv = pv - step_size * LambRule::update(pv, m[i], v[i], s);
       p[i] = cuda::store<V>(pv);
       store_copy(e, i, pv);
     }
@@ -242,7 +228,7 @@ __global__ void lamb_ratio_from_sums_kernel(const TensorEntry* entries, int num_
                                             const double* sums, float* ratios) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t < num_tensors) {
-    ratios[t] = lamb_trust_ratio<float>(sums[2 * t], sums[2 * t + 1], entries[t].adapt != 0);
+    ratios[t] = LambRule::trust_ratio<float>(sums[2 * t], sums[2 * t + 1], entries[t].adapt != 0);
   }
 }
 
@@ -270,21 +256,42 @@ void cuda_scale_grads(MultiTensorTable& table, float factor, void* stream) {
   KILN_CUDA_LAUNCH_CHECK();
 }
 
-void cuda_sgd(MultiTensorTable& table, const SgdStep& step, void* stream) {
+void cuda_lamb_moments_sumsq(MultiTensorTable& table, const LambRule& step, double* sums,
+                             void* stream) {
   if (table.num_chunks() == 0) return;
-  sgd_kernel<<<table.num_chunks(), kThreads, 0, as_stream(stream)>>>(table.device_entries(),
-                                                                     table.device_chunks(), step);
+  lamb_moments_kernel<<<table.num_chunks(), kThreads, 0, as_stream(stream)>>>(
+      table.device_entries(), table.device_chunks(), step, table.chunk_partials(0),
+      table.chunk_partials(1));
+  KILN_CUDA_LAUNCH_CHECK();
+  lamb_tensor_sums_kernel<<<table.num_tensors(), kThreads, 0, as_stream(stream)>>>(
+      table.device_entries(), table.chunk_partials(0), table.chunk_partials(1), sums);
   KILN_CUDA_LAUNCH_CHECK();
 }
 
-void cuda_adamw(MultiTensorTable& table, const AdamWStep& step, void* stream) {
+void cuda_lamb_apply(MultiTensorTable& table, const LambRule& step, const double* sums,
+                     void* stream) {
   if (table.num_chunks() == 0) return;
-  adamw_kernel<<<table.num_chunks(), kThreads, 0, as_stream(stream)>>>(table.device_entries(),
-                                                                       table.device_chunks(), step);
+  const int blocks = (table.num_tensors() + kThreads - 1) / kThreads;
+  lamb_ratio_from_sums_kernel<<<blocks, kThreads, 0, as_stream(stream)>>>(
+      table.device_entries(), table.num_tensors(), sums, table.tensor_scalars());
+  KILN_CUDA_LAUNCH_CHECK();
+  lamb_apply_kernel<<<table.num_chunks(), kThreads, 0, as_stream(stream)>>>(
+      table.device_entries(), table.device_chunks(), step, table.tensor_scalars());
   KILN_CUDA_LAUNCH_CHECK();
 }
 
-void cuda_lamb(MultiTensorTable& table, const LambStep& step, void* stream) {
+namespace {
+
+template <typename Rule>
+void launch_rule_step(MultiTensorTable& table, const Rule& rule, void* stream) {
+  if (table.num_chunks() == 0) return;
+  elementwise_kernel<<<table.num_chunks(), kThreads, 0, as_stream(stream)>>>(
+      table.device_entries(), table.device_chunks(), rule);
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+// LAMB: moments and per-chunk sums, the per-tensor trust ratios, the update.
+void launch_rule_step(MultiTensorTable& table, const LambRule& step, void* stream) {
   if (table.num_chunks() == 0) return;
   lamb_moments_kernel<<<table.num_chunks(), kThreads, 0, as_stream(stream)>>>(
       table.device_entries(), table.device_chunks(), step, table.chunk_partials(0),
@@ -299,28 +306,13 @@ void cuda_lamb(MultiTensorTable& table, const LambStep& step, void* stream) {
   KILN_CUDA_LAUNCH_CHECK();
 }
 
-void cuda_lamb_moments_sumsq(MultiTensorTable& table, const LambStep& step, double* sums,
-                             void* stream) {
-  if (table.num_chunks() == 0) return;
-  lamb_moments_kernel<<<table.num_chunks(), kThreads, 0, as_stream(stream)>>>(
-      table.device_entries(), table.device_chunks(), step, table.chunk_partials(0),
-      table.chunk_partials(1));
-  KILN_CUDA_LAUNCH_CHECK();
-  lamb_tensor_sums_kernel<<<table.num_tensors(), kThreads, 0, as_stream(stream)>>>(
-      table.device_entries(), table.chunk_partials(0), table.chunk_partials(1), sums);
-  KILN_CUDA_LAUNCH_CHECK();
-}
+}  // namespace
 
-void cuda_lamb_apply(MultiTensorTable& table, const LambStep& step, const double* sums,
-                     void* stream) {
-  if (table.num_chunks() == 0) return;
-  const int blocks = (table.num_tensors() + kThreads - 1) / kThreads;
-  lamb_ratio_from_sums_kernel<<<blocks, kThreads, 0, as_stream(stream)>>>(
-      table.device_entries(), table.num_tensors(), sums, table.tensor_scalars());
-  KILN_CUDA_LAUNCH_CHECK();
-  lamb_apply_kernel<<<table.num_chunks(), kThreads, 0, as_stream(stream)>>>(
-      table.device_entries(), table.device_chunks(), step, table.tensor_scalars());
-  KILN_CUDA_LAUNCH_CHECK();
-}
+#define KILN_OPTIMIZER_STEP_(kind, Rule)                                    \
+  void cuda_step(MultiTensorTable& table, const Rule& rule, void* stream) { \
+    launch_rule_step(table, rule, stream);                                  \
+  }
+KILN_OPTIMIZERS(KILN_OPTIMIZER_STEP_)
+#undef KILN_OPTIMIZER_STEP_
 
 }  // namespace kiln::optim::detail

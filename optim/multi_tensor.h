@@ -5,13 +5,15 @@
 // Reductions (norms) write one partial sum per chunk, combined in a fixed order: deterministic.
 //
 // The CPU functions below run the same passes on host tensors with the same rules
-// (optim/update_rules.h), so the CUDA results can be checked against them. A step whose
+// (optim/rules/*.h), so the CUDA results can be checked against them. A step whose
 // `resident.state` is set reads its scalars from that StepState and does nothing on a skip.
 
 #include <cstdint>
 #include <vector>
 
+#include "core/cuda_op.h"
 #include "core/tensor.h"
+#include "optim/rules/all.h"
 #include "optim/update_rules.h"
 
 namespace kiln::optim::detail {
@@ -46,33 +48,40 @@ class MultiTensorTable {
 double cpu_unscale_check_sumsq(const std::vector<TensorEntry>& entries, double inv_scale,
                                bool write, bool* found_inf);
 void cpu_scale_grads(const std::vector<TensorEntry>& entries, double factor);  // grad *= factor
-void cpu_sgd(const std::vector<TensorEntry>& entries, const SgdStep& step);
-void cpu_adamw(const std::vector<TensorEntry>& entries, const AdamWStep& step);
-void cpu_lamb(const std::vector<TensorEntry>& entries, const LambStep& step);
-// cpu_lamb in two phases: the moments and {param_sumsq, update_sumsq} per entry (returned), then
-// the update with the trust ratios of the given sums (which a sharded optimizer combines).
+// cpu_step(entries, rule) / cuda_step(table, rule, stream): one whole update by `rule`, for every
+// rule of KILN_OPTIMIZERS. An element-wise rule (Rule::element) is one pass; LAMB is its stages.
+#define KILN_OPTIMIZER_STEP_(kind, Rule)                                    \
+  void cpu_step(const std::vector<TensorEntry>& entries, const Rule& rule); \
+  KILN_CUDA_OP("An optimizer",                                              \
+               void cuda_step(MultiTensorTable& table, const Rule& rule, void* stream));
+KILN_OPTIMIZERS(KILN_OPTIMIZER_STEP_)
+#undef KILN_OPTIMIZER_STEP_
+
+// LAMB in two phases (a sharded optimizer combines the sums across ranks in between): the moments
+// and {param_sumsq, update_sumsq} per entry, then the update with the trust ratios of the sums.
 std::vector<double> cpu_lamb_moments_sumsq(const std::vector<TensorEntry>& entries,
-                                           const LambStep& step);
-void cpu_lamb_apply(const std::vector<TensorEntry>& entries, const LambStep& step,
+                                           const LambRule& rule);
+void cpu_lamb_apply(const std::vector<TensorEntry>& entries, const LambRule& rule,
                     const std::vector<double>& sums);
 
-// ---- CUDA launchers (defined in multi_tensor.cu, present when KILN_WITH_CUDA) ----
+// ---- CUDA launchers (multi_tensor.cu; without CUDA they throw, core/cuda_op.h) ----
 
 // found_inf: one float set to 1 on inf/NaN (never cleared here); partials: one double per chunk.
 // With `state` (resident mode) the factor is state->inv_scale, read when the kernel runs.
-void cuda_unscale_check_sumsq(MultiTensorTable& table, float inv_scale, bool write,
-                              float* found_inf, void* stream, const StepState* state = nullptr);
+KILN_CUDA_OP("The unscale pass",
+             void cuda_unscale_check_sumsq(MultiTensorTable& table, float inv_scale, bool write,
+                                           float* found_inf, void* stream,
+                                           const StepState* state = nullptr));
 // out[0] = sqrt(sum of the chunk partials of cuda_unscale_check_sumsq), in a fixed order.
-void cuda_partials_norm(MultiTensorTable& table, float* out, void* stream);
-void cuda_scale_grads(MultiTensorTable& table, float factor, void* stream);
-void cuda_sgd(MultiTensorTable& table, const SgdStep& step, void* stream);
-void cuda_adamw(MultiTensorTable& table, const AdamWStep& step, void* stream);
-void cuda_lamb(MultiTensorTable& table, const LambStep& step, void* stream);
-// cuda_lamb in two phases (sharded LAMB): the moments and per-tensor {param_sumsq, update_sumsq}
-// into `sums` (device, 2 doubles per tensor), then the update with the ratios of `sums`.
-void cuda_lamb_moments_sumsq(MultiTensorTable& table, const LambStep& step, double* sums,
-                             void* stream);
-void cuda_lamb_apply(MultiTensorTable& table, const LambStep& step, const double* sums,
-                     void* stream);
+KILN_CUDA_OP("The unscale pass",
+             void cuda_partials_norm(MultiTensorTable& table, float* out, void* stream));
+KILN_CUDA_OP("Gradient clipping",
+             void cuda_scale_grads(MultiTensorTable& table, float factor, void* stream));
+// The sharded LAMB phases on the device: the per-tensor {param_sumsq, update_sumsq} go to `sums`
+// (device, 2 doubles per tensor); the update reads the ratios' sums from there.
+KILN_CUDA_OP("LAMB", void cuda_lamb_moments_sumsq(MultiTensorTable& table, const LambRule& rule,
+                                                  double* sums, void* stream));
+KILN_CUDA_OP("LAMB", void cuda_lamb_apply(MultiTensorTable& table, const LambRule& rule,
+                                          const double* sums, void* stream));
 
 }  // namespace kiln::optim::detail

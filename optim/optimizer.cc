@@ -72,7 +72,6 @@ double unscaled_global_norm(const std::vector<Tensor>& tensors, float unscale) {
     bool found_inf = false;
     return std::sqrt(detail::cpu_unscale_check_sumsq(list, unscale, false, &found_inf));
   }
-#if KILN_WITH_CUDA
   detail::MultiTensorTable table;
   table.set(std::move(list), device);
   Tensor stats = Tensor::zeros({2}, DType::F32, device);  // found_inf, norm
@@ -81,17 +80,14 @@ double unscaled_global_norm(const std::vector<Tensor>& tensors, float unscale) {
                                    stream);
   detail::cuda_partials_norm(table, static_cast<float*>(stats.data()) + 1, stream);
   return stats.to_vector<float>()[1];
-#else
-  KILN_CHECK(false, "global_norm: tensors on " + device.str() + " in a build without CUDA");
-  return 0.0;
-#endif
 }
 
 }  // namespace
 
 namespace {
-constexpr EnumName<OptimizerKind> kOptimizerKindNames[] = {
-    {OptimizerKind::SGD, "sgd"}, {OptimizerKind::AdamW, "adamw"}, {OptimizerKind::LAMB, "lamb"}};
+#define KILN_OPTIMIZER_NAME_(kind, Rule) {OptimizerKind::kind, Rule::kName},
+constexpr EnumName<OptimizerKind> kOptimizerKindNames[] = {KILN_OPTIMIZERS(KILN_OPTIMIZER_NAME_)};
+#undef KILN_OPTIMIZER_NAME_
 }  // namespace
 
 const char* optimizer_kind_name(OptimizerKind kind) {
@@ -233,143 +229,66 @@ void Optimizer::load_step_count(std::int64_t count) {
   step_count_.data<std::int64_t>()[0] = count;
 }
 
-// torch.nn.utils.clip_grad_norm_'s coefficient (update_rules.h: the resident kernels share it).
-static double clip_coefficient(double norm, double max_norm) {
-  return detail::clip_coefficient(norm, max_norm);
-}
-
-Sgd::Sgd(std::vector<OptimizedTensor> tensors, const OptimizerOptions& options)
-    : Optimizer(std::move(tensors), options) {
-  if (options.momentum < 0) throw InputError("sgd momentum must be >= 0");
-  if (options.nesterov && (options.momentum <= 0 || options.dampening != 0)) {
-    throw InputError("sgd nesterov needs momentum > 0 and dampening 0 (as torch.optim.SGD)");
-  }
-  if (options.momentum != 0) {
-    for (std::size_t i = 0; i < tensors_.size(); ++i) add_state(i, "momentum_buffer");
-  }
-}
-
-void Sgd::apply(double grad_norm, float grad_unscale) {
-  detail::SgdStep s;
-  s.lr = lr_;
-  s.momentum = options_.momentum;
-  s.dampening = options_.dampening;
-  s.nesterov = options_.nesterov;
-  s.first_step = step_count() == 0;
-  s.grad_multiplier = clip_coefficient(grad_norm, options_.max_grad_norm);
-  s.grad_unscale = grad_unscale;
-  s.resident = resident();
-  auto list = entries({"momentum_buffer"});
-  if (device_.is_cpu()) {
-    detail::cpu_sgd(list, s);
-    return;
-  }
-#if KILN_WITH_CUDA
-  table_.set(std::move(list), device_);
-  detail::cuda_sgd(table_, s, current_stream(device_));
-#endif
-}
-
-static void check_betas(const OptimizerOptions& o, const char* who) {
-  if (!(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1)) {
-    throw InputError(std::string(who) + " betas must be in [0, 1), got (" +
-                     std::to_string(o.beta1) + ", " + std::to_string(o.beta2) + ")");
-  }
-  if (!(o.eps >= 0)) throw InputError(std::string(who) + " eps must be >= 0");
-}
-
-AdamW::AdamW(std::vector<OptimizedTensor> tensors, const OptimizerOptions& options)
-    : Optimizer(std::move(tensors), options) {
-  check_betas(options, "adamw");
+template <typename Rule>
+RuleOptimizer<Rule>::RuleOptimizer(std::vector<OptimizedTensor> tensors,
+                                   const OptimizerOptions& options)
+    : Optimizer(std::move(tensors), options), state_keys_(Rule::state_keys(options)) {
+  Rule::check(options);
   for (std::size_t i = 0; i < tensors_.size(); ++i) {
-    add_state(i, "exp_avg");
-    add_state(i, "exp_avg_sq");
-    if (options.amsgrad) add_state(i, "max_exp_avg_sq");
+    for (const std::string& key : state_keys_) add_state(i, key);
   }
 }
 
-void AdamW::apply(double grad_norm, float grad_unscale) {
-  detail::AdamWStep s;
-  s.lr = lr_;
-  s.beta1 = options_.beta1;
-  s.beta2 = options_.beta2;
-  s.eps = options_.eps;
-  s.step = step_count() + 1;
-  s.amsgrad = options_.amsgrad;
-  s.grad_multiplier = clip_coefficient(grad_norm, options_.max_grad_norm);
-  s.grad_unscale = grad_unscale;
-  s.resident = resident();
-  auto list = entries({"exp_avg", "exp_avg_sq", "max_exp_avg_sq"});
-  if (device_.is_cpu()) {
-    detail::cpu_adamw(list, s);
-    return;
-  }
-#if KILN_WITH_CUDA
-  table_.set(std::move(list), device_);
-  detail::cuda_adamw(table_, s, current_stream(device_));
-#endif
-}
-
-Lamb::Lamb(std::vector<OptimizedTensor> tensors, const OptimizerOptions& options)
-    : Optimizer(std::move(tensors), options) {
-  check_betas(options, "lamb");
-  for (std::size_t i = 0; i < tensors_.size(); ++i) {
-    add_state(i, "exp_avg");
-    add_state(i, "exp_avg_sq");
-  }
-}
-
-void Lamb::apply(double grad_norm, float grad_unscale) {
-  detail::LambStep s;
-  s.lr = lr_;
-  s.beta1 = options_.beta1;
-  s.beta2 = options_.beta2;
-  s.eps = options_.eps;
-  s.step = step_count() + 1;
-  s.bias_correction = options_.bias_correction;
-  s.clip_divisor = detail::lamb_clip_divisor(grad_norm, options_.max_grad_norm);
-  s.grad_unscale = grad_unscale;
-  s.resident = resident();
-  auto list = entries({"exp_avg", "exp_avg_sq"});
-  if (device_.is_cpu()) {
+template <typename Rule>
+void RuleOptimizer<Rule>::apply(double grad_norm, float grad_unscale) {
+  Rule rule = Rule::from_options(options_);
+  rule.lr = lr_;
+  rule.grad_unscale = grad_unscale;
+  rule.load_counts(step_count(), grad_norm, options_.max_grad_norm);
+  rule.resident = resident();
+  auto list = entries(state_keys_);
+  if constexpr (Rule::kTrustRatio) {
     if (tensor_sumsq_hook_) {
-      std::vector<double> sums = detail::cpu_lamb_moments_sumsq(list, s);
-      tensor_sumsq_hook_(sums);
-      detail::cpu_lamb_apply(list, s, sums);
-    } else {
-      detail::cpu_lamb(list, s);
+      apply_sharded_trust_ratio(rule, std::move(list));
+      return;
     }
+  }
+  if (device_.is_cpu()) {
+    detail::cpu_step(list, rule);
     return;
   }
-#if KILN_WITH_CUDA
+  table_.set(std::move(list), device_);
+  detail::cuda_step(table_, rule, current_stream(device_));
+}
+
+void Optimizer::apply_sharded_trust_ratio(const LambRule& rule,
+                                          std::vector<detail::TensorEntry> list) {
+  if (device_.is_cpu()) {
+    std::vector<double> sums = detail::cpu_lamb_moments_sumsq(list, rule);
+    tensor_sumsq_hook_(sums);
+    detail::cpu_lamb_apply(list, rule, sums);
+    return;
+  }
   const std::int64_t n = static_cast<std::int64_t>(list.size());
   table_.set(std::move(list), device_);
   void* stream = current_stream(device_);
-  if (tensor_sumsq_hook_) {
-    // The per-tensor sums go through the host (one read per step) to be combined across ranks.
-    Tensor sums = Tensor::zeros({2 * std::max<std::int64_t>(n, 1)}, DType::F64, device_);
-    detail::cuda_lamb_moments_sumsq(table_, s, static_cast<double*>(sums.data()), stream);
-    std::vector<double> host = sums.to_vector<double>();
-    host.resize(static_cast<std::size_t>(2 * n));
-    tensor_sumsq_hook_(host);
-    if (n > 0) sums.slice(0, 0, 2 * n).copy_from(Tensor::from_vector(host, {2 * n}));
-    detail::cuda_lamb_apply(table_, s, static_cast<const double*>(sums.data()), stream);
-  } else {
-    detail::cuda_lamb(table_, s, stream);
-  }
-#endif
+  // The per-tensor sums go through the host (one read per step) to be combined across ranks.
+  Tensor sums = Tensor::zeros({2 * std::max<std::int64_t>(n, 1)}, DType::F64, device_);
+  detail::cuda_lamb_moments_sumsq(table_, rule, static_cast<double*>(sums.data()), stream);
+  std::vector<double> host = sums.to_vector<double>();
+  host.resize(static_cast<std::size_t>(2 * n));
+  tensor_sumsq_hook_(host);
+  if (n > 0) sums.slice(0, 0, 2 * n).copy_from(Tensor::from_vector(host, {2 * n}));
+  detail::cuda_lamb_apply(table_, rule, static_cast<const double*>(sums.data()), stream);
 }
 
 std::unique_ptr<Optimizer> make_optimizer(std::vector<OptimizedTensor> tensors,
                                           const OptimizerOptions& options) {
-  switch (options.kind) {
-    case OptimizerKind::SGD:
-      return std::make_unique<Sgd>(std::move(tensors), options);
-    case OptimizerKind::AdamW:
-      return std::make_unique<AdamW>(std::move(tensors), options);
-    case OptimizerKind::LAMB:
-      return std::make_unique<Lamb>(std::move(tensors), options);
-  }
+#define KILN_OPTIMIZER_CASE_(kind, Rule) \
+  case OptimizerKind::kind:              \
+    return std::make_unique<RuleOptimizer<Rule>>(std::move(tensors), options);
+  switch (options.kind) { KILN_OPTIMIZERS(KILN_OPTIMIZER_CASE_) }
+#undef KILN_OPTIMIZER_CASE_
   throw InputError("unknown optimizer kind");
 }
 
@@ -384,18 +303,16 @@ double global_norm(const std::vector<Tensor>& tensors) {
 
 double clip_grad_norm(const std::vector<Tensor>& grads, double max_norm) {
   double norm = global_norm(grads);
-  double coef = clip_coefficient(norm, max_norm);
+  double coef = detail::clip_coefficient(norm, max_norm);
   if (coef < 1.0) {
     auto list = grad_entries(grads);
     Device device = grads.front().device();
     if (device.is_cpu()) {
       detail::cpu_scale_grads(list, coef);
     } else {
-#if KILN_WITH_CUDA
       detail::MultiTensorTable table;
       table.set(std::move(list), device);
       detail::cuda_scale_grads(table, static_cast<float>(coef), current_stream(device));
-#endif
     }
   }
   return norm;

@@ -1,8 +1,9 @@
 #pragma once
 // Optimizers: SGD (momentum, dampening, Nesterov, weight decay), AdamW (decoupled weight decay,
 // bias correction, AMSGrad) and LAMB (trust ratio, Apex FusedLAMB clipping), with the semantics of
-// torch.optim.SGD / torch.optim.AdamW and of the LAMB paper, on CPU and CUDA. On CUDA a step is
-// one multi-tensor launch over all parameters (LAMB: three), see optim/multi_tensor.h.
+// torch.optim.SGD / torch.optim.AdamW and of the LAMB paper, on CPU and CUDA. Each is one rule type
+// (optim/rules/*.h) listed in KILN_OPTIMIZERS (optim/optimizer_options.h); on CUDA a step is one
+// multi-tensor launch over all parameters (LAMB: three), see optim/multi_tensor.h.
 //
 // The optimizer reads OptimizedTensor::grad and updates OptimizedTensor::value in place; state
 // (moments, the step count) lives in named tensors so that checkpoints can save and restore it.
@@ -21,44 +22,9 @@
 #include "core/parameter.h"
 #include "core/tensor.h"
 #include "optim/multi_tensor.h"
+#include "optim/optimizer_options.h"
 
 namespace kiln::optim {
-
-enum class OptimizerKind { SGD, AdamW, LAMB };
-const char* optimizer_kind_name(OptimizerKind kind);              // "sgd", "adamw", "lamb"
-OptimizerKind optimizer_kind_from_name(const std::string& name);  // InputError lists the known
-
-// A rule giving the parameters whose name matches `pattern` (glob: * and ?, matched against the
-// full dotted name) their own learning-rate multiplier and weight decay. The first match wins.
-struct ParamGroupRule {
-  std::string pattern;
-  double lr_multiplier = 1.0;
-  double weight_decay = -1.0;  // < 0: the optimizer's weight_decay
-};
-
-struct OptimizerOptions {
-  OptimizerKind kind = OptimizerKind::AdamW;
-  double lr = 1e-3;  // the base rate; set_lr() changes it (schedules)
-  double weight_decay = 0.0;
-  // SGD
-  double momentum = 0.0;
-  double dampening = 0.0;
-  bool nesterov = false;
-  // AdamW and LAMB
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  bool amsgrad = false;         // AdamW
-  bool bias_correction = true;  // LAMB (AdamW always corrects)
-  // Clipping by the global L2 norm of all gradients, 0 = off. SGD/AdamW: grads *= min(1,
-  // max / (norm + 1e-6)) (torch.nn.utils.clip_grad_norm_); LAMB: grads /= max(1, norm / max)
-  // (Apex FusedLAMB).
-  double max_grad_norm = 0.0;
-  std::vector<ParamGroupRule> groups;
-  // Parameters flagged no_weight_decay (biases, norm weights) get weight decay 0 whatever the
-  // group says, and LAMB leaves them out of the trust ratio.
-  bool exclude_flagged_from_decay = true;
-};
 
 // One tensor the optimizer updates.
 struct OptimizedTensor {
@@ -135,6 +101,9 @@ class Optimizer {
   Tensor& add_state(std::size_t i, const std::string& key);
   // The descriptor list; `state_keys` names which state tensors go to state0..2.
   std::vector<detail::TensorEntry> entries(const std::vector<std::string>& state_keys);
+  // A trust-ratio rule (LAMB) on a sharded optimizer: the per-tensor sums go through
+  // tensor_sumsq_hook_ between the two phases.
+  void apply_sharded_trust_ratio(const LambRule& rule, std::vector<detail::TensorEntry> list);
 
   std::vector<OptimizedTensor> tensors_;
   OptimizerOptions options_;
@@ -150,31 +119,20 @@ class Optimizer {
   Tensor step_count_;                                                       // I64 (1) on CPU
 };
 
-class Sgd : public Optimizer {
+// The optimizer of one rule (optim/rules/*.h): its state tensors are the rule's state_keys, and a
+// step is the rule's update on the CPU or in one multi-tensor launch (LAMB: its stages).
+// make_optimizer() picks the rule of options.kind from KILN_OPTIMIZERS.
+template <typename Rule>
+class RuleOptimizer : public Optimizer {
  public:
-  Sgd(std::vector<OptimizedTensor> tensors, const OptimizerOptions& options);
-  const char* name() const override { return "sgd"; }
+  RuleOptimizer(std::vector<OptimizedTensor> tensors, const OptimizerOptions& options);
+  const char* name() const override { return Rule::kName; }
 
  protected:
   void apply(double grad_norm, float grad_unscale) override;
-};
 
-class AdamW : public Optimizer {
- public:
-  AdamW(std::vector<OptimizedTensor> tensors, const OptimizerOptions& options);
-  const char* name() const override { return "adamw"; }
-
- protected:
-  void apply(double grad_norm, float grad_unscale) override;
-};
-
-class Lamb : public Optimizer {
- public:
-  Lamb(std::vector<OptimizedTensor> tensors, const OptimizerOptions& options);
-  const char* name() const override { return "lamb"; }
-
- protected:
-  void apply(double grad_norm, float grad_unscale) override;
+ private:
+  std::vector<std::string> state_keys_;
 };
 
 std::unique_ptr<Optimizer> make_optimizer(std::vector<OptimizedTensor> tensors,

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "core/cuda_op.h"
 #include "core/host_device.h"
 
 namespace kiln::optim {
@@ -101,10 +102,12 @@ KILN_HOST_DEVICE inline void resident_advance(StepState& s, const ScalerRule& sc
 namespace detail {
 // CUDA launchers (optim/step_state.cu): one thread each, on `stream`. `stats` is the F32 pair
 // {found_inf, grad_norm} the unscale pass and the hook left.
-void cuda_resident_decide(StepState* state, const float* stats, const ScalerRule& scaler,
-                          void* stream);
-void cuda_resident_advance(StepState* state, const ScalerRule& scaler, const double* lr_table,
-                           std::int64_t lr_table_size, void* stream);
+KILN_CUDA_OP("A resident step", void cuda_resident_decide(StepState* state, const float* stats,
+                                                          const ScalerRule& scaler, void* stream));
+KILN_CUDA_OP("A resident step",
+             void cuda_resident_advance(StepState* state, const ScalerRule& scaler,
+                                        const double* lr_table, std::int64_t lr_table_size,
+                                        void* stream));
 }  // namespace detail
 
 }  // namespace kiln::optim

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cctype>
 #include <cstdlib>
 
 #include "core/allocator.h"
@@ -251,17 +252,11 @@ optim::AmpOptions amp_options(const config::Experiment& e) {
 optim::OptimizerOptions optimizer_options(const config::Experiment& e) {
   const config::OptimizerConfig& c = e.optimizer();
   optim::OptimizerOptions o;
-  switch (c.kind()) {
-    case config::OptimizerConfig::SGD:
-      o.kind = optim::OptimizerKind::SGD;
-      break;
-    case config::OptimizerConfig::LAMB:
-      o.kind = optim::OptimizerKind::LAMB;
-      break;
-    default:
-      o.kind = optim::OptimizerKind::AdamW;
-      break;
-  }
+  // The schema's kind names are the rules' names in capitals, so a new optimizer needs no case here.
+  std::string kind_name = config::OptimizerConfig::Kind_Name(c.kind());
+  std::transform(kind_name.begin(), kind_name.end(), kind_name.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  o.kind = optim::optimizer_kind_from_name(kind_name);
   o.lr = c.lr();
   o.weight_decay = c.weight_decay();
   o.momentum = c.momentum();

@@ -1,71 +1,83 @@
 #pragma once
 // MultiHeadSelfAttention: the CUDA entry points (layers/cuda/attention.cu, flash_attention.cu and
-// cudnn_attention.cc). Layer sources call them on CUDA tensors without #if: a build without CUDA
-// links layers/cuda_stubs.cc, whose definitions throw.
+// cudnn_attention.cc). Layer sources call them on CUDA tensors without #if; a build without CUDA
+// gets, beside each declaration, a body that throws (core/cuda_op.h).
 
+#include "core/cuda_op.h"
 #include "layers/attention.h"
 
 namespace kiln {
 
 namespace cuda {
 // Launchers (layers/cuda/attention.cu).
-void add_bias(Tensor& y, const Tensor& bias);
+KILN_CUDA_OP("add_bias", void add_bias(Tensor& y, const Tensor& bias));
 // src (N, parts*E) -> out (parts, B*H, T, d), N = B*T (the unfused path's layout).
-void to_heads(const Tensor& src, std::int64_t parts, std::int64_t b, std::int64_t t, std::int64_t h,
-              std::int64_t d, Tensor& out);
+KILN_CUDA_OP("attention",
+             void to_heads(const Tensor& src, std::int64_t parts, std::int64_t b, std::int64_t t,
+                           std::int64_t h, std::int64_t d, Tensor& out));
 // src (parts, B*H, T, d) -> out (N, parts*E).
-void from_heads(const Tensor& src, std::int64_t parts, std::int64_t b, std::int64_t t,
-                std::int64_t h, std::int64_t d, Tensor& out);
+KILN_CUDA_OP("attention",
+             void from_heads(const Tensor& src, std::int64_t parts, std::int64_t b, std::int64_t t,
+                             std::int64_t h, std::int64_t d, Tensor& out));
 // bias_grad (C) += column sums of dy (rows, C), contiguous; two passes in a fixed order.
-void accumulate_bias_grad(const Tensor& dy, Tensor& bias_grad);
+KILN_CUDA_OP("accumulate_bias_grad",
+             void accumulate_bias_grad(const Tensor& dy, Tensor& bias_grad));
 // scores (BH, Tq, Tk) fp32 (f64), mask (B, Tk) fp32 or undefined -> probs, dropped_probs
 // (BH, Tq, Tk) in the matmul dtype (dropped_probs undefined when p == 0). Causal: query i sees
 // keys j <= Tk - Tq + i (bottom-right aligned: the KV cache's new queries after past = Tk - Tq).
 // Every dropout entry point here takes the mask's Philox stream (the step) by value and, through
 // stream_source (device memory), optionally by address: when not null the kernels read the stream
 // there as they run, so a captured CUDA graph draws the replayed step's mask.
-void attention_softmax_forward(const Tensor& scores, const Tensor& mask, std::int64_t heads,
-                               bool causal, double p, std::uint64_t key, std::uint64_t stream,
-                               const std::uint64_t* stream_source, Tensor& probs,
-                               Tensor& dropped_probs);
+KILN_CUDA_OP("attention", void attention_softmax_forward(const Tensor& scores, const Tensor& mask,
+                                                         std::int64_t heads, bool causal, double p,
+                                                         std::uint64_t key, std::uint64_t stream,
+                                                         const std::uint64_t* stream_source,
+                                                         Tensor& probs, Tensor& dropped_probs));
 // d_dropped (BH, T, T) fp32 (f64), probs -> dscores in the matmul dtype.
-void attention_softmax_backward(const Tensor& d_dropped, const Tensor& probs, double p,
-                                std::uint64_t key, std::uint64_t stream,
-                                const std::uint64_t* stream_source, Tensor& dscores);
+KILN_CUDA_OP("attention",
+             void attention_softmax_backward(const Tensor& d_dropped, const Tensor& probs, double p,
+                                             std::uint64_t key, std::uint64_t stream,
+                                             const std::uint64_t* stream_source, Tensor& dscores));
 // The most bytes a fused attention backward takes for its (B*H, T, T) workspace (dS^T in the
 // flash kernels, dP in cuDNN's deterministic backward): KILN_ATTENTION_WORKSPACE_MB, default 1024.
 // The flash backward runs in chunks of (batch * head) rows that fit; cuDNN's declines beyond it.
-std::int64_t attention_workspace_limit_bytes();
+KILN_CUDA_OP("attention", std::int64_t attention_workspace_limit_bytes());
 // Fused attention (layers/cuda/flash_attention.cu): whether it serves this dtype, number of
 // (batch * head) rows, head dimension and length.
-bool flash_attention_supported(DType dtype, std::int64_t batch_heads, std::int64_t head_dim,
-                               std::int64_t tokens);
+KILN_CUDA_OP("attention",
+             bool flash_attention_supported(DType dtype, std::int64_t batch_heads,
+                                            std::int64_t head_dim, std::int64_t tokens));
 // It reads the input projection's packed rows qkv (B*T, 3E) = [q | k | v], head h at columns
 // h*d.. of each part, contiguous and 16-byte aligned; no head-layout copies.
 // out (B*T, E) = dropout(softmax(q k^T / sqrt(d) + mask)) v per head, without the (T, T) scores
 // in memory; lse (B*H, T) fp32, what backward recomputes the probabilities from. Causal: query i
 // attends keys j <= i, and key tiles wholly above the diagonal are never computed.
-void flash_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t heads,
-                             const Tensor& mask, bool causal, double p, std::uint64_t key,
-                             std::uint64_t stream, const std::uint64_t* stream_source, Tensor& out,
-                             Tensor& lse);
+KILN_CUDA_OP("attention",
+             void flash_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t heads,
+                                          const Tensor& mask, bool causal, double p,
+                                          std::uint64_t key, std::uint64_t stream,
+                                          const std::uint64_t* stream_source, Tensor& out,
+                                          Tensor& lse));
 // dqkv (B*T, 3E) written (=) from dout (B*T, E) and the forward's out and lse (same causal).
-void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
-                              const Tensor& lse, const Tensor& mask, std::int64_t batch,
-                              std::int64_t heads, bool causal, double p, std::uint64_t key,
-                              std::uint64_t stream, const std::uint64_t* stream_source,
-                              Tensor& dqkv);
+KILN_CUDA_OP("attention",
+             void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
+                                           const Tensor& lse, const Tensor& mask,
+                                           std::int64_t batch, std::int64_t heads, bool causal,
+                                           double p, std::uint64_t key, std::uint64_t stream,
+                                           const std::uint64_t* stream_source, Tensor& dqkv));
 // cuDNN's fused attention (layers/cuda/cudnn_attention.cc) for the same packed layout, without
 // mask or dropout, causal or not: true when it ran (lse then holds cuDNN's natural-log
 // statistics, which only cudnn_attention_backward reads), false when cuDNN declines the shape or
 // KILN_ATTENTION_CUDNN=0.
-bool cudnn_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t heads, bool causal,
-                             Tensor& out, Tensor& lse);
+KILN_CUDA_OP("attention",
+             bool cudnn_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t heads,
+                                          bool causal, Tensor& out, Tensor& lse));
 // dqkv (B*T, 3E) written (=); only after a cudnn_attention_forward of this shape and causal
 // returned true.
-void cudnn_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
-                              const Tensor& lse, std::int64_t batch, std::int64_t heads,
-                              bool causal, Tensor& dqkv);
+KILN_CUDA_OP("attention",
+             void cudnn_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
+                                           const Tensor& lse, std::int64_t batch,
+                                           std::int64_t heads, bool causal, Tensor& dqkv));
 }  // namespace cuda
 
 }  // namespace kiln

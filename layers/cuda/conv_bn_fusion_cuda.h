@@ -1,7 +1,8 @@
 #pragma once
 // Batch norm fused into cuDNN's convolutions (the MLPerf ResNet-50 patterns, through the cuDNN
 // frontend's graph API; layers/cuda/conv_bn_fusion.cc and .cu). Layer sources call these on CUDA
-// tensors without #if: a build without CUDA links layers/cuda_stubs.cc, whose definitions throw.
+// tensors without #if; a build without CUDA gets, beside each declaration, a body that throws
+// (core/cuda_op.h).
 //
 // For a chain conv_k -> bn_k -> relu -> conv_{k+1}, with y_k the output of conv_k:
 //   forward   y_{k+1}, sum, sq_sum = conv(relu(y_k * scale_k + bias_k), w)  (prologue + "genstats")
@@ -17,6 +18,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/cuda_op.h"
 #include "layers/conv2d.h"
 
 namespace kiln::conv_bn_fusion {
@@ -29,40 +31,56 @@ enum class Pattern { Forward, BackwardFilter, BackwardData };
 // keeps the fastest, as for the unfused convolutions; the calls below use the plan of the same
 // options. The fused statistics are not reproducible bit for bit (two runs differ), so callers
 // do not fuse when determinism is asked.
-bool supported(Pattern pattern, const Conv2dGeometry& g, const ConvAlgorithmOptions& options);
+KILN_CUDA_OP("A fused convolution", bool supported(Pattern pattern, const Conv2dGeometry& g,
+                                                   const ConvAlgorithmOptions& options));
 // How many geometries ran each pattern fused, and how many fell back (for tests and logs).
 struct Counts {
   std::int64_t fused = 0, refused = 0;
 };
+#if KILN_WITH_CUDA
 Counts counts();
+#else
+// Not an error without CUDA: nothing ran fused.
+inline Counts counts() {
+  return {};
+}
+#endif
 
 // y = conv(relu(x * scale + bias), w); sum and sq_sum (K, fp32): per-channel sums of y and y^2.
-void forward(const Conv2dGeometry& g, const ConvAlgorithmOptions& options, const Tensor& x,
-             const Tensor& scale, const Tensor& bias, const Tensor& w, Tensor& y, Tensor& sum,
-             Tensor& sq_sum);
+KILN_CUDA_OP("A fused convolution",
+             void forward(const Conv2dGeometry& g, const ConvAlgorithmOptions& options,
+                          const Tensor& x, const Tensor& scale, const Tensor& bias, const Tensor& w,
+                          Tensor& y, Tensor& sum, Tensor& sq_sum));
 // dw (filter order KRSC, g.dtype) = the weight gradient of conv(relu(x * scale + bias), w).
-void backward_filter(const Conv2dGeometry& g, const ConvAlgorithmOptions& options, const Tensor& x,
-                     const Tensor& scale, const Tensor& bias, const Tensor& dy, Tensor& dw);
+KILN_CUDA_OP("A fused convolution",
+             void backward_filter(const Conv2dGeometry& g, const ConvAlgorithmOptions& options,
+                                  const Tensor& x, const Tensor& scale, const Tensor& bias,
+                                  const Tensor& dy, Tensor& dw));
 // Through the convolution and the ReLU after batch norm (x its input, mean/invstd its batch
 // statistics, gamma/beta its parameters): g = the gradient reaching the batch norm's output,
 // dscale/dbias its parameters' gradients (written), eq_* the coefficients of apply_backward.
-void backward_data(const Conv2dGeometry& g, const ConvAlgorithmOptions& options, const Tensor& dy,
-                   const Tensor& w, const Tensor& x, const Tensor& mean, const Tensor& invstd,
-                   const Tensor& gamma, const Tensor& beta, Tensor& grad, Tensor& dscale,
-                   Tensor& dbias, Tensor& eq_dy, Tensor& eq_x, Tensor& eq_bias);
+KILN_CUDA_OP("A fused convolution",
+             void backward_data(const Conv2dGeometry& g, const ConvAlgorithmOptions& options,
+                                const Tensor& dy, const Tensor& w, const Tensor& x,
+                                const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
+                                const Tensor& beta, Tensor& grad, Tensor& dscale, Tensor& dbias,
+                                Tensor& eq_dy, Tensor& eq_x, Tensor& eq_bias));
 
 // Kiln's kernels (conv_bn_fusion.cu).
 // From per-channel sums over `count` values: the batch mean, invstd = 1/sqrt(var + eps), the
 // biased var, and the prologue's scale = gamma * invstd, bias = beta - mean * scale (in
 // scale.dtype()); the running statistics move by PyTorch's rule when update_running.
-void finalize(const Tensor& sum, const Tensor& sq_sum, std::int64_t count, const Tensor& gamma,
-              const Tensor& beta, double eps, double momentum, bool update_running,
-              Tensor& running_mean, Tensor& running_var, Tensor& mean, Tensor& invstd, Tensor& var,
-              Tensor& scale, Tensor& bias);
+KILN_CUDA_OP("A fused convolution",
+             void finalize(const Tensor& sum, const Tensor& sq_sum, std::int64_t count,
+                           const Tensor& gamma, const Tensor& beta, double eps, double momentum,
+                           bool update_running, Tensor& running_mean, Tensor& running_var,
+                           Tensor& mean, Tensor& invstd, Tensor& var, Tensor& scale, Tensor& bias));
 // out = relu(x * scale + bias) per channel: the prologue, for a pattern that fell back.
-void scale_bias_relu(const Tensor& x, const Tensor& scale, const Tensor& bias, Tensor& out);
+KILN_CUDA_OP("A fused convolution", void scale_bias_relu(const Tensor& x, const Tensor& scale,
+                                                         const Tensor& bias, Tensor& out));
 // dx = eq_dy * g + eq_x * x + eq_bias per channel.
-void apply_backward(const Tensor& g, const Tensor& x, const Tensor& eq_dy, const Tensor& eq_x,
-                    const Tensor& eq_bias, Tensor& dx);
+KILN_CUDA_OP("A fused convolution",
+             void apply_backward(const Tensor& g, const Tensor& x, const Tensor& eq_dy,
+                                 const Tensor& eq_x, const Tensor& eq_bias, Tensor& dx));
 
 }  // namespace kiln::conv_bn_fusion

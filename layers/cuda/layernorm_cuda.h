@@ -1,8 +1,9 @@
 #pragma once
-// LayerNorm: the CUDA entry points (layers/cuda/layernorm.cu). Layer sources call them
-// on CUDA tensors without #if: a build without CUDA links layers/cuda_stubs.cc, whose definitions
-// throw.
+// LayerNorm: the CUDA entry points (layers/cuda/layernorm.cu). Layer sources call them on CUDA
+// tensors without #if; a build without CUDA gets, beside each declaration, a body that throws
+// (core/cuda_op.h).
 
+#include "core/cuda_op.h"
 #include "layers/layernorm.h"
 
 namespace kiln {
@@ -10,10 +11,13 @@ namespace kiln {
 namespace cuda {
 // Launchers (layers/cuda/layernorm.cu). x, y, dy, dx (rows, C) contiguous, one dtype; weight,
 // bias, mean, rstd fp32 (f64 when x is f64); dweight/dbias (C) in that type, overwritten.
-void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
-                       Tensor& y, Tensor& mean, Tensor& rstd);
-void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                        const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias);
+KILN_CUDA_OP("LayerNorm",
+             void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                    double eps, Tensor& y, Tensor& mean, Tensor& rstd));
+KILN_CUDA_OP("LayerNorm",
+             void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                     const Tensor& mean, const Tensor& rstd, Tensor& dx,
+                                     Tensor& dweight, Tensor& dbias));
 }  // namespace cuda
 
 }  // namespace kiln

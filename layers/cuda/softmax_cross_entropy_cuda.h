@@ -1,8 +1,9 @@
 #pragma once
 // SoftmaxCrossEntropy: the CUDA entry points (layers/cuda/softmax_cross_entropy.cu). Layer sources
-// call them on CUDA tensors without #if: a build without CUDA links layers/cuda_stubs.cc, whose
-// definitions throw.
+// call them on CUDA tensors without #if; a build without CUDA gets, beside each declaration, a body
+// that throws (core/cuda_op.h).
 
+#include "core/cuda_op.h"
 #include "layers/softmax_cross_entropy.h"
 
 namespace kiln {
@@ -12,16 +13,20 @@ namespace cuda {
 // One block per row: row_lse, row_loss and row_flags (1 counted, 2 correct, 4 invalid target);
 // then one block reduces the rows in a fixed order into loss, counted, correct and adds the
 // batch's invalid rows to `invalid`.
-void softmax_cross_entropy_forward(const Tensor& logits, const Tensor& targets, double smoothing,
-                                   std::int64_t ignore_index, Tensor& row_lse, Tensor& loss,
-                                   Tensor& counted, Tensor& correct, Tensor& invalid);
+KILN_CUDA_OP("SoftmaxCrossEntropy",
+             void softmax_cross_entropy_forward(const Tensor& logits, const Tensor& targets,
+                                                double smoothing, std::int64_t ignore_index,
+                                                Tensor& row_lse, Tensor& loss, Tensor& counted,
+                                                Tensor& correct, Tensor& invalid));
 // One block per row: dlogits = scale / max(1, counted) * (softmax - (1 - eps) onehot - eps / C).
 // scale_source (device memory), when not null, replaces `scale` by *scale_source / scale_divisor,
 // computed in double by the kernel as it runs.
-void softmax_cross_entropy_backward(const Tensor& logits, const Tensor& targets, double smoothing,
-                                    std::int64_t ignore_index, const Tensor& row_lse,
-                                    const Tensor& counted, double scale, const double* scale_source,
-                                    std::int64_t scale_divisor, Tensor& dlogits);
+KILN_CUDA_OP("SoftmaxCrossEntropy",
+             void softmax_cross_entropy_backward(const Tensor& logits, const Tensor& targets,
+                                                 double smoothing, std::int64_t ignore_index,
+                                                 const Tensor& row_lse, const Tensor& counted,
+                                                 double scale, const double* scale_source,
+                                                 std::int64_t scale_divisor, Tensor& dlogits));
 }  // namespace cuda
 
 }  // namespace kiln

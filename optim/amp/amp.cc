@@ -220,7 +220,6 @@ void MixedPrecisionOptimizer::unscale_and_check() {
     stats[1] = static_cast<float>(std::sqrt(sumsq));
     cpu_sumsq_ = sumsq;
   } else {
-#if KILN_WITH_CUDA
     void* stream = current_stream(device_);
     found_inf_.fill(0.0);
     unscale_table_.set(std::move(entries), device_);
@@ -229,7 +228,6 @@ void MixedPrecisionOptimizer::unscale_and_check() {
     detail::cuda_unscale_check_sumsq(unscale_table_, inv_scale, !optimizer_unscales(), stats,
                                      stream, resident_ ? resident_state() : nullptr);
     detail::cuda_partials_norm(unscale_table_, stats + 1, stream);
-#endif
   }
   unscaled_ = true;
 }
@@ -324,19 +322,15 @@ void MixedPrecisionOptimizer::step_resident() {
     const float* stats = stats_.data<float>();
     resident_decide(*state, stats[0], stats[1], rule);
   } else {
-#if KILN_WITH_CUDA
     detail::cuda_resident_decide(state, static_cast<const float*>(stats_.data()), rule,
                                  current_stream(device_));
-#endif
   }
   optimizer_->enqueue_resident_step(state, optimizer_unscales());
   if (device_.is_cpu()) {
     resident_advance(*state, rule, lr_table_.data<double>(), n);
   } else {
-#if KILN_WITH_CUDA
     detail::cuda_resident_advance(state, rule, static_cast<const double*>(lr_table_.data()), n,
                                   current_stream(device_));
-#endif
   }
   unscaled_ = false;
   // The host cannot know whether the device skipped: the weights may have changed.
