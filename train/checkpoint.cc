@@ -176,15 +176,34 @@ std::string CheckpointStore::complete(const std::string& tmp, const NamedTensors
   return final_path;
 }
 
+std::optional<std::int64_t> checkpoint_step(const std::string& name) {
+  const std::string prefix = "step-";
+  if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size() ||
+      name.size() > prefix.size() + 18)
+    return std::nullopt;
+  std::int64_t step = 0;
+  for (std::size_t i = prefix.size(); i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
+}
+
 std::vector<std::string> CheckpointStore::list() const {
-  std::vector<std::string> out;
+  std::vector<std::pair<std::int64_t, std::string>> found;
   for (const std::string& e : entries(dir_)) {
-    if (e.rfind("step-", 0) != 0) continue;
+    const auto step = checkpoint_step(e);
+    if (!step) continue;
     std::string path = dir_ + "/" + e;
     struct stat st {};
-    if (::stat((path + "/" + kManifest).c_str(), &st) == 0) out.push_back(path);
+    if (::stat((path + "/" + kManifest).c_str(), &st) == 0) found.emplace_back(*step, path);
   }
-  return out;  // zero-padded names sort by step
+  // By step number: names sort as strings only up to step-999999 (%06lld widens past it).
+  std::stable_sort(found.begin(), found.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
+  return out;
 }
 
 std::optional<std::string> CheckpointStore::latest() const {

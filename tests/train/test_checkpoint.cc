@@ -83,6 +83,21 @@ TEST(CheckpointStore, KeepsTheLastKAndFindsTheLatest) {
   EXPECT_EQ(*store.latest(), store.dir() + "/step-000400");
 }
 
+// Names widen past step-999999 (%06lld), so "step-1000000" sorts before it as a string: the
+// newest checkpoint must still be the latest, and pruning must keep it.
+TEST(CheckpointStore, OrdersByStepNumberPastAMillion) {
+  CheckpointStore store(fresh_dir("million"), 2);
+  for (int step : {999998, 999999, 1000000}) store.save(some_weights(step), {}, state_at(step));
+  auto all = store.list();
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0], store.dir() + "/step-999999");
+  EXPECT_EQ(all[1], store.dir() + "/step-1000000");
+  EXPECT_EQ(*store.latest(), store.dir() + "/step-1000000");
+  EXPECT_EQ(checkpoint_step("step-1000000"), 1000000);
+  EXPECT_FALSE(checkpoint_step("step-12x"));
+  EXPECT_FALSE(checkpoint_step("step-"));
+}
+
 TEST(CheckpointStore, PartialDirectoriesAreNeverListed) {
   CheckpointStore store(fresh_dir("partial"), 5);
   store.save(some_weights(1), {}, state_at(100));
