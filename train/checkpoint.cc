@@ -55,22 +55,30 @@ void make_dirs(const std::string& path) {
   }
 }
 
-void remove_tree(const std::string& path) {
-  DIR* d = ::opendir(path.c_str());
-  if (d != nullptr) {
-    while (dirent* e = ::readdir(d)) {
-      std::string name = e->d_name;
-      if (name == "." || name == "..") continue;
-      std::string child = path + "/" + name;
-      if (is_dir(child)) {
-        remove_tree(child);
-      } else {
-        ::unlink(child.c_str());
-      }
-    }
-    ::closedir(d);
+// Removes what is at `path` without ever following a symbolic link: a link (to an archived
+// checkpoint, or a folder linked into one) is unlinked, never emptied. Works on descriptors
+// (openat with O_NOFOLLOW) so a link planted while deleting is not followed either.
+void remove_entry(int parent, const char* name) {
+  if (::unlinkat(parent, name, 0) == 0 || (errno != EISDIR && errno != EPERM)) return;
+  const int fd = ::openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return;
+  DIR* d = ::fdopendir(fd);
+  if (d == nullptr) {
+    ::close(fd);
+    return;
   }
-  ::rmdir(path.c_str());
+  std::vector<std::string> children;
+  while (dirent* e = ::readdir(d)) {
+    const std::string child = e->d_name;
+    if (child != "." && child != "..") children.push_back(child);
+  }
+  for (const std::string& child : children) remove_entry(::dirfd(d), child.c_str());
+  ::closedir(d);
+  ::unlinkat(parent, name, AT_REMOVEDIR);
+}
+
+void remove_tree(const std::string& path) {
+  remove_entry(AT_FDCWD, path.c_str());
 }
 
 std::vector<std::string> entries(const std::string& dir) {
@@ -163,7 +171,7 @@ std::string CheckpointStore::complete(const std::string& tmp, const NamedTensors
     manifest += hex(crc_of(manifest)) + " manifest\n";
     write_file_atomically(tmp + "/" + kManifest, manifest);
     sync_dir(tmp);
-    if (is_dir(final_path)) remove_tree(final_path);  // a re-save of the same step
+    remove_tree(final_path);  // a re-save of the same step
     if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
       throw Error("cannot rename " + tmp + " to " + final_path + ": " + std::strerror(errno));
     }

@@ -66,7 +66,14 @@ RunLock::RunLock(const std::string& dir, const std::string& setting) : path_(dir
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error("cannot create " + setting + " " + dir + ": " + ec.message());
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // O_NOFOLLOW: a link planted at the lock's name must not make Kiln write the file it names.
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd_ < 0 && errno == ELOOP) {
+    throw InputError("the run lock " + path_ +
+                     " is a symbolic link; Kiln does not write through "
+                     "links: remove it, or give this run its own directory (--set " +
+                     setting + "=...)");
+  }
   if (fd_ < 0) throw Error("cannot open the run lock " + path_ + ": " + std::strerror(errno));
   struct flock lock {};
   lock.l_type = F_WRLCK;
