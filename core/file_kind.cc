@@ -82,4 +82,14 @@ void require_directory(const std::string& path, const std::string& what) {
     refuse(path, what, "a directory", description);
 }
 
+void require_replaceable_file(const std::string& path, const std::string& what) {
+  if (path.empty()) throw InputError(what + ": the output path is empty; name a file");
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0) return;  // nothing there (or a dangling link): created
+  std::string description;
+  if (kind_of(path, description) == Kind::kRegular) return;
+  throw InputError(path + ": " + what + " would replace " + description +
+                   "; Kiln writes only over regular files: name a new or regular file");
+}
+
 }  // namespace kiln

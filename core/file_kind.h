@@ -19,4 +19,9 @@ void require_regular_file(const std::string& path, const std::string& what);
 // The same for a directory.
 void require_directory(const std::string& path, const std::string& what);
 
+// Before Kiln writes `path` by renaming a new file over it: InputError unless the path is
+// non-empty and holds nothing or a regular file (after following links), so a device node
+// (/dev/null), a FIFO or a directory is never replaced. `what` names the role: "--onnx".
+void require_replaceable_file(const std::string& path, const std::string& what);
+
 }  // namespace kiln

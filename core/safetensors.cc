@@ -179,8 +179,11 @@ class JsonReader {
 }  // namespace
 
 void write_file_atomically(const std::string& path, const std::string& bytes) {
+  require_replaceable_file(path, "the output file");
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  // A fresh file of our own: a link or a leftover at the temporary name is never written through.
+  ::unlink(tmp.c_str());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) io_failure(tmp, "create");
   std::size_t written = 0;
   while (written < bytes.size()) {

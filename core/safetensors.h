@@ -30,6 +30,8 @@ struct SafetensorsFile {
 SafetensorsFile load_safetensors(const std::string& path);
 
 // Writes `bytes` to `path` atomically (temporary file, fsync, rename). Shared with checkpoints.
+// A target that exists and is not a regular file (/dev/null, a FIFO, a directory), or an empty
+// path, is refused with InputError before anything is written (require_replaceable_file).
 void write_file_atomically(const std::string& path, const std::string& bytes);
 std::string read_file(const std::string& path);  // InputError if missing or unreadable
 

@@ -11,6 +11,7 @@
 
 #include "configs/experiment.h"
 #include "core/check.h"
+#include "core/file_kind.h"
 #include "core/safetensors.h"
 #include "core/system_info.h"
 #include "infer/onnx_export.h"
@@ -106,6 +107,8 @@ int run_export(const Arguments& args) {
     if (eo.batch < 1) throw InputError("--batch " + std::to_string(eo.batch) + ": must be >= 1");
   }
 
+  // Refused before the work, not after: a device node or FIFO at --onnx is never replaced.
+  require_replaceable_file(vm["onnx"].as<std::string>(), "--onnx");
   config::Experiment e = config::load_experiment(config_path, overrides);
   // Export uses no device: an experiment written for GPUs validates here as on its own machine.
   config::validate(e, {1, true, config_path, overrides});

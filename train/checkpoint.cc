@@ -55,22 +55,30 @@ void make_dirs(const std::string& path) {
   }
 }
 
-void remove_tree(const std::string& path) {
-  DIR* d = ::opendir(path.c_str());
-  if (d != nullptr) {
-    while (dirent* e = ::readdir(d)) {
-      std::string name = e->d_name;
-      if (name == "." || name == "..") continue;
-      std::string child = path + "/" + name;
-      if (is_dir(child)) {
-        remove_tree(child);
-      } else {
-        ::unlink(child.c_str());
-      }
-    }
-    ::closedir(d);
+// Removes what is at `path` without ever following a symbolic link: a link (to an archived
+// checkpoint, or a folder linked into one) is unlinked, never emptied. Works on descriptors
+// (openat with O_NOFOLLOW) so a link planted while deleting is not followed either.
+void remove_entry(int parent, const char* name) {
+  if (::unlinkat(parent, name, 0) == 0 || (errno != EISDIR && errno != EPERM)) return;
+  const int fd = ::openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return;
+  DIR* d = ::fdopendir(fd);
+  if (d == nullptr) {
+    ::close(fd);
+    return;
   }
-  ::rmdir(path.c_str());
+  std::vector<std::string> children;
+  while (dirent* e = ::readdir(d)) {
+    const std::string child = e->d_name;
+    if (child != "." && child != "..") children.push_back(child);
+  }
+  for (const std::string& child : children) remove_entry(::dirfd(d), child.c_str());
+  ::closedir(d);
+  ::unlinkat(parent, name, AT_REMOVEDIR);
+}
+
+void remove_tree(const std::string& path) {
+  remove_entry(AT_FDCWD, path.c_str());
 }
 
 std::vector<std::string> entries(const std::string& dir) {
@@ -163,7 +171,7 @@ std::string CheckpointStore::complete(const std::string& tmp, const NamedTensors
     manifest += hex(crc_of(manifest)) + " manifest\n";
     write_file_atomically(tmp + "/" + kManifest, manifest);
     sync_dir(tmp);
-    if (is_dir(final_path)) remove_tree(final_path);  // a re-save of the same step
+    remove_tree(final_path);  // a re-save of the same step
     if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
       throw Error("cannot rename " + tmp + " to " + final_path + ": " + std::strerror(errno));
     }
@@ -176,15 +184,34 @@ std::string CheckpointStore::complete(const std::string& tmp, const NamedTensors
   return final_path;
 }
 
+std::optional<std::int64_t> checkpoint_step(const std::string& name) {
+  const std::string prefix = "step-";
+  if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size() ||
+      name.size() > prefix.size() + 18)
+    return std::nullopt;
+  std::int64_t step = 0;
+  for (std::size_t i = prefix.size(); i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
+}
+
 std::vector<std::string> CheckpointStore::list() const {
-  std::vector<std::string> out;
+  std::vector<std::pair<std::int64_t, std::string>> found;
   for (const std::string& e : entries(dir_)) {
-    if (e.rfind("step-", 0) != 0) continue;
+    const auto step = checkpoint_step(e);
+    if (!step) continue;
     std::string path = dir_ + "/" + e;
     struct stat st {};
-    if (::stat((path + "/" + kManifest).c_str(), &st) == 0) out.push_back(path);
+    if (::stat((path + "/" + kManifest).c_str(), &st) == 0) found.emplace_back(*step, path);
   }
-  return out;  // zero-padded names sort by step
+  // By step number: names sort as strings only up to step-999999 (%06lld widens past it).
+  std::stable_sort(found.begin(), found.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
+  return out;
 }
 
 std::optional<std::string> CheckpointStore::latest() const {

@@ -50,7 +50,7 @@ class CheckpointStore {
   std::string staging_dir(std::int64_t step) const;
   void prepare_staging(std::int64_t step) const;
 
-  // Complete checkpoint directories, oldest first (partial ones are ignored).
+  // Complete checkpoint directories, oldest (lowest step number) first; partial ones are ignored.
   std::vector<std::string> list() const;
   std::optional<std::string> latest() const;
   // Removes leftovers of interrupted writes (temporary directories of dead processes).
@@ -72,6 +72,9 @@ class CheckpointStore {
 };
 
 std::string checkpoint_name(std::int64_t step);  // "step-000500"
+// The step a checkpoint directory's name stands for ("step-1000000" -> 1000000); nullopt for any
+// other name.
+std::optional<std::int64_t> checkpoint_step(const std::string& name);
 // "optimizer-rank-00001-of-00002.safetensors"
 std::string optimizer_shard_name(int rank, int world_size);
 

@@ -1,5 +1,6 @@
 #include "train/metrics.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,10 +16,22 @@
 namespace kiln::train {
 namespace {
 
-std::FILE* open_or_throw(const std::string& path, const char* mode) {
-  std::FILE* f = std::fopen(path.c_str(), mode);
+// O_NOFOLLOW: metrics.jsonl and the event file are written in place, so a symbolic link planted
+// at their name would make Kiln overwrite (or append to) whatever file it points to.
+std::FILE* open_or_throw(const std::string& path, bool append) {
+  const int fd =
+      ::open(path.c_str(),
+             O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | (append ? O_APPEND : O_TRUNC), 0644);
+  if (fd < 0 && errno == ELOOP) {
+    throw InputError(path +
+                     " is a symbolic link; Kiln does not write logs through links: remove "
+                     "it or choose another logging.dir");
+  }
+  std::FILE* f = fd < 0 ? nullptr : ::fdopen(fd, append ? "a" : "w");
   if (f == nullptr) {
-    throw Error("cannot open " + path + " for writing: " + std::strerror(errno) +
+    const int error = errno;
+    if (fd >= 0) ::close(fd);
+    throw Error("cannot open " + path + " for writing: " + std::strerror(error) +
                 " (check logging.dir)");
   }
   return f;
@@ -81,7 +94,7 @@ std::uint32_t crc32c(const void* data, std::size_t size) {
 }
 
 JsonlWriter::JsonlWriter(const std::string& path, bool append)
-    : path_(path), file_(open_or_throw(path, append ? "a" : "w")) {}
+    : path_(path), file_(open_or_throw(path, append)) {}
 
 JsonlWriter::~JsonlWriter() {
   if (file_ != nullptr) std::fclose(file_);
@@ -107,7 +120,7 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   gethostname(host, sizeof(host) - 1);
   path_ = dir + "/events.out.tfevents." + std::to_string(static_cast<long long>(wall_time())) +
           "." + host + "." + std::to_string(::getpid());
-  file_ = open_or_throw(path_, "wb");
+  file_ = open_or_throw(path_, false);
   std::string event;
   put_fixed64(event, 1, wall_time());
   put_bytes(event, 3, "brain.Event:2");

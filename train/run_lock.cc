@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "train/checkpoint.h"
 
 namespace kiln::train {
 namespace {
@@ -66,7 +67,14 @@ RunLock::RunLock(const std::string& dir, const std::string& setting) : path_(dir
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error("cannot create " + setting + " " + dir + ": " + ec.message());
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // O_NOFOLLOW: a link planted at the lock's name must not make Kiln write the file it names.
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd_ < 0 && errno == ELOOP) {
+    throw InputError("the run lock " + path_ +
+                     " is a symbolic link; Kiln does not write through "
+                     "links: remove it, or give this run its own directory (--set " +
+                     setting + "=...)");
+  }
   if (fd_ < 0) throw Error("cannot open the run lock " + path_ + ": " + std::strerror(errno));
   struct flock lock {};
   lock.l_type = F_WRLCK;
@@ -104,6 +112,28 @@ RunLock::RunLock(const std::string& dir, const std::string& setting) : path_(dir
 
 RunLock::~RunLock() {
   if (fd_ >= 0) ::close(fd_);  // a failing close still releases the lock: nothing to report
+}
+
+void require_unused_run_directories(const std::string& logging_dir,
+                                    const std::string& checkpoint_dir) {
+  auto refuse = [](const std::string& setting, const std::string& dir, const std::string& found) {
+    throw InputError(setting + " " + dir + " already holds another run's " + found +
+                     ": a fresh run there would mix with or destroy them. Continue that run "
+                     "with --resume latest (or checkpoint.resume: latest in the config), or give "
+                     "this run a new directory (--set " +
+                     setting + "=...)");
+  };
+  struct stat st {};
+  if (!logging_dir.empty() && ::lstat((logging_dir + "/metrics.jsonl").c_str(), &st) == 0) {
+    refuse("logging.dir", logging_dir, "metrics (metrics.jsonl)");
+  }
+  std::error_code ec;
+  if (checkpoint_dir.empty() || !std::filesystem::is_directory(checkpoint_dir, ec)) return;
+  for (const auto& entry : std::filesystem::directory_iterator(checkpoint_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (checkpoint_step(name))
+      refuse("checkpoint.dir", checkpoint_dir, "checkpoints (" + name + ")");
+  }
 }
 
 std::vector<std::unique_ptr<RunLock>> lock_run_directories(

@@ -33,6 +33,14 @@ class RunLock {
   int fd_ = -1;
 };
 
+// What a run directory is (docs/training.md, "The run directory"): one run's metrics.jsonl and
+// checkpoints. A fresh run (no checkpoint.resume, no --resume) in a logging.dir that already holds
+// a metrics.jsonl, or a checkpoint.dir that holds step-N checkpoints, would truncate the first's
+// metrics and, ranked by step, prune its own new checkpoints in favour of the old run's: refused
+// with InputError naming the directory, --resume latest and a new directory. Call under the lock.
+void require_unused_run_directories(const std::string& logging_dir,
+                                    const std::string& checkpoint_dir);
+
 // Locks each distinct directory of `dirs` ((setting, directory) pairs) once, in order: a
 // checkpoint.dir equal to logging.dir is locked once.
 std::vector<std::unique_ptr<RunLock>> lock_run_directories(

@@ -32,6 +32,11 @@ void initialise_model(Trainer::State& s) {
   }
 }
 
+// --resume, or checkpoint.resume when it is not given: a run that continues its directory's run.
+bool resumes(const Trainer::State& s) {
+  return !(s.options.resume.empty() ? s.e.checkpoint().resume() : s.options.resume).empty();
+}
+
 MetricsSinkOptions metrics_options(const Trainer::State& s) {
   MetricsSinkOptions sink;
   sink.active = s.rank0();
@@ -40,7 +45,7 @@ MetricsSinkOptions metrics_options(const Trainer::State& s) {
   sink.dir = s.e.logging().dir();
   sink.jsonl = s.e.logging().jsonl();
   sink.tensorboard = s.e.logging().tensorboard();
-  sink.append = !(s.options.resume.empty() ? s.e.checkpoint().resume() : s.options.resume).empty();
+  sink.append = resumes(s);
   sink.total_steps = s.total_steps;
   sink.device = s.device;
   return sink;
@@ -76,6 +81,9 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
     // those belong to the run that holds the lock.
     s.directory_locks = lock_run_directories(
         {{"logging.dir", s.e.logging().dir()}, {"checkpoint.dir", s.e.checkpoint().dir()}});
+    if (!resumes(s) && !options.evaluate_only) {
+      require_unused_run_directories(s.e.logging().dir(), s.e.checkpoint().dir());
+    }
   }
   s.device = choose_device(s.e.train(), world);
   config::fill_device_defaults(s.e, s.device.is_cuda());

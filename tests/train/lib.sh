@@ -11,6 +11,16 @@ MPIRUN=(${MPIEXEC:-mpirun} --allow-run-as-root --oversubscribe --timeout ${MPIRU
 fail() { echo "FAIL: $*" >&2; exit 1; }
 pass() { echo "PASS: $*"; }
 
+# A command that must be refused: exit 2 with the fixed string `pattern` in its output, which
+# stays in $WORK/out.log for further checks.
+expect_exit2() {  # pattern -- command...
+  local pattern=$1; shift 2
+  local code=0
+  "$@" > "$WORK/out.log" 2>&1 || code=$?
+  [ "$code" = 2 ] || { cat "$WORK/out.log"; fail "expected exit 2, got $code: $*"; }
+  grep -qF -- "$pattern" "$WORK/out.log" || { cat "$WORK/out.log"; fail "no '$pattern' in the message"; }
+}
+
 # The per-step losses of a metrics.jsonl, one per line, as exact decimal strings.
 losses() { python3 -c '
 import json, sys

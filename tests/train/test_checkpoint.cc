@@ -83,6 +83,66 @@ TEST(CheckpointStore, KeepsTheLastKAndFindsTheLatest) {
   EXPECT_EQ(*store.latest(), store.dir() + "/step-000400");
 }
 
+// Names widen past step-999999 (%06lld), so "step-1000000" sorts before it as a string: the
+// newest checkpoint must still be the latest, and pruning must keep it.
+TEST(CheckpointStore, OrdersByStepNumberPastAMillion) {
+  CheckpointStore store(fresh_dir("million"), 2);
+  for (int step : {999998, 999999, 1000000}) store.save(some_weights(step), {}, state_at(step));
+  auto all = store.list();
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0], store.dir() + "/step-999999");
+  EXPECT_EQ(all[1], store.dir() + "/step-1000000");
+  EXPECT_EQ(*store.latest(), store.dir() + "/step-1000000");
+  EXPECT_EQ(checkpoint_step("step-1000000"), 1000000);
+  EXPECT_FALSE(checkpoint_step("step-12x"));
+  EXPECT_FALSE(checkpoint_step("step-"));
+}
+
+bool exists_no_follow(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+std::string folder_with_a_file(const std::string& name) {
+  std::string d = fresh_dir(name);
+  EXPECT_EQ(::mkdir(d.c_str(), 0755), 0);
+  std::ofstream(d + "/keep.txt") << "archived\n";
+  return d;
+}
+
+// Deleting never follows a symbolic link: pruning, re-saving a step and removing `.tmp-*`
+// leftovers remove the link, never the files of what it points to.
+TEST(CheckpointStore, DeletingNeverFollowsSymbolicLinks) {
+  CheckpointStore archive(fresh_dir("archive"), 5);
+  const std::string archived = archive.save(some_weights(1), {}, state_at(100));
+  CheckpointStore store(fresh_dir("links"), 2);
+  store.save(some_weights(2), {}, state_at(50));
+  ASSERT_EQ(::symlink(archived.c_str(), (store.dir() + "/step-000100").c_str()), 0);
+  // A folder linked into a checkpoint, and a leftover temporary name that is a link.
+  const std::string inside = folder_with_a_file("linked_inside");
+  ASSERT_EQ(::symlink(inside.c_str(), (store.dir() + "/step-000050/linked").c_str()), 0);
+  const std::string tmp_target = folder_with_a_file("linked_tmp");
+  ASSERT_EQ(::symlink(tmp_target.c_str(), (store.dir() + "/.tmp-step-000300-1").c_str()), 0);
+
+  store.save(some_weights(3), {}, state_at(200));  // prunes step-000050
+  EXPECT_FALSE(exists_no_follow(store.dir() + "/step-000050"));
+  EXPECT_TRUE(exists_no_follow(inside + "/keep.txt")) << "pruning emptied a linked folder";
+  store.save(some_weights(4), {}, state_at(100));  // a re-save of the linked step
+  EXPECT_TRUE(exists_no_follow(archived + "/model.safetensors")) << "re-saving emptied the archive";
+  store.save(some_weights(5), {}, state_at(300));  // prunes the (now real) step-000100
+  store.save(some_weights(5), {}, state_at(400));
+  EXPECT_TRUE(exists_no_follow(archived + "/MANIFEST"));
+
+  ASSERT_EQ(::symlink(archived.c_str(), (store.dir() + "/step-000001").c_str()), 0);
+  store.save(some_weights(6), {}, state_at(500));  // prunes the linked step-000001 and 300
+  EXPECT_FALSE(exists_no_follow(store.dir() + "/step-000001"));
+  EXPECT_TRUE(exists_no_follow(archived + "/model.safetensors")) << "pruning emptied the archive";
+  store.remove_partial();
+  EXPECT_FALSE(exists_no_follow(store.dir() + "/.tmp-step-000300-1"));
+  EXPECT_TRUE(exists_no_follow(tmp_target + "/keep.txt")) << "removing .tmp-* followed a link";
+  EXPECT_EQ(store.list().size(), 2u);
+}
+
 TEST(CheckpointStore, PartialDirectoriesAreNeverListed) {
   CheckpointStore store(fresh_dir("partial"), 5);
   store.save(some_weights(1), {}, state_at(100));

@@ -1,9 +1,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 
+#include "core/check.h"
 #include "train/metrics.h"
+#include "train/run_lock.h"
 
 namespace kiln::train {
 namespace {
@@ -31,6 +34,41 @@ TEST(JsonlWriter, OneObjectPerLine) {
   EXPECT_FALSE(std::getline(in, line3));
   EXPECT_EQ(line1, "{\"step\":1,\"loss\":2.5,\"lr\":0.001}");
   EXPECT_EQ(line2, "{\"step\":2,\"loss\":2.25,\"eval_accuracy\":0.5}");
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// A symbolic link planted at metrics.jsonl or .kiln-lock is refused (InputError naming it); the
+// file it points to is neither truncated nor written.
+TEST(RunDirectoryWrites, NeverWriteThroughASymbolicLink) {
+  const std::string dir = ::testing::TempDir() + "kiln_links_" + std::to_string(::getpid());
+  ASSERT_EQ(std::system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").c_str()), 0);
+  const std::string victim = dir + "/victim.txt";
+  std::ofstream(victim) << "precious\n";
+  ASSERT_EQ(::symlink(victim.c_str(), (dir + "/metrics.jsonl").c_str()), 0);
+  ASSERT_EQ(::symlink(victim.c_str(), (dir + "/.kiln-lock").c_str()), 0);
+  for (bool append : {false, true}) {
+    try {
+      JsonlWriter w(dir + "/metrics.jsonl", append);
+      w.write({{"step", 1}});
+      ADD_FAILURE() << "wrote metrics.jsonl through a link (append " << append << ")";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(dir + "/metrics.jsonl is a symbolic link"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  try {
+    RunLock lock(dir, "logging.dir");
+    ADD_FAILURE() << "locked through a link";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(dir + "/.kiln-lock is a symbolic link"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(read_all(victim), "precious\n");
 }
 
 TEST(FormatDuration, Readable) {

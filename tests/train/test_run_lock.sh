@@ -39,7 +39,10 @@ killed=$!
 wait_for_metrics "$WORK/c"
 kill -KILL "$killed"
 wait "$killed" || true
-"$KILN" train "${ARGS[@]}" --set logging.dir="$WORK/c" --quiet > "$WORK/c2.log" 2>&1 \
+# It continues the killed run's directory (checkpoint.resume latest: that run saved no checkpoint,
+# so it starts fresh; a plain fresh run there would be refused, tests/train/test_run_directory.sh).
+"$KILN" train "${ARGS[@]}" --set logging.dir="$WORK/c" --set checkpoint.resume=latest --quiet \
+  > "$WORK/c2.log" 2>&1 \
   || { cat "$WORK/c2.log"; fail "a run after the holder's SIGKILL did not start"; }
 grep -qF "pid=$killed" "$WORK/c/.kiln-lock" && fail "the lock file still names the killed run"
 pass "second run refused (exit 2, names directory, host and pid); the lock of a SIGKILLed run is free"
