@@ -48,6 +48,7 @@ Tensor TiedDecoder::forward_impl(Context& ctx, const Tensor& x) {  // (N..., E) 
   if (ld != vocab_ && x.device().is_cuda()) {
     const Tensor& w = padded_cache_.get_padded_rows(weight_->value, mm, ctx.weights_version, ld);
     ops::gemm(false, true, 1.0, x_mm_, w, 0.0, padded);
+    if (ctx.training) padded_ = padded;  // for backward; inference keeps no second buffer
   } else {
     ops::gemm(false, true, 1.0, x_mm_, cache_.get(weight_->value, mm, ctx.weights_version), 0.0, y);
   }
@@ -64,8 +65,24 @@ Tensor TiedDecoder::backward_impl(Context& ctx, const Tensor& dy) {
   if (bias_) transformer_ops::accumulate_bias_grad(dy2, bias_->grad);
   ops::gemm_accumulate(true, false, dy_mm, x_mm_, weight_->grad);
   Tensor dx = Tensor::empty({n, hidden_}, activation_, dy.device());  // mm, or f32 from half
-  ops::gemm(false, false, 1.0, dy_mm, cache_.get(weight_->value, mm, ctx.weights_version), 0.0, dx);
+  if (padded_gradient(dy2, dy_mm)) {
+    // dy's padding columns hold the forward's x 0 = 0 (the loss writes only the V real ones):
+    // the product over the padded length is dx, and runs at the padded GEMM's speed.
+    const Tensor& w = padded_cache_.get_padded_rows(weight_->value, mm, ctx.weights_version,
+                                                    padded_.size(1));
+    ops::gemm(false, false, 1.0, padded_, w, 0.0, dx);
+  } else {
+    ops::gemm(false, false, 1.0, dy_mm, cache_.get(weight_->value, mm, ctx.weights_version), 0.0,
+              dx);
+  }
+  padded_ = Tensor();
   return dx.view(input_shape_);
+}
+
+bool TiedDecoder::padded_gradient(const Tensor& dy2, const Tensor& dy_mm) const {
+  // The loss wrote the gradient over the forward's padded logits (reuse_logits), in their dtype.
+  return padded_.defined() && dy_mm.data() == dy2.data() && dy2.data() == padded_.data() &&
+         dy2.stride(0) == padded_.stride(0) && padded_.dtype() == dy_mm.dtype();
 }
 
 }  // namespace kiln

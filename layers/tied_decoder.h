@@ -28,7 +28,10 @@ class TiedDecoder : public Layer {
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& x) override;
   Tensor backward_impl(Context& ctx, const Tensor& dy) override;
-  void release_saved() override { x_mm_ = Tensor(); }
+  void release_saved() override {
+    x_mm_ = Tensor();
+    padded_ = Tensor();
+  }
 
  private:
   Parameter* weight_;
@@ -37,6 +40,8 @@ class TiedDecoder : public Layer {
   WeightCastCache cache_;
   WeightCastCache padded_cache_;  // CUDA: the weight with zero rows up to the logits' row length
   Tensor x_mm_;                   // (N, E)
+  Tensor padded_;                 // CUDA, no bias: the (N, ld) logits buffer dy is written over
+  bool padded_gradient(const Tensor& dy2, const Tensor& dy_mm) const;
   Shape input_shape_;
   DType activation_ = DType::F32;
 };
