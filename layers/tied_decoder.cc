@@ -63,9 +63,24 @@ Tensor TiedDecoder::backward_impl(Context& ctx, const Tensor& dy) {
   if (vocab_ > 1 && dy2.stride(1) != 1) dy2 = dy2.contiguous();
   Tensor dy_mm = dy2.to(mm);
   if (bias_) transformer_ops::accumulate_bias_grad(dy2, bias_->grad);
-  ops::gemm_accumulate(true, false, dy_mm, x_mm_, weight_->grad);
+  const bool padded = padded_gradient(dy2, dy_mm);
+  if (padded) {
+    // dW over the padded rows as well (50304 output rows run at the padded GEMM's speed, 50257 at
+    // half of it): through an fp32 copy of the gradient with zero rows below it, accumulated there
+    // and written back, so it is rounded once, as gemm_accumulate rounds it.
+    const std::int64_t ld = padded_.size(1);
+    Tensor dw = Tensor::empty({ld, hidden_}, is_half(mm) ? DType::F32 : mm, dy.device());
+    Tensor head = dw.slice(0, 0, vocab_);
+    head.copy_from(weight_->grad);
+    Tensor tail = dw.slice(0, vocab_, ld);
+    tail.zero();
+    ops::gemm(true, false, 1.0, padded_, x_mm_, 1.0, dw);
+    weight_->grad.copy_from(head);
+  } else {
+    ops::gemm_accumulate(true, false, dy_mm, x_mm_, weight_->grad);
+  }
   Tensor dx = Tensor::empty({n, hidden_}, activation_, dy.device());  // mm, or f32 from half
-  if (padded_gradient(dy2, dy_mm)) {
+  if (padded) {
     // dy's padding columns hold the forward's x 0 = 0 (the loss writes only the V real ones):
     // the product over the padded length is dx, and runs at the padded GEMM's speed.
     const Tensor& w = padded_cache_.get_padded_rows(weight_->value, mm, ctx.weights_version,
