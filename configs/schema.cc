@@ -135,6 +135,17 @@ std::string scalar_problem(const Message& message, const FieldDescriptor* field,
     const std::string range = describe_range(field);
     return "must be " + std::string(range[0] == '[' || range[0] == '(' ? "in " : "") + range;
   }
+  if (field->cpp_type() == FieldDescriptor::CPPTYPE_ENUM) {
+    // Text format takes an enum by number too, and a proto3 enum keeps numbers it has no name for.
+    const Reflection* r = message.GetReflection();
+    const int value = index >= 0 ? r->GetRepeatedEnumValue(message, field, index)
+                                 : r->GetEnumValue(message, field);
+    const pb::EnumDescriptor* type = field->enum_type();
+    if (type->FindValueByNumber(value) != nullptr) return "";
+    std::vector<std::string> names;
+    for (int i = 0; i < type->value_count(); ++i) names.push_back(type->value(i)->name());
+    return "unknown value; allowed: " + join(names, ", ");
+  }
   const std::vector<std::string> allowed = allowed_values(field);
   if (field->cpp_type() == FieldDescriptor::CPPTYPE_STRING && !allowed.empty()) {
     const Reflection* r = message.GetReflection();

@@ -715,6 +715,7 @@ const std::vector<BadCase>& bad_cases() {
       {"bucket_zero", {":3:3: parallel.bucket_mb = 0", "(0, 1024]"}},
       {"half_and_powersgd",
        {":3:3: parallel.allreduce_in_half = true", "parallel.compression is POWERSGD"}},
+      {"enum_number", {":3:3: optimizer.kind = 7: unknown value; allowed: ADAMW, SGD, LAMB"}},
       {"zero_and_compression",
        {":4:3: parallel.compression = HALF", "parallel.zero_stage 2", "parallel.compression: NONE"}},
       {"powersgd_rank_zero", {":4:3: parallel.powersgd_rank = 0: must be >= 1"}},
