@@ -269,8 +269,8 @@ void DataParallel::launch(Bucket& bucket) {
   comm_.comm_stream_wait_for_current();
   if (timing_) mark(bucket.start, comm_.comm_stream());
   if (options_.zero_stage > 0) allocate_gradients(bucket);  // stage 2: no backward wrote it
-  reduction_->reduce(static_cast<std::size_t>(&bucket - buckets_.data()), bucket.flat,
-                     bucket.shard, finished_steps_);
+  reduction_->reduce(static_cast<std::size_t>(&bucket - buckets_.data()), bucket.flat, bucket.shard,
+                     finished_steps_);
   // Collectives that block the caller have read the bucket: stage 2 lets it go at once.
   if (options_.zero_stage == 2 && comm_.comm_stream() == nullptr) release_gradients(bucket);
   if (timing_) mark(bucket.end, comm_.comm_stream());

@@ -197,8 +197,8 @@ class DataParallel {
   struct Bucket {
     DType dtype;
     std::int64_t numel = 0;
-    Tensor flat;                               // (numel,) the gradients' storage
-    Tensor shard;                              // ZeRO: (numel / size,) this rank's reduced shard
+    Tensor flat;   // (numel,) the gradients' storage
+    Tensor shard;  // ZeRO: (numel / size,) this rank's reduced shard
     std::vector<Parameter*> params;
     std::vector<std::int64_t> offsets;
     int pending = 0;  // parameters whose hook has not fired this step

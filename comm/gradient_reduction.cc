@@ -59,7 +59,8 @@ class PowerSgdReduce final : public AllReduce {
     PowerSgdBucket* bucket = buckets_.at(index).get();
     // Before the start step (PyTorch's start_powerSGD_iter), and for buckets without matrices
     // worth compressing, the plain all-reduce.
-    if (bucket == nullptr || steps < start_step_) return AllReduce::reduce(index, flat, shard, steps);
+    if (bucket == nullptr || steps < start_step_)
+      return AllReduce::reduce(index, flat, shard, steps);
     StreamGuard guard(comm_.device(), comm_.comm_stream() != nullptr
                                           ? comm_.comm_stream()
                                           : current_stream(comm_.device()));

@@ -83,8 +83,8 @@ Tensor TiedDecoder::backward_impl(Context& ctx, const Tensor& dy) {
   if (padded) {
     // dy's padding columns hold the forward's x 0 = 0 (the loss writes only the V real ones):
     // the product over the padded length is dx, and runs at the padded GEMM's speed.
-    const Tensor& w = padded_cache_.get_padded_rows(weight_->value, mm, ctx.weights_version,
-                                                    padded_.size(1));
+    const Tensor& w =
+        padded_cache_.get_padded_rows(weight_->value, mm, ctx.weights_version, padded_.size(1));
     ops::gemm(false, false, 1.0, padded_, w, 0.0, dx);
   } else {
     ops::gemm(false, false, 1.0, dy_mm, cache_.get(weight_->value, mm, ctx.weights_version), 0.0,

@@ -17,7 +17,8 @@ BenchResult Trainer::benchmark(int warmup, int steps, bool profile) {
   State& s = *s_;
   BenchResult r;
   // A profile times each layer from host callbacks, which a replayed graph does not make.
-  if (profile) s.graphs->stop_capturing("kiln bench --profile times every layer: the steps run eagerly");
+  if (profile)
+    s.graphs->stop_capturing("kiln bench --profile times every layer: the steps run eagerly");
   ComputeStreamScope on_stream(*s.graphs);
   Context ctx = s.make_context(true);
   s.model.net->set_training(true);

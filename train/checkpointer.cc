@@ -61,9 +61,8 @@ void Checkpointer::restore(const std::string& path) {
   // when the data position means the same (the same batches per epoch: a fixed global batch).
   const bool reshardable = !c.optimizer_shards.empty() || e.parallel().zero_stage() > 0;
   const int world_size = p_.world.size;
-  if (!options_.evaluate_only &&
-      ((st.world_size() != world_size && !reshardable) ||
-       st.data().batches_per_epoch() != p_.loader.batches_per_epoch())) {
+  if (!options_.evaluate_only && ((st.world_size() != world_size && !reshardable) ||
+                                  st.data().batches_per_epoch() != p_.loader.batches_per_epoch())) {
     throw InputError(path + "/state.pbtxt: written by " + std::to_string(st.world_size()) +
                      " rank(s) with " + std::to_string(st.data().batches_per_epoch()) +
                      " batches per epoch; this run has " + std::to_string(world_size) +

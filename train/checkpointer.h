@@ -32,9 +32,9 @@ struct CheckpointerOptions {
   int keep_last = 0;
   std::int64_t every_steps = 0;  // 0: only the last step and stop requests
   std::int64_t total_steps = 0;
-  std::string resume;  // "" (fresh), "latest" or a checkpoint directory
+  std::string resume;                     // "" (fresh), "latest" or a checkpoint directory
   bool resume_from_command_line = false;  // --resume: "latest" with none is an error
-  bool evaluate_only = false;  // the training data position is not restored, nor checked
+  bool evaluate_only = false;             // the training data position is not restored, nor checked
   std::int64_t powersgd_start_step = 0;
 };
 

@@ -100,8 +100,8 @@ void GraphedStep::run(MicroPosition position, Context& ctx, const Tensor& inputs
     auto graph = std::make_unique<CudaGraph>();
     std::string why;
     Context frozen = ctx;  // the graph keeps these values; what changes is read from memory
-    if (!graph->capture(device_, stream_.handle(), &pool_,
-                        [&] { work(frozen, inputs_, targets_); }, &why)) {
+    if (!graph->capture(
+            device_, stream_.handle(), &pool_, [&] { work(frozen, inputs_, targets_); }, &why)) {
       stop_capturing("the step could not be captured (" + why + "); training goes on eagerly");
       if (options_.on_capture_failed) options_.on_capture_failed();
       work(ctx, inputs, targets);

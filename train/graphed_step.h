@@ -35,7 +35,9 @@ enum class StepMode { Eager, Resident, Graphed };
 enum class MicroPosition { Only = 0, First = 1, Middle = 2, Last = 3 };
 
 MicroPosition micro_position(int micro, int micro_batches);
-inline bool ends_step(MicroPosition p) { return p == MicroPosition::Only || p == MicroPosition::Last; }
+inline bool ends_step(MicroPosition p) {
+  return p == MicroPosition::Only || p == MicroPosition::Last;
+}
 inline bool begins_step(MicroPosition p) {
   return p == MicroPosition::Only || p == MicroPosition::First;
 }
@@ -77,7 +79,7 @@ class CaptureSchedule {
 struct GraphedStepOptions {
   StepMode mode = StepMode::Eager;
   int world_size = 1;
-  double collective_timeout_s = 0;         // the watchdog's, for a replay with collectives
+  double collective_timeout_s = 0;              // the watchdog's, for a replay with collectives
   std::function<void(const std::string&)> say;  // a line of the run's log
   std::function<void()> on_capture_failed;      // before the eager re-run (reset collectives)
 };

@@ -3,8 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cctype>
+#include <cmath>
 #include <cstdlib>
 
 #include "core/allocator.h"
@@ -183,18 +183,21 @@ StepMode choose_step_mode(const config::Experiment& e, bool cuda, int world_size
   note->clear();
   if (!t.cuda_graphs()) return StepMode::Eager;  // filled by config::fill_device_defaults
   if (world_size > 1 && e.parallel().zero_stage() > 0) {
-    *note = "cuda_graphs: off, parallel.zero_stage > 0 combines the gradient norms on the host "
-            "every step";
+    *note =
+        "cuda_graphs: off, parallel.zero_stage > 0 combines the gradient norms on the host "
+        "every step";
     return StepMode::Eager;
   }
   if (e.parallel().compression() == config::ParallelConfig::POWERSGD) {
-    *note = "cuda_graphs: off, parallel.compression POWERSGD resets its error feedback on the "
-            "host after a skipped step";
+    *note =
+        "cuda_graphs: off, parallel.compression POWERSGD resets its error feedback on the "
+        "host after a skipped step";
     return StepMode::Eager;
   }
   if (cuda) return StepMode::Graphed;
-  *note = "cuda_graphs: the CPU has nothing to capture: steps run eagerly, with the step state "
-          "resident";
+  *note =
+      "cuda_graphs: the CPU has nothing to capture: steps run eagerly, with the step state "
+      "resident";
   return StepMode::Resident;
 }
 
@@ -220,7 +223,8 @@ EvaluatorOptions evaluator_options(const config::Experiment& e, std::int64_t tot
 std::int64_t total_steps(const config::TrainConfig& t, std::int64_t batches_per_epoch,
                          int accumulation) {
   if (t.duration_case() == config::TrainConfig::kSteps) return t.steps();
-  const double micro = t.epochs() * static_cast<double>(std::max<std::int64_t>(1, batches_per_epoch));
+  const double micro =
+      t.epochs() * static_cast<double>(std::max<std::int64_t>(1, batches_per_epoch));
   return std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(micro / accumulation)));
 }
 
@@ -252,7 +256,8 @@ optim::AmpOptions amp_options(const config::Experiment& e) {
 optim::OptimizerOptions optimizer_options(const config::Experiment& e) {
   const config::OptimizerConfig& c = e.optimizer();
   optim::OptimizerOptions o;
-  // The schema's kind names are the rules' names in capitals, so a new optimizer needs no case here.
+  // The schema's kind names are the rules' names in capitals, so a new optimizer needs no case
+  // here.
   std::string kind_name = config::OptimizerConfig::Kind_Name(c.kind());
   std::transform(kind_name.begin(), kind_name.end(), kind_name.begin(),
                  [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });

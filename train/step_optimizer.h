@@ -67,7 +67,7 @@ class StepOptimizer {
   // kiln::Error for inf/NaN gradients without a loss scaler or an overflow at the minimum scale.
   StepOutcome report(std::int64_t* skipped_steps);
 
-  NamedTensors state();                                           // for checkpoints
+  NamedTensors state();  // for checkpoints
   // Sharded (ZeRO) checkpoints: state() holds this rank's pieces; the metadata says which
   // ("zero_world_size", "zero_rank", and "piece:<parameter>" = "<offset> <numel>").
   bool sharded() const;

@@ -176,8 +176,7 @@ TrainResult Trainer::train() {
 
     const StopRequest stop = agreed_stop_request(*s.comm, s.world.size);
     // A scheduler's stop after the last step changes nothing: the run ends as it would have.
-    if ((stop.signal != 0 || stop.interrupted) &&
-        (stop.interrupted || n.step < s.total_steps)) {
+    if ((stop.signal != 0 || stop.interrupted) && (stop.interrupted || n.step < s.total_steps)) {
       result.stop_signal = stop.signal;
       s.metrics->print("stop requested (" + signal_name(result.stop_signal) +
                        "): checkpointing at step " + std::to_string(n.step));

@@ -258,8 +258,8 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, DataParallelCpu, ::testing::Values(DType::F64, 
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
 // Each gradient reduction strategy on its own (comm/gradient_reduction.h), against closed forms:
-// rank r's bucket holds (r + 1) * (i % 5 + 1), whose average over P ranks is (P + 1) / 2 * (i % 5 + 1)
-// (exact in f32 and bf16 for these values).
+// rank r's bucket holds (r + 1) * (i % 5 + 1), whose average over P ranks is (P + 1) / 2 * (i % 5 +
+// 1) (exact in f32 and bf16 for these values).
 std::vector<double> bucket_values(std::int64_t n, int rank) {
   std::vector<double> v(n);
   for (std::int64_t i = 0; i < n; ++i) v[i] = (rank + 1) * (i % 5 + 1);

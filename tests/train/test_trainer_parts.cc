@@ -57,7 +57,9 @@ TEST(Checkpointer, ResumeChoice) {
   }
 }
 
-BatchSignature batch(std::int64_t rows) { return {{rows, 8}, {rows}, DType::F32, DType::I64}; }
+BatchSignature batch(std::int64_t rows) {
+  return {{rows, 8}, {rows}, DType::F32, DType::I64};
+}
 
 TEST(CaptureSchedule, FirstRunEagerThenCaptureThenReplay) {
   CaptureSchedule s(true);
@@ -91,8 +93,9 @@ TEST(CaptureSchedule, OtherShapesAndFaultsRunEagerlySayingWhy) {
   s.captured(MicroPosition::Only);
   const RouteChoice partial = s.choose(MicroPosition::Only, batch(3), false);
   EXPECT_EQ(partial.route, MicroRoute::Eager);
-  EXPECT_EQ(partial.reason, "a batch of shape (3, 8) runs eagerly (the graphs are captured for "
-                            "(4, 8))");
+  EXPECT_EQ(partial.reason,
+            "a batch of shape (3, 8) runs eagerly (the graphs are captured for "
+            "(4, 8))");
   BatchSignature other_dtype = batch(4);
   other_dtype.inputs_dtype = DType::F16;
   EXPECT_EQ(s.choose(MicroPosition::Only, other_dtype, false).route, MicroRoute::Eager);
