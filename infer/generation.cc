@@ -128,9 +128,9 @@ Generation TokenGenerator::generate(const std::vector<std::int64_t>& prompt,
   KvCache cache;
   cache.capacity = limit;
   Context ctx;
-  ctx.device = device_;
+  ctx.run.device = device_;
   ctx.training = false;
-  if (options.kv_cache) ctx.kv_cache = &cache;
+  if (options.kv_cache) ctx.call.kv_cache = &cache;
   std::vector<std::int64_t> sequence = prompt;
   auto start = std::chrono::steady_clock::now();
   for (std::int64_t i = 0; i < budget; ++i) {

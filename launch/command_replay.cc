@@ -123,12 +123,12 @@ int run_replay(const Arguments& args) {
   Tensor input = batch.tensors.at("input").to(device);
   Tensor target = batch.tensors.at("target").to(device);
   Context ctx;
-  ctx.device = device;
+  ctx.run.device = device;
   ctx.training = true;
-  ctx.precision = optim::precision_policy(amp);
-  if (f64) ctx.precision = PrecisionPolicy{DType::F64, DType::F64};
-  if (is_floating(input.dtype())) input = input.to(ctx.precision.activation);
-  ctx.channels_last = vm.count("channels-last") > 0;
+  ctx.run.precision = optim::precision_policy(amp);
+  if (f64) ctx.run.precision = PrecisionPolicy{DType::F64, DType::F64};
+  if (is_floating(input.dtype())) input = input.to(ctx.run.precision.activation);
+  ctx.run.channels_last = vm.count("channels-last") > 0;
   const DType out_dtype = f64 ? DType::F64 : DType::F32;
   SoftmaxCrossEntropy loss_fn;
   NamedTensors out;
@@ -143,17 +143,21 @@ int run_replay(const Arguments& args) {
   model.net->set_training(true);
   ctx.training = true;
   int steps = vm["steps"].as<int>();
+  // The step scalars the layers read: the step here, the loss scale where the optimizer keeps it.
+  HostWrittenScalars scalars(device);
+  ctx.step = scalars.scalars();
+  if (opt) ctx.step.loss_scale = opt->loss_scale_source();
   for (int step = 0; step < steps; ++step) {
     const double scale = opt ? opt->scale() : 1.0;
     if (opt) opt->zero_grad();
-    ctx.step = static_cast<std::uint64_t>(step);
+    scalars.set_step(static_cast<std::uint64_t>(step));
     ctx.weights_version = opt ? opt->weights_version() : 0;
     Tensor logits = model.net->forward(ctx, input);
     Tensor flat = logits.dim() == 3 ? logits.reshape({-1, logits.size(-1)}) : logits;
     Tensor t = target.dim() == 2 ? target.reshape({-1}) : target;
     Tensor loss = loss_fn.forward(ctx, flat, t);
     losses.push_back(loss.item());
-    model.net->backward(ctx, loss_fn.backward(ctx, scale));
+    model.net->backward(ctx, loss_fn.backward(ctx));
     if (step == 0) {
       // clone(): on the CPU in the same dtype to() returns the tensor itself, and the gradient
       // would be scaled in place and then overwritten by later steps.

@@ -58,7 +58,7 @@ void cpu_activation_backward(Activation act, const Tensor& x, const Tensor& dy, 
 
 Tensor GELU::forward_impl(Context& ctx, const Tensor& x) {  // (...) -> (...)
   saved_input_ = x.contiguous();
-  Tensor y = Tensor::empty(x.shape(), ctx.precision.activation, x.device());
+  Tensor y = Tensor::empty(x.shape(), ctx.run.precision.activation, x.device());
   if (x.device().is_cuda()) {
     cuda::activation_forward(gelu_activation(form_), saved_input_, y);
   } else {

@@ -2,7 +2,7 @@
 // Elementwise activations: the GELU layer (exact erf form and tanh approximation) and the
 // activation math shared with Linear's fused epilogue, usable in host and device code.
 //
-// GELU: y = gelu(x), any shape, y has x's shape and ctx.precision.activation's dtype.
+// GELU: y = gelu(x), any shape, y has x's shape and ctx.run.precision.activation's dtype.
 // No parameters; the input gradient dx = dy * gelu'(x) is written (=). Half dtypes compute in
 // fp32 (f64 in f64).
 

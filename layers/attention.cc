@@ -23,11 +23,11 @@ namespace transformer_ops {
 
 DType matmul_dtype(const Context& ctx, DType activation) {
   if (activation == DType::F64 || is_half(activation)) return activation;
-  return is_half(ctx.precision.matmul) ? ctx.precision.matmul : DType::F32;
+  return is_half(ctx.run.precision.matmul) ? ctx.run.precision.matmul : DType::F32;
 }
 
 DType activation_dtype(const Context& ctx, DType parameter_dtype) {
-  return parameter_dtype == DType::F64 ? DType::F64 : ctx.precision.activation;
+  return parameter_dtype == DType::F64 ? DType::F64 : ctx.run.precision.activation;
 }
 
 void add_bias(Tensor& y, const Tensor& bias) {
@@ -292,7 +292,7 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
     transformer_ops::add_bias(qkv, qkv_bias);
   }
 
-  if (ctx.kv_cache != nullptr) {
+  if (ctx.call.kv_cache != nullptr) {
     // Generation: nothing is saved for backward, which then reports a backward before forward.
     Tensor context = cached_attention(ctx, qkv);  // (N, E)
     release_saved();
@@ -303,17 +303,19 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
   }
 
   Tensor mask;
-  if (ctx.attention_mask.defined()) {
-    KILN_CHECK(ctx.attention_mask.dim() == 2 && ctx.attention_mask.size(0) == b &&
-                   ctx.attention_mask.size(1) == t,
-               "MultiHeadSelfAttention " + name() + ": attention_mask " + ctx.attention_mask.str() +
-                   " does not match input " + x.str());
-    mask = ctx.attention_mask.to(dev, DType::F32).contiguous();
+  if (ctx.call.attention_mask.defined()) {
+    KILN_CHECK(ctx.call.attention_mask.dim() == 2 && ctx.call.attention_mask.size(0) == b &&
+                   ctx.call.attention_mask.size(1) == t,
+               "MultiHeadSelfAttention " + name() + ": attention_mask " +
+                   ctx.call.attention_mask.str() + " does not match input " + x.str());
+    mask = ctx.call.attention_mask.to(dev, DType::F32).contiguous();
   }
   dropout_active_ = ctx.training && dropout_ > 0.0;
-  dropout_key_ = dropout_key(ctx.seed, layer_id());
-  dropout_stream_ = ctx.step;
-  dropout_stream_source_ = ctx.step_source;
+  dropout_key_ = dropout_key(ctx.run.seed, layer_id());
+  dropout_stream_source_ = ctx.step.step;
+  KILN_CHECK(!dropout_active_ || dropout_stream_source_ != nullptr,
+             "MultiHeadSelfAttention " + name() +
+                 ": dropout in training without the step counter (Context::step.step)");
   double p = dropout_active_ ? dropout_ : 0.0;
   lse_ = Tensor();
   mask_ = Tensor();
@@ -444,8 +446,7 @@ void MultiHeadSelfAttention::unfused_backward(const Tensor& dcontext_heads, doub
     cuda::attention_softmax_backward(d_dropped, probs_, p, dropout_key_, dropout_stream_,
                                      dropout_stream_source_, dscores);
   } else {
-    const std::uint64_t stream =
-        dropout_stream_source_ != nullptr ? *dropout_stream_source_ : dropout_stream_;
+    const std::uint64_t stream = dropout_active_ ? *dropout_stream_source_ : 0;
     KILN_DISPATCH_FLOATING(mm, T, {
       using S = typename cpu::Compute<T>::type;
       softmax_backward_rows<S, T>(d_dropped.data<S>(), probs_.data<T>(), b * h * t, t, p,
@@ -466,10 +467,10 @@ Tensor MultiHeadSelfAttention::cached_attention(const Context& ctx, const Tensor
   KILN_CHECK(!ctx.training,
              "MultiHeadSelfAttention " + name() +
                  ": the KV cache path is for inference (ctx.training must be false)");
-  if (ctx.attention_mask.defined())
+  if (ctx.call.attention_mask.defined())
     throw InputError("MultiHeadSelfAttention " + name() +
                      ": attention_mask is not supported with a KV cache");
-  KvCache& cache = *ctx.kv_cache;
+  KvCache& cache = *ctx.call.kv_cache;
   const std::int64_t past = cache.past, total = past + t;
   if (past < 0 || total > cache.capacity)
     throw InputError("MultiHeadSelfAttention " + name() + ": positions [" + std::to_string(past) +

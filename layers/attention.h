@@ -12,12 +12,12 @@
 // fused attention when there is no mask and no dropout (layers/cuda/cudnn_attention.cc), Kiln's
 // own kernels otherwise (layers/cuda/flash_attention.cu).
 //   y = ctx W_o^T + b_o
-// The key padding mask is ctx.attention_mask (B, T): 1 attend, 0 padding (any dtype). A query
+// The key padding mask is ctx.call.attention_mask (B, T): 1 attend, 0 padding (any dtype). A query
 // whose keys are all masked gets zero probabilities (and so a zero context), not NaN.
-// Attention dropout uses Dropout's mask (layers/dropout.h: dropout_key(ctx.seed, layer_id()),
-// stream ctx.step, element index in (B*H, T, T)): CPU and CUDA draw the same mask, and backward
-// regenerates it instead of storing it. With ctx.step_source the stream is read from that address
-// when the kernels run (CUDA graphs), in forward and in backward.
+// Attention dropout uses Dropout's mask (layers/dropout.h: dropout_key(ctx.run.seed, layer_id()),
+// stream the micro-step at ctx.step.step, element index in (B*H, T, T)): CPU and CUDA draw the
+// same mask, and backward regenerates it instead of storing it. The stream is read from that
+// address when the kernels run (so a CUDA graph replays the current step), in forward and backward.
 // Gradient contract: parameter gradients are accumulated (+=); dx is written (=).
 //
 // Parameter layouts:
@@ -33,12 +33,12 @@
 // and dropout as above. The unfused softmax zeroes the upper triangle; the flash kernels skip key
 // tiles wholly above the diagonal (and, in backward, query tiles wholly before a key tile) and
 // mask the diagonal tile; cuDNN gets its top-left diagonal band with right bound 0.
-// KV cache (generation, inference only; see KvCache below): with ctx.kv_cache the input is the T
-// new tokens at positions [past, past + T). Their k, v go to this layer's cache entry at those
+// KV cache (generation, inference only; see KvCache below): with ctx.call.kv_cache the input is the
+// T new tokens at positions [past, past + T). Their k, v go to this layer's cache entry at those
 // positions; S = q k_cache^T over keys [0, past + T) (B*H, T, past + T), new query i sees keys
 // 0..past + i; then softmax, P v_cache and the output projection as above, unfused on every
 // device. Nothing is saved for backward. past + T > capacity is an InputError.
-// Mixed precision: the GEMMs run in ctx.precision.matmul (fp32 accumulation) when activations
+// Mixed precision: the GEMMs run in ctx.run.precision.matmul (fp32 accumulation) when activations
 // are fp32, in the activation dtype when it is half; weights are cast once per weights_version.
 
 #include <cstdint>
@@ -120,7 +120,7 @@ class MultiHeadSelfAttention : public Layer {
   // dq, dk, dv from the context's gradient, through the saved probabilities.
   void unfused_backward(const Tensor& dcontext_heads, double p, Tensor& dq, Tensor& dk, Tensor& dv);
   // The KV cache path: the context (N, E) of the new tokens from their projection qkv (N, 3E),
-  // after writing their keys and values into ctx.kv_cache.
+  // after writing their keys and values into ctx.call.kv_cache.
   Tensor cached_attention(const Context& ctx, const Tensor& qkv);
 
   std::int64_t hidden_, heads_, head_dim_;
@@ -148,8 +148,9 @@ class MultiHeadSelfAttention : public Layer {
   Tensor mask_;               // (B, T) fp32 key mask of the fused forward, or undefined
   DType activation_ = DType::F32;
   std::int64_t batch_ = 0, tokens_ = 0;
-  std::uint64_t dropout_key_ = 0, dropout_stream_ = 0;
-  const std::uint64_t* dropout_stream_source_ = nullptr;  // ctx.step_source at forward
+  std::uint64_t dropout_key_ = 0;
+  const std::uint64_t dropout_stream_ = 0;  // the kernels read the stream at the address below
+  const std::uint64_t* dropout_stream_source_ = nullptr;  // ctx.step.step at forward
   bool dropout_active_ = false;
 };
 

@@ -89,7 +89,7 @@ void normalize_cpu(const T* x, const ChannelLayout& l, const std::vector<double>
 
 Tensor BatchNorm2d::forward_impl(Context& ctx, const Tensor& x) {
   output_shape(x.shape());
-  const bool cl = ctx.channels_last;
+  const bool cl = ctx.run.channels_last;
   const bool batch_stats = training();
   const ChannelLayout l = layout_of(x.shape(), cl);
   if (batch_stats && l.count() <= 1) {

@@ -1,5 +1,6 @@
 #pragma once
-// BatchNorm2d, PyTorch's: per channel c of x (N, C, H, W) (NCHW or NHWC memory, ctx.channels_last)
+// BatchNorm2d, PyTorch's: per channel c of x (N, C, H, W) (NCHW or NHWC memory,
+// ctx.run.channels_last)
 //   training: mean, var (biased) over N, H, W; y = (x - mean) / sqrt(var + eps) * weight + bias;
 //             running_mean += momentum * (mean - running_mean),
 //             running_var  += momentum * (var * n / (n - 1) - running_var), num_batches_tracked +=

@@ -148,11 +148,11 @@ void Conv2d::reset_parameters(std::uint64_t seed) {
 
 Tensor Conv2d::forward_impl(Context& ctx, const Tensor& x) {
   output_shape(x.shape());  // validates
-  saved_channels_last_ = ctx.channels_last;
+  saved_channels_last_ = ctx.run.channels_last;
   saved_input_dtype_ = x.dtype();
   if (x.device().is_cuda()) return forward_cuda(ctx, x);
   Tensor y = forward_cpu(to_physical(x, false));
-  return ctx.channels_last ? from_physical(to_physical(y, true), true) : y;
+  return ctx.run.channels_last ? from_physical(to_physical(y, true), true) : y;
 }
 
 Tensor Conv2d::backward_impl(Context& ctx, const Tensor& dy) {
@@ -356,7 +356,7 @@ namespace {
 DType cuda_compute_dtype(const Context& ctx, DType input) {
   if (is_half(input)) return input;
   KILN_CHECK(input == DType::F32, "Conv2d on CUDA runs in f32, f16 or bf16, not f64");
-  return is_half(ctx.precision.matmul) ? ctx.precision.matmul : DType::F32;
+  return is_half(ctx.run.precision.matmul) ? ctx.run.precision.matmul : DType::F32;
 }
 }  // namespace
 
@@ -376,7 +376,7 @@ void Conv2d::accumulate_weight_gradient(const Tensor& dw, bool channels_last) {
 }
 
 Tensor Conv2d::forward_cuda(Context& ctx, const Tensor& x) {
-  const bool cl = ctx.channels_last;
+  const bool cl = ctx.run.channels_last;
   DType cd = cuda_compute_dtype(ctx, x.dtype());
   Conv2dGeometry g = geometry(x.shape(), cd, cl);
   std::string why;

@@ -1,6 +1,6 @@
 #pragma once
 // Conv2d: y = conv(x, weight) + bias, PyTorch's layout and names.
-//   x      (N, C, H, W)        logical shape; memory NCHW, or NHWC when ctx.channels_last
+//   x      (N, C, H, W)        logical shape; memory NCHW, or NHWC when ctx.run.channels_last
 //   weight (K, C / groups, R, S)  "weight"
 //   bias   (K)                  "bias" (optional, no weight decay)
 //   y      (N, K, OH, OW)       same memory order as the layer runs in

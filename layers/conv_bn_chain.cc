@@ -16,12 +16,12 @@ namespace {
 namespace fusion = conv_bn_fusion;
 
 // A layer's part of the chain, reported as that layer's own forward or backward would be: the
-// profiler's and ZeRO-2's hooks (ctx.on_layer), then on_grad_ready for its parameters.
+// profiler's and ZeRO-2's observers (ctx.observers), then on_grad_ready for its parameters.
 void begin_layer(Context& ctx, Layer& layer, bool forward) {
-  if (ctx.on_layer) ctx.on_layer(layer, forward, true);
+  notify_observers(ctx, layer, forward, true);
 }
 void end_layer(Context& ctx, Layer& layer, bool forward) {
-  if (ctx.on_layer) ctx.on_layer(layer, forward, false);
+  notify_observers(ctx, layer, forward, false);
   if (!forward && ctx.on_grad_ready) {
     for (Parameter* p : layer.parameters()) ctx.on_grad_ready(*p);
   }
@@ -45,9 +45,9 @@ ConvBatchNormChain::ConvBatchNormChain(std::vector<Conv2d*> convs, std::vector<B
 }
 
 bool ConvBatchNormChain::applicable(const Context& ctx, const Tensor& x) {
-  const DType t = ctx.precision.activation;
-  if (!ctx.training || !x.device().is_cuda() || !ctx.channels_last || x.dim() != 4 ||
-      (t != DType::F16 && t != DType::BF16) || ctx.precision.matmul != t || x.dtype() != t) {
+  const DType t = ctx.run.precision.activation;
+  if (!ctx.training || !x.device().is_cuda() || !ctx.run.channels_last || x.dim() != 4 ||
+      (t != DType::F16 && t != DType::BF16) || ctx.run.precision.matmul != t || x.dtype() != t) {
     return false;
   }
   for (const Conv2d* conv : convs_) {
@@ -80,7 +80,7 @@ bool ConvBatchNormChain::applicable(const Context& ctx, const Tensor& x) {
 }
 
 Tensor ConvBatchNormChain::forward(Context& ctx, const Tensor& x) {
-  const DType t = ctx.precision.activation;
+  const DType t = ctx.run.precision.activation;
   const Device device = x.device();
   const bool update_running = !ctx.recomputing;  // a recomputed forward has counted this batch
   saved_x_ = to_physical(x, true);

@@ -35,7 +35,7 @@ class ConvBatchNormChain {
   // statistics unless ctx.recomputing.
   Tensor forward(Context& ctx, const Tensor& x);
   // dy: the gradient of forward's output. Accumulates every parameter's gradient, calls
-  // ctx.on_layer and ctx.on_grad_ready for each layer as its own backward would, and returns dx
+  // ctx.observers and ctx.on_grad_ready for each layer as its own backward would, and returns dx
   // (undefined when the first convolution needs no input gradient).
   Tensor backward(Context& ctx, const Tensor& dy);
   void release();

@@ -23,13 +23,13 @@ void cpu_dropout_apply(const Tensor& in, Tensor& out, std::uint64_t key, std::ui
   });
 }
 
-// step_source, when set, holds the step instead of `step` (on in's device), read as the pass runs.
-void dropout_apply(const Tensor& in, Tensor& out, std::uint64_t key, std::uint64_t step,
-                   const std::uint64_t* step_source, double p, double scale) {
+// The step is read at `step` (memory of in's device) as the pass runs.
+void dropout_apply(const Tensor& in, Tensor& out, std::uint64_t key, const std::uint64_t* step,
+                   double p, double scale) {
   if (in.device().is_cuda()) {
-    cuda::dropout_apply(in, out, key, step, step_source, p, scale);
+    cuda::dropout_apply(in, out, key, 0, step, p, scale);
   } else {
-    cpu_dropout_apply(in, out, key, step_source != nullptr ? *step_source : step, p, scale);
+    cpu_dropout_apply(in, out, key, *step, p, scale);
   }
 }
 
@@ -45,16 +45,17 @@ Tensor Dropout::forward_impl(Context& ctx, const Tensor& x) {  // (...) -> (...)
   input_shape_ = x.shape();
   applied_ = ctx.training && training() && p_ > 0.0;
   if (!applied_) {
-    return x.dtype() == ctx.precision.activation ? x : x.to(ctx.precision.activation);
+    return x.dtype() == ctx.run.precision.activation ? x : x.to(ctx.run.precision.activation);
   }
   key_ = mask_key(ctx);
-  step_ = ctx.step;
-  step_source_ = ctx.step_source;
+  step_ = ctx.step.step;
+  KILN_CHECK(step_ != nullptr,
+             "Dropout " + name() + ": training without the step counter (Context::step.step)");
   Tensor in = x.contiguous();
-  Tensor y = Tensor::empty(x.shape(), ctx.precision.activation, x.device());
+  Tensor y = Tensor::empty(x.shape(), ctx.run.precision.activation, x.device());
   // p == 1 drops everything (PyTorch returns zeros rather than 0 * inf).
   double scale = p_ < 1.0 ? 1.0 / (1.0 - p_) : 0.0;
-  dropout_apply(in, y, key_, step_, step_source_, p_, scale);
+  dropout_apply(in, y, key_, step_, p_, scale);
   return y;
 }
 
@@ -66,7 +67,7 @@ Tensor Dropout::backward_impl(Context& ctx, const Tensor& dy) {
   Tensor g = dy.contiguous();
   Tensor dx = Tensor::empty(g.shape(), g.dtype(), g.device());
   double scale = p_ < 1.0 ? 1.0 / (1.0 - p_) : 0.0;
-  dropout_apply(g, dx, key_, step_, step_source_, p_, scale);
+  dropout_apply(g, dx, key_, step_, p_, scale);
   return dx;
 }
 

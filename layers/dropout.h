@@ -1,15 +1,15 @@
 #pragma once
 // Dropout(p): in training (ctx.training and training()), y = x * keep / (1 - p) with
 // keep ~ Bernoulli(1 - p); in eval (either flag false), y = x.
-// Any shape; y has x's shape and ctx.precision.activation's dtype. No parameters; dx is written
+// Any shape; y has x's shape and ctx.run.precision.activation's dtype. No parameters; dx is written
 // (=).
 //
 // The mask is counter-based, never stored: element i keeps when the Philox uniform for counter i
-// under key dropout_key(ctx.seed, layer_id()) and stream ctx.step is >= p. Replaying a step (same
-// seed, step, layer construction order) gives the same mask on CPU and GPU; backward recomputes
-// it from the (key, step) saved at forward. With ctx.step_source the step is read from that
-// address when the kernel runs (a captured CUDA graph replays with the current step); forward
-// keeps the address for backward.
+// under key dropout_key(ctx.run.seed, layer_id()) and stream the micro-step at ctx.step.step is
+// >= p. Replaying a step (same seed, step, layer construction order) gives the same mask on CPU
+// and GPU; backward recomputes it from the key and the step's address saved at forward. The step
+// is read from that address when the kernel runs (a captured CUDA graph replays with the current
+// step).
 
 #include <cstdint>
 #include <string>
@@ -40,7 +40,7 @@ class Dropout : public Layer {
   std::string type() const override { return "Dropout"; }
   Shape output_shape(const Shape& input) const override { return input; }
   double p() const { return p_; }
-  std::uint64_t mask_key(const Context& ctx) const { return dropout_key(ctx.seed, layer_id()); }
+  std::uint64_t mask_key(const Context& ctx) const { return dropout_key(ctx.run.seed, layer_id()); }
 
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& x) override;
@@ -49,8 +49,8 @@ class Dropout : public Layer {
  private:
   double p_;
   bool applied_ = false;  // the last forward dropped (training and p > 0)
-  std::uint64_t key_ = 0, step_ = 0;
-  const std::uint64_t* step_source_ = nullptr;  // ctx.step_source at forward
+  std::uint64_t key_ = 0;
+  const std::uint64_t* step_ = nullptr;  // ctx.step.step at forward
   Shape input_shape_;
 };
 

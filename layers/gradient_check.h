@@ -114,9 +114,9 @@ inline void compare_tensor(const std::string& what, double* values, std::int64_t
 inline GradientCheckResult check_layer_gradients(Layer& layer, Context& ctx, const Tensor& x_in,
                                                  const GradientCheckOptions& opt = {}) {
   using namespace gradient_check_detail;
-  ctx.device = Device::cpu();
-  ctx.precision.activation = DType::F64;
-  ctx.precision.matmul = DType::F64;
+  ctx.run.device = Device::cpu();
+  ctx.run.precision.activation = DType::F64;
+  ctx.run.precision.matmul = DType::F64;
   bool float_input = is_floating(x_in.dtype());
   Tensor x =
       float_input ? x_in.to(Device::cpu(), DType::F64).clone() : x_in.to(Device::cpu()).clone();

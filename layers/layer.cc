@@ -12,17 +12,19 @@ std::uint64_t Layer::next_layer_id() {
   return counter++;
 }
 
-std::function<void(Layer&, bool, bool)> on_backward_begin(
-    std::function<void(const std::vector<Parameter*>&)> hook) {
-  if (!hook) return {};
+LayerObserver on_backward_begin(std::function<void(const std::vector<Parameter*>&)> hook) {
   return [hook = std::move(hook)](Layer& layer, bool forward, bool begin) {
     if (!forward && begin) hook(layer.written_parameters());
   };
 }
 
+void notify_observers(Context& ctx, Layer& layer, bool forward, bool begin) {
+  for (const LayerObserver& observer : ctx.observers) observer(layer, forward, begin);
+}
+
 Tensor Layer::forward(Context& ctx, const Tensor& x) {
   NvtxRange range(name_.empty() ? "forward" : name_.c_str());
-  if (ctx.on_layer) ctx.on_layer(*this, true, true);
+  notify_observers(ctx, *this, true, true);
   Tensor y = forward_impl(ctx, x);
   // A re-run forward (ctx.recomputing) keeps everything: its backward comes next.
   if (recompute_ && ctx.training && !ctx.recomputing) {
@@ -32,13 +34,13 @@ Tensor Layer::forward(Context& ctx, const Tensor& x) {
     recompute_ctx_->recomputing = true;
     recompute_pending_ = true;
   }
-  if (ctx.on_layer) ctx.on_layer(*this, true, false);
+  notify_observers(ctx, *this, true, false);
   return y;
 }
 
 Tensor Layer::backward(Context& ctx, const Tensor& dy) {
   NvtxRange range(name_.empty() ? "backward" : name_.c_str());
-  if (ctx.on_layer) ctx.on_layer(*this, false, true);
+  notify_observers(ctx, *this, false, true);
   if (recompute_pending_) {
     recompute_pending_ = false;
     // The forward's own context: the caller's may have moved on (attention mask, step).
@@ -48,7 +50,7 @@ Tensor Layer::backward(Context& ctx, const Tensor& dy) {
   }
   Tensor dx = backward_impl(ctx, dy);
   release_saved();
-  if (ctx.on_layer) ctx.on_layer(*this, false, false);
+  notify_observers(ctx, *this, false, false);
   if (ctx.on_grad_ready) {
     for (auto& p : params_) ctx.on_grad_ready(*p);
   }

@@ -20,6 +20,7 @@
 
 #include "core/parameter.h"
 #include "core/precision.h"
+#include "core/step_scalars.h"
 #include "core/tensor.h"
 
 namespace kiln {
@@ -27,39 +28,48 @@ namespace kiln {
 class Layer;
 struct KvCache;  // layers/attention.h
 
-struct Context {
+// What a run fixes once: where layers compute, in what precision, with which dropout key and
+// activation layout.
+struct RunSettings {
   Device device = Device::cpu();
-  bool training = true;
   PrecisionPolicy precision;
-  std::uint64_t seed = 0;             // key of the counter-based RNG (dropout)
-  std::uint64_t step = 0;             // the same step replays the same dropout masks
-  std::uint64_t weights_version = 0;  // bumped by the optimizer after each update
-  bool channels_last = false;         // NHWC activations for convolutional models
-  Tensor attention_mask;              // (B, T) of 1 (attend) / 0 (padding), optional
+  std::uint64_t seed = 0;      // key of the counter-based RNG (dropout)
+  bool channels_last = false;  // NHWC activations for convolutional models
+};
+
+// What one forward call gets besides its input tensor.
+struct CallInputs {
+  Tensor attention_mask;  // (B, T) of 1 (attend) / 0 (padding), optional
   // Generation (kiln sample): causal attention layers append the new tokens' keys and values to
   // this cache and attend over everything in it; the input holds only the new tokens.
   KvCache* kv_cache = nullptr;
-  std::function<void(Parameter&)> on_grad_ready;
-  std::function<void(Layer& layer, bool forward, bool begin)> on_layer;  // profiling
+};
+
+// Called as each layer's forward or backward begins and ends (profiling, ZeRO-2's gradient
+// allocation). A context holds a list: observers compose without knowing of each other.
+using LayerObserver = std::function<void(Layer& layer, bool forward, bool begin)>;
+
+struct Context {
+  RunSettings run;
+  bool training = true;
   // Set while a recomputing layer re-runs its forward inside backward: layers must not change
   // state a second time (BatchNorm's running statistics), only rebuild what backward needs.
   bool recomputing = false;
-  // CUDA graphs freeze kernel arguments: when set, dropout masks are drawn for the step held at
-  // this address (device memory for CUDA tensors, host memory for CPU ones), read when the kernel
-  // runs, instead of `step`. Layers keep the pointer from forward for their backward.
-  const std::uint64_t* step_source = nullptr;
-  // When set, SoftmaxCrossEntropy::backward ignores its `scale` argument and uses
-  // (*loss_scale_source) / loss_scale_divisor, read when the kernel runs (the dynamic loss scale
-  // over the accumulation micro-steps, without a host read; device memory on CUDA).
-  const double* loss_scale_source = nullptr;
-  std::int64_t loss_scale_divisor = 1;
+  // The step's scalars in memory (core/step_scalars.h): the same masks replay for the same step,
+  // and the loss's backward multiplies by the loss scale there; layers keep the addresses from
+  // forward for their backward.
+  StepScalars step;
+  std::uint64_t weights_version = 0;  // bumped by the optimizer after each update (O1 casts)
+  CallInputs call;
+  std::function<void(Parameter&)> on_grad_ready;
+  std::vector<LayerObserver> observers;
 };
 
-// A Context::on_layer that calls `hook` with Layer::written_parameters() as each layer's backward
-// begins: comm/ knows parameters, not layers (ZeRO-2 allocates gradient buckets from it). Empty
-// when `hook` is, so that runs without one call nothing per layer.
-std::function<void(Layer& layer, bool forward, bool begin)> on_backward_begin(
-    std::function<void(const std::vector<Parameter*>& written)> hook);
+// A layer observer that calls `hook` with Layer::written_parameters() as each layer's backward
+// begins: comm/ knows parameters, not layers (ZeRO-2 allocates gradient buckets from it).
+LayerObserver on_backward_begin(std::function<void(const std::vector<Parameter*>& written)> hook);
+// Tells every observer of `ctx` (Layer::forward/backward and fused chains call it).
+void notify_observers(Context& ctx, Layer& layer, bool forward, bool begin);
 
 class Layer {
  public:

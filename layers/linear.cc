@@ -80,10 +80,10 @@ Tensor Linear::forward_impl(Context& ctx, const Tensor& x) {  // (N..., in) -> (
                                                         weight_->value.device().str());
   input_shape_ = x.shape();
   std::int64_t rows = x.numel() / in_features_;
-  DType out_dtype = ctx.precision.activation;
+  DType out_dtype = ctx.run.precision.activation;
   output_dtype_ = out_dtype;
   if (x.device().is_cuda()) {
-    DType mm = ctx.precision.matmul;
+    DType mm = ctx.run.precision.matmul;
     saved_input_ = x.to(mm).contiguous().view({rows, in_features_});         // (M, in)
     Tensor y = Tensor::empty({rows, out_features_}, out_dtype, x.device());  // (M, out)
     Tensor bias = bias_ ? bias_as(ctx, out_dtype) : Tensor();

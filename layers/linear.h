@@ -2,9 +2,9 @@
 // Linear: y = act(x W^T + b), PyTorch's nn.Linear followed by an optional fused activation.
 //   x (N..., in) -> y (N..., out); weight (out, in), bias (out) (PyTorch layout and names
 //   "weight", "bias"; bias has no weight decay).
-// Dtypes: the GEMM inputs are ctx.precision.matmul (fp32 accumulation for halves), y is
-// ctx.precision.activation. In O1 (fp32 weights, half matmul) the half copy of the weight is made
-// once per ctx.weights_version and cached. On the CPU halves compute in f32, f64 in f64.
+// Dtypes: the GEMM inputs are ctx.run.precision.matmul (fp32 accumulation for halves), y is
+// ctx.run.precision.activation. In O1 (fp32 weights, half matmul) the half copy of the weight is
+// made once per ctx.weights_version and cached. On the CPU halves compute in f32, f64 in f64.
 // Gradients: weight.grad and bias.grad are ACCUMULATED (+=, in the grads' dtype); dx is written
 // (=), in dy's dtype.
 // CUDA: cuBLASLt with the BIAS / RELU_BIAS / GELU_AUX_BIAS epilogues forward and BGRADB (bias

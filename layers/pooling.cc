@@ -88,7 +88,7 @@ Shape WindowPool2d::output_shape(const Shape& input) const {
 
 PoolGeometry WindowPool2d::begin_forward(const Context& ctx, const Tensor& x, Tensor& x_physical,
                                          Tensor& y_physical) const {
-  PoolGeometry g = geometry(x.shape(), ctx.channels_last);
+  PoolGeometry g = geometry(x.shape(), ctx.run.channels_last);
   x_physical = to_physical(x, g.channels_last);
   y_physical = Tensor::empty(physical_shape(g, g.out_height, g.out_width), x.dtype(), x.device());
   return g;
@@ -272,7 +272,7 @@ Tensor GlobalAvgPool::forward_impl(Context& ctx, const Tensor& x) {
   g.height = x.size(2);
   g.width = x.size(3);
   g.out_height = g.out_width = 1;
-  g.channels_last = ctx.channels_last;
+  g.channels_last = ctx.run.channels_last;
   Tensor xp = to_physical(x, g.channels_last);
   Tensor y = Tensor::empty({g.batch, g.channels}, x.dtype(), x.device());  // (N, C)
   if (x.device().is_cuda()) {

@@ -1,5 +1,5 @@
 #pragma once
-// Pooling over (N, C, H, W) activations in NCHW or NHWC memory (ctx.channels_last), square
+// Pooling over (N, C, H, W) activations in NCHW or NHWC memory (ctx.run.channels_last), square
 // windows, floor mode, as PyTorch's MaxPool2d / AvgPool2d (count_include_pad) / adaptive (1, 1).
 //   MaxPool2d, AvgPool2d: x (N, C, H, W) -> y (N, C, OH, OW), OH = (H + 2p - k) / s + 1
 //   GlobalAvgPool:        x (N, C, H, W) -> y (N, C)

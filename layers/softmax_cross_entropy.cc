@@ -85,27 +85,30 @@ Tensor SoftmaxCrossEntropy::forward(Context& ctx, const Tensor& logits, const Te
   return Tensor::scalar(total / std::max(counted, 1.0), DType::F32);
 }
 
-Tensor SoftmaxCrossEntropy::backward(Context& ctx, double scale, bool reuse_logits) {
+Tensor SoftmaxCrossEntropy::backward(Context& ctx, bool reuse_logits) {
   KILN_CHECK(logits_.defined(), "SoftmaxCrossEntropy: backward without forward");
-  KILN_CHECK(ctx.loss_scale_divisor > 0, "SoftmaxCrossEntropy: loss_scale_divisor " +
-                                             std::to_string(ctx.loss_scale_divisor) +
-                                             " must be positive");
+  const StepScalars& step = ctx.step;
+  KILN_CHECK(step.loss_scale_divisor > 0, "SoftmaxCrossEntropy: loss_scale_divisor " +
+                                              std::to_string(step.loss_scale_divisor) +
+                                              " must be positive");
+  // Without a loss scale in memory the scale is 1 (the same division, so the same bits).
+  double scale = 1.0 / static_cast<double>(step.loss_scale_divisor);
   std::int64_t rows = logits_.size(0), classes = logits_.size(1);
   Tensor dlogits = reuse_logits ? logits_
                                 : Tensor::empty({rows, classes}, logits_.dtype(),
                                                 logits_.device());  // (N, C)
   if (logits_.device().is_cuda()) {
     cuda::softmax_cross_entropy_backward(logits_, targets_, label_smoothing_, ignore_index_,
-                                         row_lse_, counted_, scale, ctx.loss_scale_source,
-                                         ctx.loss_scale_divisor, dlogits);
+                                         row_lse_, counted_, scale, step.loss_scale,
+                                         step.loss_scale_divisor, dlogits);
     release_saved();
     return dlogits.reshape(logits_shape_);
   }
   const double* lse = row_lse_.data<double>();
   const std::int64_t* t = targets_.data<std::int64_t>();
   double eps = label_smoothing_;
-  if (ctx.loss_scale_source != nullptr) {
-    scale = *ctx.loss_scale_source / static_cast<double>(ctx.loss_scale_divisor);
+  if (step.loss_scale != nullptr) {
+    scale = *step.loss_scale / static_cast<double>(step.loss_scale_divisor);
   }
   double factor = scale / std::max(counted_.item(), 1.0);
   const std::int64_t ld = logits_.stride(0), ld_out = dlogits.stride(0);

@@ -29,13 +29,15 @@ class SoftmaxCrossEntropy {
 
   // A one-element F32 tensor on the logits' device.
   Tensor forward(Context& ctx, const Tensor& logits, const Tensor& targets);
-  // dlogits = scale * dloss/dlogits for the last forward, in the logits' dtype and shape. With
-  // `reuse_logits` it is written over the forward's logits (elementwise, so in place is exact),
-  // for a caller done with them: one (N, C) buffer less, 1.6 GiB for GPT-2 at 16 x 1024 tokens.
-  // With ctx.loss_scale_source set, `scale` is ignored and (*source) / ctx.loss_scale_divisor is
-  // used instead, read (in double) when the kernel runs: a captured CUDA graph follows the
-  // dynamic loss scale without a host read. Bit-identical to backward(ctx, S / M).
-  Tensor backward(Context& ctx, double scale, bool reuse_logits = false);
+  // dlogits = scale * dloss/dlogits for the last forward, in the logits' dtype and shape, where
+  // scale = (*ctx.step.loss_scale) / ctx.step.loss_scale_divisor, read (in double) when the kernel
+  // runs: a captured CUDA graph follows the dynamic loss scale without a host read (no loss scale
+  // in memory: 1 / divisor). With `reuse_logits` it is written over the forward's logits
+  // (elementwise, so in place is exact), for a caller done with them: one (N, C) buffer less,
+  // 1.6 GiB for GPT-2 at 16 x 1024 tokens.
+  Tensor backward(Context& ctx, bool reuse_logits = false);
+  // The scale is no argument: it lives in the step's scalars (a number here would become `bool`).
+  Tensor backward(Context& ctx, double scale, bool reuse_logits = false) = delete;
 
   // From the last forward, F32 one-element tensors on the logits' device: rows (not ignored)
   // whose argmax (first maximum) equals the target, and rows not ignored.

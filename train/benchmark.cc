@@ -44,8 +44,7 @@ BenchResult Trainer::benchmark(int warmup, int steps, bool profile) {
   std::vector<std::unique_ptr<Span>> spans, leaf_spans;
   std::map<std::tuple<Layer*, bool, bool>, Span*> open;
   if (profile && s.device.is_cuda()) {
-    ctx.on_layer = [&, before = ctx.on_layer](Layer& layer, bool forward, bool begin) {
-      if (before) before(layer, forward, begin);  // ZeRO-2's gradient allocation
+    ctx.observers.push_back([&](Layer& layer, bool forward, bool begin) {
       bool top = !layer.name().empty() && layer.name().find('.') == std::string::npos;
       bool leaf = layer.children().empty();
       void* stream = current_stream(s.device);
@@ -67,7 +66,7 @@ BenchResult Trainer::benchmark(int warmup, int steps, bool profile) {
           open.erase(key);
         }
       }
-    };
+    });
   }
   double wait_before = s.loader->wait_time();
   // Bucket timing records events from host hooks, which a replayed graph does not call either.

@@ -76,7 +76,7 @@ EvalResult Evaluator::evaluate(const EvalOptions& options) {
   Context ctx = context_;
   p_.net.set_training(false);
   SoftmaxCrossEntropy loss_fn;
-  const Device device = ctx.device;
+  const Device device = ctx.run.device;
   Tensor loss_total = Tensor::zeros({}, DType::F32, device);
   Tensor correct = Tensor::zeros({}, DType::F32, device);
   Tensor counted = Tensor::zeros({}, DType::F32, device);
@@ -84,7 +84,7 @@ EvalResult Evaluator::evaluate(const EvalOptions& options) {
   if (options_.max_batches > 0) batches = std::min(batches, options_.max_batches);
   for (std::int64_t i = 0; i < batches; ++i) {
     data::Batch batch = loader.next();
-    Tensor logits = p_.net.forward(ctx, prepare_inputs(batch.inputs, ctx.precision));
+    Tensor logits = p_.net.forward(ctx, prepare_inputs(batch.inputs, ctx.run.precision));
     if (!options.dump_logits.empty()) dumped_logits.push_back(logits.to(Device::cpu(), DType::F32));
     if (!options.dump_inputs.empty()) dumped_inputs.push_back(batch.inputs.to(Device::cpu()));
     Tensor targets = batch.targets;

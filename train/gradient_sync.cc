@@ -21,22 +21,47 @@ class LocalGradients final : public GradientSync {
   NamedTensors state() const override { return {}; }
   void set_finished_steps(std::int64_t) override {}
   void load_state(const NamedTensors&, const std::string&) override {}
+  optim::ShardGroup* shard_group() override { return nullptr; }
   DataParallel* data_parallel() override { return nullptr; }
 
  private:
   std::vector<Parameter*> parameters_;
 };
 
+// ZeRO's ranks as the sharded optimizer sees them: DataParallel's shard pieces and collectives.
+class DataParallelShards final : public optim::ShardGroup {
+ public:
+  explicit DataParallelShards(DataParallel& dp) : dp_(dp) {}
+  int size() const override { return dp_.communicator().size(); }
+  int rank() const override { return dp_.communicator().rank(); }
+  Device device() const override { return dp_.communicator().device(); }
+  std::vector<optim::ParameterRange> ranges() const override {
+    std::vector<optim::ParameterRange> out;
+    for (const ShardPiece& piece : dp_.shard_pieces()) {
+      out.push_back({piece.parameter, piece.offset, piece.numel, piece.grad});
+    }
+    return out;
+  }
+  void sum(std::vector<double>& values) override {
+    dp_.communicator().all_reduce_host(values, HostReduceOp::Sum);
+  }
+  void gather_parameters() override { dp_.gather_parameters(); }
+
+ private:
+  DataParallel& dp_;
+};
+
 class DataParallelSync final : public GradientSync {
  public:
-  explicit DataParallelSync(std::unique_ptr<DataParallel> dp) : dp_(std::move(dp)) {}
+  explicit DataParallelSync(std::unique_ptr<DataParallel> dp) : dp_(std::move(dp)), shards_(*dp_) {}
   void zero_gradients() override { dp_->zero_grad_lazily(); }
   void set_accumulating(bool accumulating) override {
     dp_->set_accumulation_micro_step(accumulating);
   }
   void install_hooks(Context& ctx) override {
     ctx.on_grad_ready = dp_->grad_ready_hook();
-    ctx.on_layer = on_backward_begin(dp_->gradient_allocation_hook());
+    auto allocate = dp_->gradient_allocation_hook();
+    if (allocate) ctx.observers.push_back(on_backward_begin(std::move(allocate)));
   }
   void finish() override { dp_->finish(); }
   void reset_step() override { dp_->reset_step(); }
@@ -49,10 +74,12 @@ class DataParallelSync final : public GradientSync {
   void load_state(const NamedTensors& state, const std::string& where) override {
     dp_->load_compression_state(state, where);
   }
+  optim::ShardGroup* shard_group() override { return sharded() ? &shards_ : nullptr; }
   DataParallel* data_parallel() override { return dp_.get(); }
 
  private:
   std::unique_ptr<DataParallel> dp_;
+  DataParallelShards shards_;
 };
 
 }  // namespace

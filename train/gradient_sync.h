@@ -11,6 +11,7 @@
 
 #include "comm/data_parallel.h"
 #include "layers/layer.h"
+#include "optim/sharded_optimizer.h"
 
 namespace kiln::train {
 
@@ -42,7 +43,10 @@ class GradientSync {
   // A resumed run: the optimizer steps done, and the state saved (InputError naming `where`).
   virtual void set_finished_steps(std::int64_t steps) = 0;
   virtual void load_state(const NamedTensors& state, const std::string& where) = 0;
-  // The reducer behind it (benchmark timing, the optimizer's shards); null on one rank.
+  // ZeRO: the ranks sharing the optimizer (their shard ranges, sums and the gather of updated
+  // weights); null otherwise.
+  virtual optim::ShardGroup* shard_group() = 0;
+  // The reducer behind it (benchmark timing); null on one rank.
   virtual DataParallel* data_parallel() = 0;
 };
 

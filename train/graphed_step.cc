@@ -42,9 +42,8 @@ GraphedStep::GraphedStep(Device device, GraphedStepOptions options, std::int64_t
     : device_(device),
       options_(std::move(options)),
       schedule_(options_.mode == StepMode::Graphed && device.is_cuda()) {
-  if (options_.mode == StepMode::Eager) return;
-  if (device.is_cuda()) stream_ = Stream::create(device);
   counter_ = Tensor::from_vector(std::vector<std::int64_t>{micro_step}, {1}).to(device);
+  if (options_.mode != StepMode::Eager && device.is_cuda()) stream_ = Stream::create(device);
 }
 
 GraphedStep::~GraphedStep() {
@@ -67,15 +66,15 @@ void GraphedStep::stop_capturing(const std::string& why) {
 }
 
 void GraphedStep::advance_counter() {
-  if (counter_.defined()) ops::increment(counter_);
+  ops::increment(counter_);
 }
 
 void GraphedStep::synchronize() const {
   if (has_stream()) stream_.synchronize();
 }
 
-const std::uint64_t* GraphedStep::step_source() const {
-  return counter_.defined() ? reinterpret_cast<const std::uint64_t*>(counter_.data()) : nullptr;
+const std::uint64_t* GraphedStep::step_counter() const {
+  return static_cast<const std::uint64_t*>(counter_.data());
 }
 
 void GraphedStep::run(MicroPosition position, Context& ctx, const Tensor& inputs,

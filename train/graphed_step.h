@@ -6,7 +6,7 @@
 // with it — after one eager run of that position has built every plan and workspace, and is
 // replayed from then on. Every per-step value the captured kernels need (loss scale, skip
 // decision, learning rate, step counts, dropout's step) is read from device memory
-// (optim/step_state.h, Context::step_source), so the host never waits for the GPU inside a step.
+// (optim/step_state.h, Context::step), so the host never waits for the GPU inside a step.
 // The batch is copied into the graphs' static input buffers before each replay. A micro-batch of
 // another shape (a last partial batch) or one a fault is injected into runs eagerly.
 
@@ -84,9 +84,9 @@ struct GraphedStepOptions {
   std::function<void()> on_capture_failed;      // before the eager re-run (reset collectives)
 };
 
-// Runs each micro-step: eagerly, or captured and replayed in Graphed mode. Owns the device
-// micro-step counter the layers read (Context::step_source) outside Eager mode, the graphs'
-// stream and their private allocator pool.
+// Runs each micro-step: eagerly, or captured and replayed in Graphed mode. Owns the micro-step
+// counter the layers read (Context::step.step; device memory, advanced on the device in every
+// mode), the graphs' stream and their private allocator pool.
 class GraphedStep {
  public:
   using Work = std::function<void(Context& ctx, const Tensor& inputs, const Tensor& targets)>;
@@ -102,8 +102,8 @@ class GraphedStep {
            bool fault, std::int64_t step, const Work& work);
   // After each micro-step's backward (inside the captured work): dropout's next step.
   void advance_counter();
-  // The layers' view of the step scalars outside Eager mode (null in Eager mode).
-  const std::uint64_t* step_source() const;
+  // The micro-step counter the layers read (Context::step.step), in every mode.
+  const std::uint64_t* step_counter() const;
   // Every later micro-step runs eagerly, saying why once (kiln bench --profile).
   void stop_capturing(const std::string& why);
   bool capturing() const { return schedule_.capturing(); }
@@ -126,7 +126,7 @@ class GraphedStep {
   Stream stream_;  // a capture needs a stream of its own
   std::map<MicroPosition, std::unique_ptr<CudaGraph>> graphs_;
   Tensor inputs_, targets_;  // the static batch the graphs read
-  Tensor counter_;           // I64 (1) on the device: dropout's step (Context::step_source)
+  Tensor counter_;           // I64 (1) on the device: dropout's step (Context::step.step)
   std::set<std::string> said_;
   std::uint64_t replays_ = 0;
   std::uint64_t micro_steps_ = 0;

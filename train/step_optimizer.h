@@ -9,11 +9,11 @@
 #include <string>
 
 #include "comm/communicator.h"
-#include "comm/data_parallel.h"
 #include "configs/checkpoint.pb.h"
 #include "configs/kiln.pb.h"
 #include "core/safetensors.h"
 #include "layers/layer.h"
+#include "optim/sharded_optimizer.h"
 
 namespace kiln::train {
 
@@ -37,12 +37,12 @@ class StepOptimizer {
   // `parameters` are on their device in the parameter dtype, gradients in their final place
   // (data parallelism's buckets). `fp32_init` holds the fp32 initial values by parameter name
   // (O2's master weights start from them rather than from the rounded half copy).
-  // `sharded`: data parallelism with zero_stage > 0 (ZeRO): the optimizer then holds fp32 masters
-  // and moments only for this rank's shard pieces, reads their reduced gradient shards, combines
-  // norms across ranks and all-gathers the updated weights after each step.
+  // `shards`: ZeRO's ranks (optim/sharded_optimizer.h): the optimizer then holds fp32 masters
+  // and moments only for this rank's ranges, reads their reduced gradient shards, combines norms
+  // across ranks and gathers the updated weights after each step. Null: whole parameters.
   StepOptimizer(const std::vector<Parameter*>& parameters, const NamedTensors& fp32_init,
                 const config::Experiment& experiment, std::int64_t total_steps,
-                DataParallel* sharded = nullptr);
+                optim::ShardGroup* shards = nullptr);
   ~StepOptimizer();
 
   double loss_scale() const;              // multiply the loss by this before backward

@@ -15,19 +15,18 @@ namespace kiln::train {
 
 Context Trainer::State::make_context(bool training) const {
   Context ctx;
-  ctx.device = device;
+  ctx.run.device = device;
   ctx.training = training;
-  ctx.precision = precision.policy;
-  ctx.seed = e.train().seed();
-  ctx.channels_last = channels_last_layout;
+  ctx.run.precision = precision.policy;
+  ctx.run.seed = e.train().seed();
+  ctx.run.channels_last = channels_last_layout;
   if (!training) return ctx;
   sync->install_hooks(ctx);
-  if (graphs->mode() != StepMode::Eager) {
-    // The step scalars are read from memory when the kernels run, so a graph can replay them.
-    ctx.step_source = graphs->step_source();
-    ctx.loss_scale_source = optimizer->loss_scale_source();
-    ctx.loss_scale_divisor = plan.accumulation;
-  }
+  // The step scalars are read from memory when the kernels run, so a graph can replay them; an
+  // eager step reads them the same way.
+  ctx.step.step = graphs->step_counter();
+  ctx.step.loss_scale = optimizer->loss_scale_source();
+  ctx.step.loss_scale_divisor = plan.accumulation;
   return ctx;
 }
 
@@ -38,17 +37,14 @@ StepOutcome Trainer::State::micro_step_work(Context& ctx, const Tensor& inputs,
   if (begins_step(position)) sync->zero_gradients();
   sync->set_accumulating(!last);
   const bool resident = optimizer->resident();
-  const optim::GradientAccumulation accumulation(plan.accumulation);
   Tensor logits = model.net->forward(ctx, inputs);
   Tensor flat_targets = targets;
   flatten_for_loss(logits, flat_targets);
   Tensor loss = loss_fn.forward(ctx, logits, flat_targets);
   ops::axpy(1.0, loss, loss_sum);
   logits = Tensor();  // the loss is done with it: its gradient overwrites it
-  // Resident: the loss scale is read where it lives (ctx.loss_scale_source) when the kernel runs.
-  Tensor dlogits =
-      loss_fn.backward(ctx, resident ? 1.0 : accumulation.loss_factor(optimizer->loss_scale()),
-                       /*reuse_logits=*/true);
+  // The loss scale over the micro-steps is read where it lives (ctx.step) when the kernel runs.
+  Tensor dlogits = loss_fn.backward(ctx, /*reuse_logits=*/true);
   model.net->backward(ctx, dlogits);
   graphs->advance_counter();
   StepOutcome outcome;
@@ -79,8 +75,7 @@ StepOutcome Trainer::State::run_step(Context& ctx, Tensor& loss_sum, std::int64_
   StepOutcome outcome;
   for (int micro = 0; micro < plan.accumulation; ++micro) {
     data::Batch batch = loader->next();
-    ctx.step = static_cast<std::uint64_t>(counters.micro_step);
-    Tensor inputs = faults.inputs(counters.step, prepare_inputs(batch.inputs, ctx.precision));
+    Tensor inputs = faults.inputs(counters.step, prepare_inputs(batch.inputs, ctx.run.precision));
     const MicroPosition position = micro_position(micro, plan.accumulation);
     graphs->run(position, ctx, inputs, batch.targets, fault, counters.step,
                 [&](Context& c, const Tensor& in, const Tensor& tg) {

@@ -130,7 +130,7 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
   // them by the world size.
   const std::size_t allocated_before = allocator_for(s.device).stats().allocated_bytes;
   s.optimizer = std::make_unique<StepOptimizer>(s.model.net->parameters(), fp32_init, s.e,
-                                                s.total_steps, s.sync->data_parallel());
+                                                s.total_steps, s.sync->shard_group());
   const std::size_t allocated_after = allocator_for(s.device).stats().allocated_bytes;
   s.optimizer_bytes = allocated_after > allocated_before ? allocated_after - allocated_before : 0;
   Shape input = s.model.sample_shape;

@@ -76,7 +76,7 @@ class Gpt2LMHeadModel : public Layer {
   Tensor forward_impl(Context& ctx, const Tensor& ids) override {  // (B, T) -> (B, T, V)
     KILN_CHECK(ids.dim() == 2, "GPT-2: expected ids (B, T), got " + ids.str());
     const std::int64_t b = ids.size(0), t = ids.size(1);
-    const std::int64_t past = ctx.kv_cache ? ctx.kv_cache->past : 0;
+    const std::int64_t past = ctx.call.kv_cache ? ctx.call.kv_cache->past : 0;
     if (past + t > max_positions_)
       throw InputError("GPT-2: " + std::to_string(past + t) + " positions exceed max_positions " +
                        std::to_string(max_positions_));

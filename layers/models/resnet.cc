@@ -121,7 +121,7 @@ class ResNetBlock : public Layer {
  private:
   // a + b on their dense memory in the context's order (NCHW or NHWC), in a's dtype.
   static Tensor add_in_order(const Context& ctx, const Tensor& a, const Tensor& b) {
-    const bool cl = ctx.channels_last;
+    const bool cl = ctx.run.channels_last;
     Tensor pa = to_physical(a, cl);
     Tensor pb = to_physical(b, cl).to(a.dtype());
     Tensor out = Tensor::empty(pa.shape(), pa.dtype(), pa.device());

@@ -177,6 +177,18 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<Parameter*>& 
   optimizer_ = make_optimizer(std::move(tensors), optim);
   stats_ = Tensor::zeros({2}, DType::F32, device_);
   found_inf_ = stats_.slice(0, 0, 1);
+  published_scale_ = Tensor::zeros({1}, DType::F64, device_);
+  publish_scale();
+}
+
+void MixedPrecisionOptimizer::publish_scale() {
+  // Stream-ordered: the next backward, enqueued after this, reads the new scale.
+  published_scale_.copy_from(Tensor::from_vector(std::vector<double>{scaler_.scale()}, {1}));
+}
+
+void MixedPrecisionOptimizer::load_scaler_state(const LossScaler::State& state) {
+  scaler_.load_state(state);
+  publish_scale();
 }
 
 MixedPrecisionOptimizer::~MixedPrecisionOptimizer() = default;
@@ -249,6 +261,7 @@ StepResult MixedPrecisionOptimizer::step() {
   unscaled_ = false;
   result.skipped = scaler_.update(result.found_inf);
   result.next_scale = scaler_.scale();
+  if (result.next_scale != result.scale) publish_scale();
   if (result.skipped) return result;
   // The pass's factor: the scaler may have just changed its scale for the next step.
   optimizer_->step(result.grad_norm, optimizer_unscales() ? inv_scale_ : 1.0f);
@@ -261,7 +274,7 @@ StepState* MixedPrecisionOptimizer::resident_state() {
 }
 
 const double* MixedPrecisionOptimizer::loss_scale_source() const {
-  if (!resident_) return nullptr;
+  if (!resident_) return static_cast<const double*>(published_scale_.data());
   return &static_cast<const StepState*>(resident_state_.data())->loss_scale;
 }
 

@@ -179,8 +179,9 @@ class MixedPrecisionOptimizer {
   void make_resident(std::vector<double> lr_table, std::int64_t schedule_step);
   void upload_resident_state(std::int64_t schedule_step);
   bool resident() const { return resident_; }
-  // Where the current loss scale lives (device memory on CUDA): the loss backward reads it at run
-  // time. nullptr in host mode.
+  // Where the current loss scale lives (device memory on CUDA; the step state in resident mode,
+  // a copy the host writes when the scale changes in host mode): the loss backward reads it at
+  // run time (Context::step.loss_scale). Resident mode moves it: ask again after make_resident().
   const double* loss_scale_source() const;
   // Enqueues a whole step on the current stream with no host read and, after the first call, no
   // allocation or upload: capturable into a CUDA graph. Skipped steps are decided on the device.
@@ -196,6 +197,8 @@ class MixedPrecisionOptimizer {
   // Writes the half model weights from the fp32 masters (O2; nothing otherwise).
   void refresh_model_weights();
   LossScaler& scaler() { return scaler_; }
+  // A checkpoint's scaler state; also where loss_scale_source() points in host mode.
+  void load_scaler_state(const LossScaler::State& state);
   Optimizer& optimizer() { return *optimizer_; }
   const AmpOptions& amp_options() const { return amp_; }
   PrecisionPolicy precision() const { return precision_policy(amp_); }
@@ -210,8 +213,9 @@ class MixedPrecisionOptimizer {
   std::unique_ptr<Optimizer> optimizer_;
   std::vector<std::pair<std::string, Tensor*>> master_state_;
   Device device_;
-  Tensor stats_;      // F32 (2): found_inf, grad_norm
-  Tensor found_inf_;  // view of stats_[0]
+  Tensor stats_;            // F32 (2): found_inf, grad_norm
+  Tensor published_scale_;  // F64 (1) on device_: the host mode's loss scale, for the kernels
+  Tensor found_inf_;        // view of stats_[0]
   detail::MultiTensorTable unscale_table_;
   std::function<void(Tensor&)> hook_;
   std::function<double(double)> sumsq_hook_;
@@ -229,6 +233,7 @@ class MixedPrecisionOptimizer {
 
   std::vector<detail::TensorEntry> unscale_entries();
   StepState* resident_state();
+  void publish_scale();
   // O2 with masters: the gradients stay scaled and the optimizer unscales them as it reads them.
   bool optimizer_unscales() const { return !master_state_.empty(); }
 };

@@ -34,7 +34,7 @@ inline DpResult data_parallel_run(Communicator& comm, std::uint64_t seed, DType 
   DataParallel dp(model->parameters(), model->buffers(), comm, run.options);
   Layer& net = active_part(*model, run.with_unused);
   Context ctx;
-  ctx.device = device;
+  ctx.run.device = device;
   if (run.install_hook) ctx.on_grad_ready = dp.grad_ready_hook();
   const std::int64_t shard = run.global_batch / comm.size();
   const std::int64_t micro = shard / run.micro_steps;

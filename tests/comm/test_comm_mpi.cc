@@ -578,13 +578,13 @@ TEST(DataParallel, ZeroStage2AllocatesBucketsAsBackwardReachesThem) {
     ctx.on_grad_ready = dp.grad_ready_hook();
     std::size_t seen = 0, most = 0, first = 0;
     auto allocate = dp.gradient_allocation_hook();
-    ctx.on_layer = [&](Layer& layer, bool forward, bool begin) {
+    ctx.observers.push_back([&](Layer& layer, bool forward, bool begin) {
       if (!forward && begin) {
         if (seen++ == 0) first = dp.gradient_buffer_bytes();
         if (allocate) allocate(layer.written_parameters());
         most = std::max(most, dp.gradient_buffer_bytes());
       }
-    };
+    });
     auto params = model->parameters();
     std::vector<double> after;
     const std::int64_t shard = 12 / comm().size();

@@ -153,7 +153,7 @@ inline std::vector<double> reference_run(std::uint64_t seed, Device device, DTyp
                                          std::int64_t batch, double lr) {
   auto model = make_tiny_model(seed, device, dtype);
   Context ctx;
-  ctx.device = device;
+  ctx.run.device = device;
   auto params = model->parameters();
   for (int s = 0; s < steps; ++s) {
     for (Parameter* p : params) p->grad.zero();

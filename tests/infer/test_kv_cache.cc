@@ -51,7 +51,7 @@ TEST(KvCache, IncrementalLogitsEqualTheFullForward) {
   cache.capacity = 32;
   Context ctx;
   ctx.training = false;
-  ctx.kv_cache = &cache;
+  ctx.call.kv_cache = &cache;
   // A prompt of 4, then one token at a time.
   std::vector<float> incremental;
   const std::vector<std::int64_t> prompt(ids.begin(), ids.begin() + 4);

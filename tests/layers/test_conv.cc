@@ -125,7 +125,7 @@ TEST_P(ConvGradient, MatchesFiniteDifferences) {
   conv->reset_parameters(3);
   conv->to(Device::cpu(), DType::F64);
   Context ctx;
-  ctx.channels_last = std::get<1>(GetParam());
+  ctx.run.channels_last = std::get<1>(GetParam());
   GradientCheckResult r = check_layer_gradients(*conv, ctx, random_tensor(c.input, 5));
   EXPECT_TRUE(r.ok) << c.label << ": " << r.report;
   EXPECT_GT(r.checked, 20) << r.report;
@@ -141,7 +141,7 @@ TEST_P(ConvGradient, ForwardMatchesDirectLoops) {
     conv->to(Device::cpu(), dt);
     Tensor x = random_tensor(c.input, 17, dt);
     Context ctx;
-    ctx.channels_last = cl;
+    ctx.run.channels_last = cl;
     Tensor y = conv->forward(ctx, x);
     EXPECT_EQ(is_channels_last(y), cl && y.size(1) > 1 && y.size(2) * y.size(3) > 1);
     Shape want_shape;
@@ -227,7 +227,7 @@ TEST_P(BatchNormGradient, MatchesFiniteDifferences) {
   ops::fill_uniform(bn.running_var().value, 0.5, 2.0, 4);
   bn.set_training(training);
   Context ctx;
-  ctx.channels_last = std::get<1>(GetParam());
+  ctx.run.channels_last = std::get<1>(GetParam());
   GradientCheckResult r = check_layer_gradients(bn, ctx, random_tensor({3, 3, 4, 5}, 6));
   EXPECT_TRUE(r.ok) << r.report;
   EXPECT_GT(r.checked, 100) << r.report;
@@ -249,7 +249,7 @@ TEST(ReLU, ResidualEqualsAddThenRelu) {
       Tensor x = random_tensor({2, 8, 3, 5}, 31, dt), r = random_tensor({2, 8, 3, 5}, 32, dt);
       Tensor dy = random_tensor({2, 8, 3, 5}, 33, dt);
       Context ctx;
-      ctx.channels_last = cl;
+      ctx.run.channels_last = cl;
       ReLU fused, plain;
       fused.set_residual(r);
       Tensor y_fused = fused.forward(ctx, x);
@@ -283,7 +283,7 @@ TEST(BatchNorm2d, FusedReluEqualsBatchNormThenRelu) {
       fused.set_fused_relu(true);
       EXPECT_EQ(fused.type(), "BatchNorm2d+ReLU");
       Context ctx;
-      ctx.channels_last = cl;
+      ctx.run.channels_last = cl;
       Tensor y_fused = fused.forward(ctx, x);
       Tensor y_plain = relu.forward(ctx, plain.forward(ctx, x));
       Tensor dx_fused = fused.backward(ctx, dy);
@@ -348,7 +348,7 @@ TEST(BatchNorm2d, NhwcMatchesNchw) {
     BatchNorm2d bn(3);
     ops::fill_uniform(bn.weight().value, 0.5, 1.5, 1);
     Context ctx;
-    ctx.channels_last = cl;
+    ctx.run.channels_last = cl;
     Tensor y = bn.forward(ctx, x);
     EXPECT_EQ(is_channels_last(y), cl);
     outs.push_back(y.to_vector<double>());
@@ -386,7 +386,7 @@ class PoolGradient : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 TEST_P(PoolGradient, MatchesFiniteDifferences) {
   auto pool = make_pool(static_cast<PoolKind>(std::get<0>(GetParam())));
   Context ctx;
-  ctx.channels_last = std::get<1>(GetParam());
+  ctx.run.channels_last = std::get<1>(GetParam());
   GradientCheckResult r = check_layer_gradients(*pool, ctx, random_tensor({2, 3, 7, 6}, 12));
   EXPECT_TRUE(r.ok) << r.report;
   EXPECT_GT(r.checked, 200) << r.report;
@@ -476,7 +476,7 @@ TEST(ResNet, DownsamplingBlockGradient) {
     const std::int64_t in_planes = depth == 18 ? 64 : 256;
     for (bool cl : {false, true}) {
       Context ctx;
-      ctx.channels_last = cl;
+      ctx.run.channels_last = cl;
       GradientCheckOptions opt;
       opt.max_elements_per_tensor = depth == 18 ? 40 : 20;
       GradientCheckResult r =
@@ -551,10 +551,10 @@ TEST(ResNet, CifarStemAndForward) {
   EXPECT_GT(g, 0);
   EXPECT_TRUE(std::isfinite(g));
   // NHWC gives the same logits.
-  ctx.channels_last = true;
+  ctx.run.channels_last = true;
   m.net->set_training(false);
   Tensor y_nhwc = m.net->forward(ctx, x);
-  ctx.channels_last = false;
+  ctx.run.channels_last = false;
   Tensor y_nchw = m.net->forward(ctx, x);
   auto a = y_nhwc.to_vector<float>(), b = y_nchw.to_vector<float>();
   for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4);
@@ -572,6 +572,8 @@ TEST(FashionCnn, ParametersShapesAndCpuStepThroughput) {
 
   // A training step (forward + backward, batch 128) on the CPU; the figure goes to the log.
   Context ctx;
+  const std::uint64_t micro_step = 0;  // dropout's
+  ctx.step.step = &micro_step;
   Tensor x = random_tensor({128, 1, 28, 28}, 5, DType::F32);
   Tensor dy = random_tensor({128, 10}, 6, DType::F32);
   auto step = [&] {

@@ -76,10 +76,10 @@ const Precision kPrecisions[] = {
 
 Context gpu_context(const Precision& p, bool channels_last) {
   Context ctx;
-  ctx.device = kGpu;
-  ctx.precision.activation = p.activation;
-  ctx.precision.matmul = p.matmul;
-  ctx.channels_last = channels_last;
+  ctx.run.device = kGpu;
+  ctx.run.precision.activation = p.activation;
+  ctx.run.precision.matmul = p.matmul;
+  ctx.run.channels_last = channels_last;
   return ctx;
 }
 
@@ -91,7 +91,7 @@ void compare_layers(Layer& cpu_layer, Layer& gpu_layer, const Precision& p, bool
   SCOPED_TRACE(what + " seed " + std::to_string(seed));
   Tensor x = random_cpu(input, seed, p.activation);
   Context cpu_ctx;
-  cpu_ctx.channels_last = channels_last;
+  cpu_ctx.run.channels_last = channels_last;
   // The CPU computes halves in f32 from the same rounded values; it sees the O1 cast too.
   Tensor x_cpu = is_half(p.matmul) ? x.to(p.matmul) : x;
   Tensor y_cpu = cpu_layer.forward(cpu_ctx, x_cpu);
@@ -472,10 +472,10 @@ TEST_F(ConvGpuTest, ResNet50ForwardBackwardMatchesCpu) {
     auto gpu_params = gpu.net->parameters();
     ASSERT_EQ(gpu_params.size(), 161u);
     Context ctx;
-    ctx.device = kGpu;
-    ctx.precision.activation = run.dtype;
-    ctx.precision.matmul = run.dtype;
-    ctx.channels_last = run.channels_last;
+    ctx.run.device = kGpu;
+    ctx.run.precision.activation = run.dtype;
+    ctx.run.precision.matmul = run.dtype;
+    ctx.run.channels_last = run.channels_last;
     Tensor x_gpu = run.channels_last
                        ? from_physical(to_physical(x.to(run.dtype), true).to(kGpu), true)
                        : x.to(kGpu, run.dtype);
@@ -588,10 +588,10 @@ TEST_F(ConvGpuTest, ResNetFusedBatchNormEqualsTheLayers) {
       Tensor xin = x, dyin = dy;
       if (gpu) {
         m.net->to(kGpu, run.dtype);
-        ctx.device = kGpu;
-        ctx.precision.activation = run.dtype;
-        ctx.precision.matmul = run.dtype;
-        ctx.channels_last = true;
+        ctx.run.device = kGpu;
+        ctx.run.precision.activation = run.dtype;
+        ctx.run.precision.matmul = run.dtype;
+        ctx.run.channels_last = true;
         xin = from_physical(to_physical(x.to(run.dtype), true).to(kGpu), true);
         dyin = dy.to(kGpu, run.dtype);
       }

@@ -158,8 +158,9 @@ TEST(Dropout, GradientIsMaskTimesDyOverKeep) {
   const double p = 0.3;
   Dropout layer(p);
   Context ctx;
-  ctx.seed = 42;
-  ctx.step = 7;
+  ctx.run.seed = 42;
+  std::uint64_t step = 7;
+  ctx.step.step = &step;
   Tensor x = random_tensor({64, 33}, 9, DType::F32, 0.5, 1.5);  // never zero
   Tensor dy = random_tensor({64, 33}, 10, DType::F32, 0.5, 1.5);
   std::vector<float> xv = x.to_vector<float>(), yv = layer.forward(ctx, x).to_vector<float>();
@@ -179,16 +180,17 @@ TEST(Dropout, GradientIsMaskTimesDyOverKeep) {
 TEST(Dropout, MaskReplaysFromSeedAndStep) {
   Dropout layer(0.5), other(0.5);
   Context ctx;
-  ctx.seed = 1;
-  ctx.step = 3;
+  ctx.run.seed = 1;
+  std::uint64_t step = 3;
+  ctx.step.step = &step;
   Tensor x = random_tensor({1000}, 4, DType::F32, 1.0, 2.0);
   std::vector<float> a = layer.forward(ctx, x).to_vector<float>();
-  ctx.step = 4;
+  step = 4;
   std::vector<float> b = layer.forward(ctx, x).to_vector<float>();
-  ctx.step = 3;
+  step = 3;
   std::vector<float> c = layer.forward(ctx, x).to_vector<float>();
   std::vector<float> d = other.forward(ctx, x).to_vector<float>();
-  ctx.seed = 2;
+  ctx.run.seed = 2;
   std::vector<float> e = layer.forward(ctx, x).to_vector<float>();
   EXPECT_EQ(a, c);  // the same step replays the same mask
   EXPECT_NE(a, b);  // another step, another mask
@@ -196,26 +198,27 @@ TEST(Dropout, MaskReplaysFromSeedAndStep) {
   EXPECT_NE(a, e);  // another seed, another mask
 }
 
-TEST(Dropout, StepSourceGivesTheStepsMaskReadWhenRun) {
-  // Context::step_source (CUDA graphs): the step at the address, not ctx.step, picks the mask.
+TEST(Dropout, StepCounterGivesTheStepsMaskReadWhenRun) {
+  // Context::step.step (CUDA graphs replay it): the step at the address when the pass runs picks
+  // the mask.
   Dropout layer(0.4);
   Tensor x = random_tensor({37, 29}, 11, DType::F32, 0.5, 1.5);
   Tensor dy = random_tensor({37, 29}, 12, DType::F32, 0.5, 1.5);
-  Context by_value;
-  by_value.seed = 8;
-  by_value.step = 7;
-  std::vector<float> y7 = layer.forward(by_value, x).to_vector<float>();
-  std::vector<float> dx7 = layer.backward(by_value, dy).to_vector<float>();
-  by_value.step = 8;
-  std::vector<float> y8 = layer.forward(by_value, x).to_vector<float>();
-  std::vector<float> dx8 = layer.backward(by_value, dy).to_vector<float>();
+  Context fixed;
+  fixed.run.seed = 8;
+  const std::uint64_t seven = 7, eight = 8;
+  fixed.step.step = &seven;
+  std::vector<float> y7 = layer.forward(fixed, x).to_vector<float>();
+  std::vector<float> dx7 = layer.backward(fixed, dy).to_vector<float>();
+  fixed.step.step = &eight;
+  std::vector<float> y8 = layer.forward(fixed, x).to_vector<float>();
+  std::vector<float> dx8 = layer.backward(fixed, dy).to_vector<float>();
   ASSERT_NE(y7, y8);
 
   std::uint64_t step = 7;
   Context ctx;
-  ctx.seed = 8;
-  ctx.step = 1000;  // ignored while step_source is set
-  ctx.step_source = &step;
+  ctx.run.seed = 8;
+  ctx.step.step = &step;
   EXPECT_EQ(layer.forward(ctx, x).to_vector<float>(), y7);
   EXPECT_EQ(layer.backward(ctx, dy).to_vector<float>(), dx7);
   step = 8;  // the same context, the next step
@@ -243,8 +246,9 @@ TEST(Dropout, EvalIsIdentityAndBadProbabilityIsAnError) {
 TEST(Dropout, GradientCheckWithFixedMask) {
   Dropout layer(0.4);
   Context ctx;
-  ctx.seed = 5;
-  ctx.step = 2;
+  ctx.run.seed = 5;
+  const std::uint64_t step = 2;
+  ctx.step.step = &step;
   GradientCheckResult r = check_layer_gradients(layer, ctx, random_tensor({4, 7}, 3));
   EXPECT_TRUE(r.ok) << r.report;
   EXPECT_EQ(r.checked, 28) << r.report;
@@ -335,7 +339,7 @@ TEST(Mlp, SgdReducesTheLossOnATinyProblem) {
     double loss = loss_fn.forward(ctx, logits, targets).item();
     if (step == 0) first = loss;
     last = loss;
-    model.net->backward(ctx, loss_fn.backward(ctx, 1.0));
+    model.net->backward(ctx, loss_fn.backward(ctx));
     for (Parameter* p : model.net->parameters()) ops::axpy(-0.5, p->grad, p->value);
     ++ctx.weights_version;
   }
@@ -343,18 +347,20 @@ TEST(Mlp, SgdReducesTheLossOnATinyProblem) {
   EXPECT_LT(last, 0.5 * first) << "first " << first << " last " << last;
 }
 
-// backward(scale, reuse_logits) writes the gradient over the forward's logits: the same values
+// backward(reuse_logits) writes the gradient over the forward's logits: the same values
 // as into a fresh tensor.
 TEST(SoftmaxCrossEntropy, GradientOverTheLogitsEqualsAFreshOne) {
   Tensor logits = random_tensor({6, 50}, 5, DType::F32);
   Tensor targets = Tensor::from_vector<std::int64_t>({1, 49, -100, 0, 7, 3}, {6});
   Context ctx;
+  const double loss_scale = 8.0;
+  ctx.step.loss_scale = &loss_scale;
   SoftmaxCrossEntropy loss_fn(0.1);
   loss_fn.forward(ctx, logits, targets);
-  const std::vector<float> fresh = loss_fn.backward(ctx, 8.0).to_vector<float>();
+  const std::vector<float> fresh = loss_fn.backward(ctx).to_vector<float>();
   Tensor own = logits.clone();
   loss_fn.forward(ctx, own, targets);
-  Tensor reused = loss_fn.backward(ctx, 8.0, /*reuse_logits=*/true);
+  Tensor reused = loss_fn.backward(ctx, /*reuse_logits=*/true);
   EXPECT_EQ(reused.data(), own.data());
   EXPECT_EQ(reused.to_vector<float>(), fresh);
 }

@@ -60,9 +60,9 @@ const Precision kPrecisions[] = {
 
 Context gpu_context(const Precision& p) {
   Context ctx;
-  ctx.device = kGpu;
-  ctx.precision.activation = p.activation;
-  ctx.precision.matmul = p.matmul;
+  ctx.run.device = kGpu;
+  ctx.run.precision.activation = p.activation;
+  ctx.run.precision.matmul = p.matmul;
   return ctx;
 }
 
@@ -159,8 +159,8 @@ TEST_F(DenseGpu, GeluMatchesCpu) {
         SCOPED_TRACE(name + " seed " + std::to_string(seed));
         GELU layer(form);
         Context gctx, cctx;
-        gctx.device = kGpu;
-        gctx.precision.activation = gctx.precision.matmul = dtype;
+        gctx.run.device = kGpu;
+        gctx.run.precision.activation = gctx.run.precision.matmul = dtype;
         Tensor x = random_cpu(shape, seed, -4, 4).to(kGpu, dtype);
         Tensor dy = random_cpu(shape, seed + 1).to(kGpu, dtype);
         Tensor y_gpu = layer.forward(gctx, x), dx_gpu = layer.backward(gctx, dy);
@@ -181,10 +181,13 @@ TEST_F(DenseGpu, DropoutMatchesCpuMask) {
       SCOPED_TRACE(name + " seed " + std::to_string(seed));
       Dropout layer(0.25);  // one layer on both devices: the same layer_id, the same mask
       Context gctx, cctx;
-      gctx.device = kGpu;
-      gctx.precision.activation = dtype;
-      gctx.seed = cctx.seed = seed;
-      gctx.step = cctx.step = seed % 1000;
+      gctx.run.device = kGpu;
+      gctx.run.precision.activation = dtype;
+      gctx.run.seed = cctx.run.seed = seed;
+      const std::uint64_t step = seed % 1000;
+      HostWrittenScalars gpu_step(kGpu, step);
+      gctx.step = gpu_step.scalars();
+      cctx.step.step = &step;
       Tensor x = random_cpu(shape, seed, 0.5, 1.5).to(kGpu, dtype);
       Tensor dy = random_cpu(shape, seed + 1, 0.5, 1.5).to(kGpu, dtype);
       Tensor y_gpu = layer.forward(gctx, x), dx_gpu = layer.backward(gctx, dy);
@@ -196,27 +199,27 @@ TEST_F(DenseGpu, DropoutMatchesCpuMask) {
   }
 }
 
-TEST_F(DenseGpu, DropoutStepSourceIsBitIdenticalToTheStepByValue) {
-  // Context::step_source in device memory (CUDA graphs), read by the kernel as it runs.
+TEST_F(DenseGpu, DropoutStepCounterIsReadWhenTheKernelRuns) {
+  // Context::step.step in device memory (CUDA graphs replay it), read by the kernel as it runs.
   for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
     std::uint64_t seed = fresh_seed();
     SCOPED_TRACE(std::string(dtype_name(dtype)) + " seed " + std::to_string(seed));
     Dropout layer(0.25);
     Context ctx;
-    ctx.device = kGpu;
-    ctx.precision.activation = dtype;
-    ctx.seed = seed;
+    ctx.run.device = kGpu;
+    ctx.run.precision.activation = dtype;
+    ctx.run.seed = seed;
     Tensor x = random_cpu({7, 129}, seed, 0.5, 1.5).to(kGpu, dtype);
     Tensor dy = random_cpu({7, 129}, seed + 1, 0.5, 1.5).to(kGpu, dtype);
     auto host = [](const Tensor& t) { return t.to(Device::cpu(), DType::F32).to_vector<float>(); };
-    ctx.step = 3;
+    HostWrittenScalars written(kGpu, 3);
+    ctx.step = written.scalars();
     std::vector<float> y3 = host(layer.forward(ctx, x)), dx3 = host(layer.backward(ctx, dy));
-    ctx.step = 4;
+    written.set_step(4);
     std::vector<float> y4 = host(layer.forward(ctx, x)), dx4 = host(layer.backward(ctx, dy));
     ASSERT_NE(y3, y4);
     Tensor step = Tensor::from_vector<std::int64_t>({3}, {1}).to(kGpu);
-    ctx.step = 1000;  // ignored while step_source is set
-    ctx.step_source = reinterpret_cast<const std::uint64_t*>(step.data());
+    ctx.step.step = reinterpret_cast<const std::uint64_t*>(step.data());
     EXPECT_EQ(host(layer.forward(ctx, x)), y3);
     EXPECT_EQ(host(layer.backward(ctx, dy)), dx3);
     ops::increment(step);
@@ -228,7 +231,7 @@ TEST_F(DenseGpu, DropoutStepSourceIsBitIdenticalToTheStepByValue) {
 TEST_F(DenseGpu, ReshapeOnGpu) {
   Flatten flatten;
   Context ctx;
-  ctx.device = kGpu;
+  ctx.run.device = kGpu;
   Tensor x = random_cpu({3, 2, 5}, fresh_seed()).to(kGpu);
   Tensor y = flatten.forward(ctx, x);
   EXPECT_EQ(y.shape(), (Shape{3, 10}));
@@ -256,11 +259,15 @@ TEST_F(DenseGpu, SoftmaxCrossEntropyMatchesCpu) {
         Tensor targets = Tensor::from_vector<std::int64_t>(t, {c.rows});
         SoftmaxCrossEntropy gpu_loss(smoothing), cpu_loss(smoothing);
         Context gctx, cctx;
-        gctx.device = kGpu;
+        gctx.run.device = kGpu;
+        HostWrittenScalars gpu_scale(kGpu, 0, 1024.0);
+        const double cpu_scale = 1024.0;
+        gctx.step = gpu_scale.scalars();
+        cctx.step.loss_scale = &cpu_scale;
         Tensor lg = gpu_loss.forward(gctx, logits, targets.to(kGpu));
-        Tensor dg = gpu_loss.backward(gctx, 1024.0);
+        Tensor dg = gpu_loss.backward(gctx);
         Tensor lc = cpu_loss.forward(cctx, logits.to(Device::cpu(), DType::F32), targets);
-        Tensor dc = cpu_loss.backward(cctx, 1024.0);
+        Tensor dc = cpu_loss.backward(cctx);
         EXPECT_TRUE(lg.device().is_cuda());
         EXPECT_EQ(lg.dtype(), DType::F32);
         EXPECT_EQ(dg.dtype(), dtype);
@@ -272,7 +279,7 @@ TEST_F(DenseGpu, SoftmaxCrossEntropyMatchesCpu) {
         // Written over the logits instead: the same gradient bit for bit, in their storage.
         Tensor own = logits.clone();
         gpu_loss.forward(gctx, own, targets.to(kGpu));
-        Tensor reused = gpu_loss.backward(gctx, 1024.0, /*reuse_logits=*/true);
+        Tensor reused = gpu_loss.backward(gctx, /*reuse_logits=*/true);
         EXPECT_EQ(reused.data(), own.data());
         EXPECT_EQ(reused.to(Device::cpu()).to_vector<float>(),
                   dg.to(Device::cpu()).to_vector<float>());
@@ -281,9 +288,9 @@ TEST_F(DenseGpu, SoftmaxCrossEntropyMatchesCpu) {
   }
 }
 
-TEST_F(DenseGpu, SoftmaxCrossEntropyLossScaleSourceIsBitIdenticalToTheScaleByValue) {
-  // Context::loss_scale_source in device memory (CUDA graphs): (*source / divisor) / counted, the
-  // by-value path's arithmetic, computed by the kernel as it runs.
+TEST_F(DenseGpu, SoftmaxCrossEntropyLossScaleOverDivisorIsBitIdenticalToTheQuotient) {
+  // Context::step in device memory (CUDA graphs replay it): (*loss_scale / divisor) / counted, as
+  // the host's quotient S / M gives it, computed by the kernel as it runs.
   for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
     std::uint64_t seed = fresh_seed();
     SCOPED_TRACE(std::string(dtype_name(dtype)) + " seed " + std::to_string(seed));
@@ -298,32 +305,34 @@ TEST_F(DenseGpu, SoftmaxCrossEntropyLossScaleSourceIsBitIdenticalToTheScaleByVal
     const double loss_scale = 32768.0;
     for (std::int64_t micro_steps : {1, 3, 7}) {
       Context ctx;
-      ctx.device = kGpu;
+      ctx.run.device = kGpu;
+      HostWrittenScalars quotient(kGpu, 0, loss_scale / micro_steps);
+      ctx.step = quotient.scalars();
       loss_fn.forward(ctx, logits, targets);
-      std::vector<float> want = host(loss_fn.backward(ctx, loss_scale / micro_steps));
+      std::vector<float> want = host(loss_fn.backward(ctx));
       Tensor source = Tensor::from_vector<double>({loss_scale}, {1}).to(kGpu);
-      ctx.loss_scale_source = static_cast<const double*>(source.data());
-      ctx.loss_scale_divisor = micro_steps;
+      ctx.step.loss_scale = static_cast<const double*>(source.data());
+      ctx.step.loss_scale_divisor = micro_steps;
       loss_fn.forward(ctx, logits, targets);
-      EXPECT_EQ(host(loss_fn.backward(ctx, 1.0)), want) << micro_steps;  // 1.0 is ignored
+      EXPECT_EQ(host(loss_fn.backward(ctx)), want) << micro_steps;
       // The value at the address acts.
       source.fill(loss_scale / 4);
       loss_fn.forward(ctx, logits, targets);
-      EXPECT_NE(host(loss_fn.backward(ctx, 1.0)), want) << micro_steps;
+      EXPECT_NE(host(loss_fn.backward(ctx)), want) << micro_steps;
     }
   }
 }
 
 TEST_F(DenseGpu, SoftmaxCrossEntropyEdgeCases) {
   Context ctx;
-  ctx.device = kGpu;
+  ctx.run.device = kGpu;
   Tensor logits = random_cpu({4, 6}, fresh_seed()).to(kGpu);
   SoftmaxCrossEntropy loss_fn(0.1);
   // All rows ignored: loss 0, gradient 0, nothing counted.
   Tensor all_ignored = Tensor::full({4}, -100, DType::I64, kGpu);
   EXPECT_EQ(loss_fn.forward(ctx, logits, all_ignored).item(), 0.0);
   EXPECT_EQ(loss_fn.counted_rows().item(), 0.0);
-  for (float g : loss_fn.backward(ctx, 1.0).to_vector<float>()) EXPECT_EQ(g, 0.0f);
+  for (float g : loss_fn.backward(ctx).to_vector<float>()) EXPECT_EQ(g, 0.0f);
   // An out-of-range target: NaN loss, reported by the next check, which then resets.
   Tensor bad = Tensor::from_vector<std::int64_t>({0, 6, 1, -100}, {4}).to(kGpu);
   EXPECT_TRUE(std::isnan(loss_fn.forward(ctx, logits, bad).item()));
@@ -351,10 +360,10 @@ TEST_F(DenseGpu, MlpForwardBackwardMatchesCpu) {
     Context gctx = gpu_context(prec), cctx;
     SoftmaxCrossEntropy gl, cl;
     Tensor loss_gpu = gl.forward(gctx, gpu_model.net->forward(gctx, x), targets.to(kGpu));
-    gpu_model.net->backward(gctx, gl.backward(gctx, 1.0));
+    gpu_model.net->backward(gctx, gl.backward(gctx));
     Tensor loss_cpu =
         cl.forward(cctx, cpu_model.net->forward(cctx, x.to(Device::cpu(), DType::F32)), targets);
-    cpu_model.net->backward(cctx, cl.backward(cctx, 1.0));
+    cpu_model.net->backward(cctx, cl.backward(cctx));
     expect_close(loss_gpu, loss_cpu, worst(prec), name + "_loss", 8);
     for (std::size_t i = 0; i < gp.size(); ++i) {
       expect_close(gp[i]->grad, cp[i]->grad, worst(prec), name + "_" + gp[i]->name, 64);

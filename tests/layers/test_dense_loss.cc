@@ -42,7 +42,7 @@ TEST(SoftmaxCrossEntropy, ClosedFormWithoutSmoothing) {
   EXPECT_NEAR(loss.item(), (std::log(4.0) + row1) / 2, 1e-6);
   EXPECT_EQ(loss_fn.counted_rows().item(), 2.0);
   EXPECT_EQ(loss_fn.correct_count().item(), 1.0);  // row 0 ties: argmax is class 0, not 2
-  std::vector<float> g = loss_fn.backward(ctx, 1.0).to_vector<float>();
+  std::vector<float> g = loss_fn.backward(ctx).to_vector<float>();
   // d/dx = (softmax - onehot) / rows
   EXPECT_NEAR(g[0], 0.25 / 2, 1e-7);
   EXPECT_NEAR(g[2], (0.25 - 1) / 2, 1e-7);
@@ -62,7 +62,7 @@ TEST(SoftmaxCrossEntropy, SmoothingAndIgnoreMatchReference) {
     EXPECT_NEAR(loss, reference_loss(logits.to_vector<double>(), classes, t, eps, -100), 1e-6)
         << "eps " << eps;
     EXPECT_EQ(loss_fn.counted_rows().item(), 4.0);
-    std::vector<double> g = loss_fn.backward(ctx, 1.0).to_vector<double>();
+    std::vector<double> g = loss_fn.backward(ctx).to_vector<double>();
     for (std::int64_t c = 0; c < classes; ++c) {
       EXPECT_EQ(g[2 * classes + c], 0.0);  // ignored rows get no gradient
       EXPECT_EQ(g[5 * classes + c], 0.0);
@@ -78,8 +78,9 @@ TEST(SoftmaxCrossEntropy, GradientMatchesFiniteDifferences) {
   const double scale = 3.0, h = 1e-2;
   SoftmaxCrossEntropy loss_fn(0.2, 7);
   Context ctx;
+  ctx.step.loss_scale = &scale;
   loss_fn.forward(ctx, logits, targets);
-  Tensor grad = loss_fn.backward(ctx, scale);
+  Tensor grad = loss_fn.backward(ctx);
   EXPECT_EQ(grad.dtype(), DType::F64);
   std::vector<double> analytic = grad.to_vector<double>();
   double* x = logits.data<double>();
@@ -108,7 +109,7 @@ TEST(SoftmaxCrossEntropy, AllIgnoredGivesZeroNotNaN) {
       loss_fn.forward(ctx, logits, Tensor::from_vector<std::int64_t>({-100, -100, -100}, {3}));
   EXPECT_EQ(loss.item(), 0.0);
   EXPECT_EQ(loss_fn.counted_rows().item(), 0.0);
-  for (float g : loss_fn.backward(ctx, 1.0).to_vector<float>()) EXPECT_EQ(g, 0.0f);
+  for (float g : loss_fn.backward(ctx).to_vector<float>()) EXPECT_EQ(g, 0.0f);
 }
 
 TEST(SoftmaxCrossEntropy, OutOfRangeTargetIsAnError) {
@@ -133,17 +134,20 @@ TEST(SoftmaxCrossEntropy, SequenceLogitsAndScale) {
   std::vector<float> values = logits.to_vector<float>();
   std::vector<double> flat(values.begin(), values.end());
   EXPECT_NEAR(loss, reference_loss(flat, 4, {0, 1, -100, 3, 2, 1}, 0.0, -100), 1e-6);
-  Tensor g1 = loss_fn.backward(ctx, 1.0);
+  Tensor g1 = loss_fn.backward(ctx);
   EXPECT_EQ(g1.shape(), (Shape{2, 3, 4}));
   // Backward drops what forward saved (as autograd frees its graph): a second one needs a forward.
-  EXPECT_THROW(loss_fn.backward(ctx, 4.0), Error);
+  const double four = 4.0;
+  ctx.step.loss_scale = &four;
+  EXPECT_THROW(loss_fn.backward(ctx), Error);
   loss_fn.forward(ctx, logits, targets);
-  std::vector<float> a = g1.to_vector<float>(), b = loss_fn.backward(ctx, 4.0).to_vector<float>();
+  std::vector<float> a = g1.to_vector<float>(), b = loss_fn.backward(ctx).to_vector<float>();
   for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], 4 * a[i], 1e-6) << i;
 }
 
-TEST(SoftmaxCrossEntropy, LossScaleSourceIsBitIdenticalToTheScaleByValue) {
-  // Context::loss_scale_source (CUDA graphs): (*source) / divisor replaces the scale argument.
+TEST(SoftmaxCrossEntropy, LossScaleOverDivisorIsBitIdenticalToTheQuotient) {
+  // Context::step (CUDA graphs replay it): (*loss_scale) / divisor, read when the pass runs, is
+  // bit for bit the host's quotient S / M.
   Tensor targets = Tensor::from_vector<std::int64_t>({0, 4, -100, 3, 2, 1, 4}, {7});
   for (DType dtype : {DType::F32, DType::F64}) {
     Tensor logits = Tensor::empty({7, 5}, dtype);
@@ -151,16 +155,18 @@ TEST(SoftmaxCrossEntropy, LossScaleSourceIsBitIdenticalToTheScaleByValue) {
     SoftmaxCrossEntropy loss_fn(0.1);
     const double loss_scale = 65536.0;
     const std::int64_t micro_steps = 3;
-    Context by_value;
-    loss_fn.forward(by_value, logits, targets);
-    Tensor want = loss_fn.backward(by_value, loss_scale / micro_steps);
+    Context quotient;
+    const double host_quotient = loss_scale / micro_steps;
+    quotient.step.loss_scale = &host_quotient;
+    loss_fn.forward(quotient, logits, targets);
+    Tensor want = loss_fn.backward(quotient);
 
     double source = loss_scale;
     Context ctx;
-    ctx.loss_scale_source = &source;
-    ctx.loss_scale_divisor = micro_steps;
+    ctx.step.loss_scale = &source;
+    ctx.step.loss_scale_divisor = micro_steps;
     loss_fn.forward(ctx, logits, targets);
-    Tensor got = loss_fn.backward(ctx, 123.0);  // ignored
+    Tensor got = loss_fn.backward(ctx);
     if (dtype == DType::F32) {
       EXPECT_EQ(got.to_vector<float>(), want.to_vector<float>());
     } else {
@@ -169,7 +175,7 @@ TEST(SoftmaxCrossEntropy, LossScaleSourceIsBitIdenticalToTheScaleByValue) {
     // The value at the address acts: half the scale, half the gradient.
     source = loss_scale / 2;
     loss_fn.forward(ctx, logits, targets);
-    std::vector<double> half = loss_fn.backward(ctx, 123.0).to(DType::F64).to_vector<double>();
+    std::vector<double> half = loss_fn.backward(ctx).to(DType::F64).to_vector<double>();
     std::vector<double> full = want.to(DType::F64).to_vector<double>();
     for (std::size_t i = 0; i < full.size(); ++i) EXPECT_EQ(half[i] * 2, full[i]) << i;
   }
@@ -181,10 +187,10 @@ TEST(SoftmaxCrossEntropy, NonPositiveLossScaleDivisorIsAnError) {
   SoftmaxCrossEntropy loss_fn;
   Context ctx;
   double source = 4.0;
-  ctx.loss_scale_source = &source;
-  ctx.loss_scale_divisor = 0;
+  ctx.step.loss_scale = &source;
+  ctx.step.loss_scale_divisor = 0;
   loss_fn.forward(ctx, logits, Tensor::from_vector<std::int64_t>({0, 2}, {2}));
-  EXPECT_THROW(loss_fn.backward(ctx, 1.0), Error);
+  EXPECT_THROW(loss_fn.backward(ctx), Error);
 }
 
 }  // namespace

@@ -122,8 +122,8 @@ StepResult train_steps(Model& m, const std::vector<Layer*>& blocks, bool recompu
   CachingAllocator& host = host_allocator();
   for (std::uint64_t step : {5, 6}) {
     Context ctx;
-    ctx.seed = 1234;
-    ctx.step = step;
+    ctx.run.seed = 1234;
+    ctx.step.step = &step;
     Tensor x = model_input(m, batch, step);
     const std::size_t before = host.stats().allocated_bytes;
     host.reset_peak_stats();
@@ -185,7 +185,7 @@ TEST(Recompute, ResNetRunningStatisticsUpdateOncePerStep) {
   Model m = make_model(o);
   for (std::uint64_t step : {1, 2}) {
     Context ctx;
-    ctx.step = step;
+    ctx.step.step = &step;
     Tensor y = m.net->forward(ctx, model_input(m, 2, step));
     m.net->backward(ctx, Tensor::full(y.shape(), 1.0, y.dtype()));
   }

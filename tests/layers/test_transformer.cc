@@ -34,10 +34,11 @@ void randomize_parameters(Layer& layer, std::uint64_t seed, double bound = 0.5) 
 
 Context f64_context() {
   Context ctx;
-  ctx.precision.activation = DType::F64;
-  ctx.precision.matmul = DType::F64;
-  ctx.seed = 99;
-  ctx.step = 3;
+  ctx.run.precision.activation = DType::F64;
+  ctx.run.precision.matmul = DType::F64;
+  ctx.run.seed = 99;
+  static const std::uint64_t kStep = 3;
+  ctx.step.step = &kStep;
   return ctx;
 }
 
@@ -180,7 +181,7 @@ TEST_P(AttentionGradient, MatchesFiniteDifferences) {
   attn.to(Device::cpu(), DType::F64);
   randomize_parameters(attn, 21);
   Context ctx = f64_context();
-  if (c.mask) ctx.attention_mask = padding_mask(batch, c.tokens);
+  if (c.mask) ctx.call.attention_mask = padding_mask(batch, c.tokens);
   expect_gradients_ok(attn, ctx, random_tensor({batch, c.tokens, hidden}, 22));
 }
 
@@ -272,8 +273,8 @@ TEST(Attention, CausalForwardMatchesNaiveReference) {
     Context ctx = f64_context();
     std::vector<double> mask;
     if (masked) {
-      ctx.attention_mask = padding_mask(b, t);
-      mask = ctx.attention_mask.to_vector<double>();
+      ctx.call.attention_mask = padding_mask(b, t);
+      mask = ctx.call.attention_mask.to_vector<double>();
     }
     auto got = attn.forward(ctx, x).to_vector<double>();
     auto want = naive_attention(attn, x, mask, /*causal=*/true);
@@ -301,27 +302,27 @@ std::vector<double> attention_step(MultiHeadSelfAttention& attn, Context& ctx, c
   return all;
 }
 
-TEST(Attention, DropoutStepSourceIsBitIdenticalToTheStepByValue) {
-  // Context::step_source (CUDA graphs) gives attention dropout the step at the address.
+TEST(Attention, DropoutStepCounterIsReadWhenRun) {
+  // Context::step.step (CUDA graphs replay it) gives attention dropout the step at the address.
   const std::int64_t b = 2, t = 6, e = 8;
   for (bool causal : {false, true}) {
     MultiHeadSelfAttention attn(e, 2, 0.3, QkvLayout::FusedQKV, causal);
     randomize_parameters(attn, 41);
     Tensor x = random_tensor({b, t, e}, 42, DType::F32);
     Tensor dy = random_tensor({b, t, e}, 43, DType::F32);
-    Context by_value;
-    by_value.seed = 5;
-    by_value.step = 11;
-    by_value.attention_mask = padding_mask(b, t);
-    std::vector<double> want11 = attention_step(attn, by_value, x, dy);
-    by_value.step = 12;
-    std::vector<double> want12 = attention_step(attn, by_value, x, dy);
+    Context fixed;
+    fixed.run.seed = 5;
+    const std::uint64_t eleven = 11, twelve = 12;
+    fixed.step.step = &eleven;
+    fixed.call.attention_mask = padding_mask(b, t);
+    std::vector<double> want11 = attention_step(attn, fixed, x, dy);
+    fixed.step.step = &twelve;
+    std::vector<double> want12 = attention_step(attn, fixed, x, dy);
     ASSERT_NE(want11, want12) << "causal " << causal;
 
     std::uint64_t step = 11;
-    Context ctx = by_value;
-    ctx.step = 0;  // ignored while step_source is set
-    ctx.step_source = &step;
+    Context ctx = fixed;
+    ctx.step.step = &step;
     EXPECT_EQ(attention_step(attn, ctx, x, dy), want11) << "causal " << causal;
     step = 12;  // changing the value at the address changes the mask
     EXPECT_EQ(attention_step(attn, ctx, x, dy), want12) << "causal " << causal;
@@ -362,7 +363,7 @@ void expect_decode_matches_full(Layer& layer, Context ctx, const Tensor& x, std:
   const std::int64_t row = full.numel() / (x.size(0) * t);  // values per token
   KvCache cache;
   cache.capacity = capacity;
-  ctx.kv_cache = &cache;
+  ctx.call.kv_cache = &cache;
   for (std::int64_t from = 0; from < t;) {
     const std::int64_t to = from == 0 ? prompt : from + 1;
     Tensor y = layer.forward(ctx, x.slice(1, from, to).contiguous());
@@ -400,7 +401,7 @@ TEST(Attention, KvCacheMisuseIsAnError) {
   ctx.training = false;
   KvCache cache;
   cache.capacity = 4;
-  ctx.kv_cache = &cache;
+  ctx.call.kv_cache = &cache;
   Tensor x = random_tensor({1, 3, 8}, 39, DType::F32);
   Tensor y = attn.forward(ctx, x);
   ASSERT_EQ(cache.entries.size(), 1u);
@@ -409,9 +410,9 @@ TEST(Attention, KvCacheMisuseIsAnError) {
   cache.past = 3;
   EXPECT_THROW(attn.forward(ctx, x), InputError);  // positions [3, 6) exceed capacity 4
   cache.past = 1;
-  ctx.attention_mask = Tensor::full({1, 4}, 1.0, DType::F32);
+  ctx.call.attention_mask = Tensor::full({1, 4}, 1.0, DType::F32);
   EXPECT_THROW(attn.forward(ctx, x), InputError);
-  ctx.attention_mask = Tensor();
+  ctx.call.attention_mask = Tensor();
   ctx.training = true;
   EXPECT_THROW(attn.forward(ctx, x), Error);
   ctx.training = false;
@@ -423,7 +424,7 @@ TEST(Attention, MaskedKeysDoNotInfluenceOutputs) {
   const std::int64_t b = 2, t = 5, e = 8;
   MultiHeadSelfAttention attn(e, 2);
   Context ctx;
-  ctx.attention_mask = padding_mask(b, t);  // batch 1 masks key 4
+  ctx.call.attention_mask = padding_mask(b, t);  // batch 1 masks key 4
   Tensor x = random_tensor({b, t, e}, 31, DType::F32);
   auto y1 = attn.forward(ctx, x).to_vector<float>();
   Tensor x2 = x.clone();
@@ -435,7 +436,7 @@ TEST(Attention, MaskedKeysDoNotInfluenceOutputs) {
       EXPECT_FLOAT_EQ(y1[i], y2[i]);
     }
   // Without the mask the same change does reach the other queries.
-  ctx.attention_mask = Tensor();
+  ctx.call.attention_mask = Tensor();
   auto z1 = attn.forward(ctx, x).to_vector<float>(), z2 = attn.forward(ctx, x2).to_vector<float>();
   double diff = 0;
   for (std::size_t i = static_cast<std::size_t>(t * e);
@@ -470,7 +471,7 @@ TEST(TransformerBlock, PostNormGradientCheck) {
   block.to(Device::cpu(), DType::F64);
   randomize_parameters(block, 41);
   Context ctx = f64_context();
-  ctx.attention_mask = padding_mask(2, 5);
+  ctx.call.attention_mask = padding_mask(2, 5);
   expect_gradients_ok(block, ctx, random_tensor({2, 5, 8}, 42));
 }
 
@@ -540,7 +541,7 @@ TEST(Bert, TinyModelGradientCheck) {
   Context ctx = f64_context();
   // Id 0 is the padding row, which gets no gradient by design, so the input avoids it.
   Tensor ids = Tensor::from_vector<std::int64_t>({1, 5, 5, 12, 3, 7, 2, 9, 5, 11}, {2, 5});
-  ctx.attention_mask = Tensor::from_vector<double>({1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, {2, 5});
+  ctx.call.attention_mask = Tensor::from_vector<double>({1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, {2, 5});
   EXPECT_EQ(m.net->forward(ctx, ids).shape(), (Shape{2, 5, 13}));
   expect_gradients_ok(*m.net, ctx, ids, /*check_input=*/false);
 }

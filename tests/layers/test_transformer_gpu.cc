@@ -14,6 +14,7 @@
 #include <cstring>
 #include <map>
 
+#include "core/allocator.h"
 #include "core/ops.h"
 #include "core/stream.h"
 #include "layers/attention.h"
@@ -110,10 +111,10 @@ void compare_layer(Layer& layer, const Tensor& x, const Shape& y_shape, DType dt
   Tensor dy = random_cpu(y_shape, dt, ++seed);
   auto run = [&](Device device, DType act) {
     Context c = ctx;
-    c.device = device;
-    c.precision.activation = act;
-    c.precision.matmul = act;
-    if (c.attention_mask.defined()) c.attention_mask = c.attention_mask.to(device);
+    c.run.device = device;
+    c.run.precision.activation = act;
+    c.run.precision.matmul = act;
+    if (c.call.attention_mask.defined()) c.call.attention_mask = c.call.attention_mask.to(device);
     Run r;
     Tensor in = is_floating(x.dtype()) ? x.to(device, act) : x.to(device);
     r.y = layer.forward(c, in);
@@ -147,11 +148,22 @@ void compare_layer(Layer& layer, const Tensor& x, const Shape& y_shape, DType dt
   }
 }
 
+// Dropout's step (7) in pinned host memory: the CPU reads it there and, under unified addressing,
+// the kernels too, so one context serves both devices.
+const std::uint64_t* step_seven() {
+  static std::uint64_t* step = [] {
+    auto* p = static_cast<std::uint64_t*>(pinned_allocator().allocate(sizeof(std::uint64_t)));
+    *p = 7;
+    return p;
+  }();
+  return step;
+}
+
 Context training_context(std::uint64_t seed) {
   Context ctx;
   ctx.training = true;
-  ctx.seed = seed;
-  ctx.step = 7;
+  ctx.run.seed = seed;
+  ctx.step.step = step_seven();
   return ctx;
 }
 
@@ -239,7 +251,7 @@ TEST_P(TransformerGpu, SoftmaxLaunchersMatchCpuThroughAttention) {
   for (QkvLayout layout : {QkvLayout::SeparateQKV, QkvLayout::FusedQKV}) {
     MultiHeadSelfAttention attn(e, 4, 0.1, layout);
     Context ctx = training_context(seed);
-    ctx.attention_mask = padding_mask(b, t);
+    ctx.call.attention_mask = padding_mask(b, t);
     compare_layer(attn, random_cpu({b, t, e}, dt, seed + 1), {b, t, e}, dt, ctx,
                   dt == DType::F32 ? 200 : 24, seed + 2,
                   layout == QkvLayout::FusedQKV ? "attention (fused)" : "attention (separate)");
@@ -289,7 +301,7 @@ TEST_P(TransformerGpu, FusedAttentionMatchesCpu) {
       MultiHeadSelfAttention attn(e, 2, 0.1, layout);
       Context ctx = training_context(seed);
       ctx.training = training;
-      if (training) ctx.attention_mask = padding_mask(b, t);
+      if (training) ctx.call.attention_mask = padding_mask(b, t);
       seed += 3;
       compare_layer(attn, random_cpu({b, t, e}, dt, seed), {b, t, e}, dt, ctx,
                     dt == DType::F32 ? 200 : 24, seed + 1,
@@ -317,8 +329,8 @@ TEST_P(TransformerGpu, UnmaskedAttentionMatchesCpuOnBothKernels) {
       Tensor x = random_cpu({b, t, e}, dt, seed + 2).to(kGpu, dt);
       Tensor dy = random_cpu({b, t, e}, dt, seed + 3).to(kGpu, dt);
       Context c = training_context(seed);
-      c.device = kGpu;
-      c.precision.activation = c.precision.matmul = dt;
+      c.run.device = kGpu;
+      c.run.precision.activation = c.run.precision.matmul = dt;
       std::vector<std::vector<double>> dx;
       for (int repeat = 0; repeat < 2; ++repeat) {
         attn.forward(c, x);
@@ -391,7 +403,7 @@ TEST_P(TransformerGpu, CausalAttentionWithMaskAndDropoutMatchesCpu) {
         MultiHeadSelfAttention attn(e, 2, 0.1, QkvLayout::SeparateQKV, /*causal=*/true);
         Context ctx = training_context(seed);
         ctx.training = training;
-        if (training) ctx.attention_mask = padding_mask(b, t);
+        if (training) ctx.call.attention_mask = padding_mask(b, t);
         seed += 3;
         // f32 sums over up to 1024 keys in another order on each side.
         compare_layer(attn, random_cpu({b, t, e}, dt, seed), {b, t, e}, dt, ctx,
@@ -405,10 +417,10 @@ TEST_P(TransformerGpu, CausalAttentionWithMaskAndDropoutMatchesCpu) {
   ASSERT_EQ(unsetenv("KILN_ATTENTION_CUDNN"), 0);
 }
 
-TEST_P(TransformerGpu, DropoutStepSourceIsBitIdenticalToTheStepByValue) {
-  // Context::step_source in device memory (CUDA graphs): the flash kernels and the unfused
-  // softmax, forward and backward, read the step there as they run; the same step by value gives
-  // the same bits, and a step counter moved by ops::increment draws the next step's mask.
+TEST_P(TransformerGpu, DropoutStepCounterIsReadWhenTheKernelsRun) {
+  // Context::step.step in device memory (CUDA graphs replay it): the flash kernels and the
+  // unfused softmax, forward and backward, read the step there as they run; the same step written
+  // by the host gives the same bits, and a counter moved by ops::increment draws the next mask.
   DType dt = GetParam();
   std::uint64_t seed = fresh_seed();
   const std::int64_t b = 2, t = 97, e = 128;
@@ -423,10 +435,10 @@ TEST_P(TransformerGpu, DropoutStepSourceIsBitIdenticalToTheStepByValue) {
       for (Parameter* p : attn.parameters()) ops::fill_uniform(p->value, -0.5, 0.5, ++seed);
       attn.to(kGpu, dt);
       Context ctx = training_context(seed);
-      ctx.device = kGpu;
-      ctx.precision.activation = dt;
-      ctx.precision.matmul = dt;
-      ctx.attention_mask = padding_mask(b, t).to(kGpu);
+      ctx.run.device = kGpu;
+      ctx.run.precision.activation = dt;
+      ctx.run.precision.matmul = dt;
+      ctx.call.attention_mask = padding_mask(b, t).to(kGpu);
       // y, dx and every parameter gradient, on the host.
       auto step_once = [&](Context& c) {
         for (Parameter* p : attn.parameters()) p->grad.zero();
@@ -437,14 +449,14 @@ TEST_P(TransformerGpu, DropoutStepSourceIsBitIdenticalToTheStepByValue) {
           all.push_back(p->grad.to(Device::cpu(), DType::F64).to_vector<double>());
         return all;
       };
-      ctx.step = 7;
+      HostWrittenScalars written(kGpu, 7);
+      ctx.step = written.scalars();
       auto want7 = step_once(ctx);
-      ctx.step = 8;
+      written.set_step(8);
       auto want8 = step_once(ctx);
       ASSERT_NE(want7, want8) << what << ": the step does not act";
       Tensor step = Tensor::from_vector<std::int64_t>({7}, {1}).to(kGpu);
-      ctx.step = 1000;  // ignored while step_source is set
-      ctx.step_source = reinterpret_cast<const std::uint64_t*>(step.data());
+      ctx.step.step = reinterpret_cast<const std::uint64_t*>(step.data());
       EXPECT_EQ(step_once(ctx), want7) << what;
       ops::increment(step);
       EXPECT_EQ(step_once(ctx), want8) << what;
@@ -476,15 +488,15 @@ TEST_P(TransformerGpu, KvCacheDecodeMatchesFullCausalForward) {
   attn.to(kGpu, dt);
   Context c;
   c.training = false;
-  c.device = kGpu;
-  c.precision.activation = c.precision.matmul = dt;
+  c.run.device = kGpu;
+  c.run.precision.activation = c.run.precision.matmul = dt;
   poison_allocator();
   Tensor full = attn.forward(c, x.to(kGpu, dt));
   expect_close(full, want, dt, "full causal forward", dt == DType::F32 ? 200 : 24);
 
   KvCache cache;
   cache.capacity = t + 5;
-  c.kv_cache = &cache;
+  c.call.kv_cache = &cache;
   poison_allocator();
   Tensor decoded = Tensor::empty({b, t, e}, DType::F32);
   for (std::int64_t from = 0; from < t;) {
@@ -513,9 +525,9 @@ TEST_P(TransformerGpu, FlashBackwardInWorkspaceChunksIsBitwiseEqual) {
   for (Parameter* p : attn.parameters()) ops::fill_uniform(p->value, -0.5, 0.5, ++seed);
   attn.to(kGpu, dt);
   Context c = training_context(seed);
-  c.device = kGpu;
-  c.precision.activation = c.precision.matmul = dt;
-  c.attention_mask = padding_mask(b, t).to(kGpu);
+  c.run.device = kGpu;
+  c.run.precision.activation = c.run.precision.matmul = dt;
+  c.call.attention_mask = padding_mask(b, t).to(kGpu);
   Tensor x = random_cpu({b, t, e}, dt, seed + 1).to(kGpu, dt);
   Tensor dy = random_cpu({b, t, e}, dt, seed + 2).to(kGpu, dt);
   auto gradients = [&]() {
@@ -549,7 +561,7 @@ TEST_P(TransformerGpu, TransformerBlocksMatchCpu) {
     TransformerBlock block(TransformerBlockConfig::bert(64, 4, 128, 0.1));
     block.set_name("layer");
     Context ctx = training_context(seed);
-    ctx.attention_mask = padding_mask(2, 19);
+    ctx.call.attention_mask = padding_mask(2, 19);
     compare_layer(block, random_cpu({2, 19, 64}, dt, seed), {2, 19, 64}, dt, ctx, factor, seed + 1,
                   "post-LN block");
   }
@@ -604,7 +616,7 @@ TEST_P(TransformerGpu, TinyModelsMatchCpu) {
     for (std::size_t i = 0; i < id.size(); ++i)
       id[i] = 1 + static_cast<std::int64_t>((seed + 7 * i) % 100);
     Context ctx = training_context(seed);
-    ctx.attention_mask = padding_mask(3, 11);
+    ctx.call.attention_mask = padding_mask(3, 11);
     compare_layer(*m.net, Tensor::from_vector(id, {3, 11}), {3, 11, 101}, dt, ctx, factor, seed + 1,
                   "tiny bert");
   }
@@ -670,7 +682,7 @@ void profile_layers(Layer& net, Context ctx, const Tensor& x, const Tensor& dy) 
   if (!std::getenv("KILN_PROFILE_LAYERS")) return;
   std::map<std::string, double> total;
   std::vector<std::chrono::steady_clock::time_point> starts;
-  ctx.on_layer = [&](Layer& layer, bool forward, bool begin) {
+  ctx.observers.push_back([&](Layer& layer, bool forward, bool begin) {
     const std::string& name = layer.name();
     device_synchronize(kGpu);
     if (begin) {
@@ -683,7 +695,7 @@ void profile_layers(Layer& net, Context ctx, const Tensor& x, const Tensor& dy) 
     std::string kind;  // the name without layer indices
     for (char c : name) kind += std::isdigit(static_cast<unsigned char>(c)) ? '#' : c;
     total[kind + (forward ? " fwd" : " bwd")] += s;
-  };
+  });
   net.forward(ctx, x);
   net.backward(ctx, dy);
   for (const auto& [kind, s] : total) std::printf("  %-70s %8.3f ms\n", kind.c_str(), s * 1e3);
@@ -695,8 +707,10 @@ double timed_steps(Layer& net, Context& ctx, const Tensor& x, const Tensor& dy, 
   device_synchronize(kGpu);
   profile_layers(net, ctx, x, dy);
   auto start = std::chrono::steady_clock::now();
+  HostWrittenScalars step(kGpu);
+  ctx.step = step.scalars();
   for (int i = 0; i < steps; ++i) {
-    ctx.step++;
+    step.set_step(static_cast<std::uint64_t>(i));
     net.forward(ctx, x);
     net.backward(ctx, dy);
   }
@@ -720,9 +734,9 @@ TEST(TransformerGpuFullSize, BertBaseAndVitB16StepInBf16) {
   if (cuda_device_count() == 0) GTEST_FAIL() << "no GPU visible: the gpu suite needs one";
   std::uint64_t seed = fresh_seed();
   Context ctx = training_context(seed);
-  ctx.device = kGpu;
-  ctx.precision.activation = DType::BF16;
-  ctx.precision.matmul = DType::BF16;
+  ctx.run.device = kGpu;
+  ctx.run.precision.activation = DType::BF16;
+  ctx.run.precision.matmul = DType::BF16;
   {
     ModelOptions o;
     o.name = "bert_base";

@@ -468,8 +468,9 @@ TEST(MixedPrecision, O2KeepsNoFp32GradientCopy) {
   auto r = [](std::int64_t bytes) {
     return round_allocation_size(static_cast<std::size_t>(bytes));
   };
-  // masters + exp_avg + exp_avg_sq (w), the moments of the fp32 bias, the step count, the stats.
-  const std::size_t expected = 3 * r(4 * n) + 2 * r(4 * nb) + r(8) + r(8);
+  // masters + exp_avg + exp_avg_sq (w), the moments of the fp32 bias, the step count, the stats,
+  // the loss scale the loss's backward reads.
+  const std::size_t expected = 3 * r(4 * n) + 2 * r(4 * nb) + r(8) + r(8) + r(8);
   EXPECT_EQ(after - before, expected);
   fill_scaled_grad(m.w.grad, 1e-3, opt.scale(), 51);  // finite in fp16 at 65536
   fill_scaled_grad(m.b.grad, 1e-3, opt.scale(), 52);

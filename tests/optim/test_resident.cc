@@ -180,7 +180,9 @@ TEST(ResidentMode, RefusesShardedOptimizersAndHostSteps) {
   sharded.set_sumsq_hook([](double local) { return local; });
   EXPECT_THROW(sharded.make_resident(lr_table(1e-3), 0), Error);
   EXPECT_FALSE(sharded.resident());
-  EXPECT_EQ(sharded.loss_scale_source(), nullptr);
+  // Host mode: the scale the host keeps, where the loss's backward reads it.
+  ASSERT_NE(sharded.loss_scale_source(), nullptr);
+  EXPECT_EQ(*sharded.loss_scale_source(), sharded.scale());
   MixedPrecisionOptimizer opt(m.params, c.optim, c.amp);
   EXPECT_THROW(opt.make_resident({}, 0), InputError);
   opt.make_resident(lr_table(1e-3), 0);
