@@ -5,8 +5,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "core/enum_names.h"
 #include "core/file_kind.h"
@@ -213,13 +211,7 @@ void write_file_atomically(const std::string& path, const std::string& bytes) {
 }
 
 std::string read_file(const std::string& path) {
-  require_regular_file(path, "a file Kiln reads");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot open (" + std::strerror(errno) + ")");
-  std::ostringstream os;
-  os << in.rdbuf();
-  if (in.bad()) throw InputError(path + ": read error");
-  return os.str();
+  return read_regular_file(path, "a file Kiln reads");
 }
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors,

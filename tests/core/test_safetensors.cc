@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -79,6 +80,13 @@ TEST(Safetensors, CorruptFilesAreRefusedWithTheFileNamed) {
   EXPECT_NE(m.find("must be a regular file, but it is a character device"), std::string::npos) << m;
   m = expect_input_error("/tmp");
   EXPECT_NE(m.find("must be a regular file, but it is a directory"), std::string::npos) << m;
+  // A FIFO without a writer: refused, not waited on.
+  const std::string fifo = temp_path("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  m = expect_input_error(fifo);
+  EXPECT_NE(m.find("must be a regular file, but it is a FIFO (named pipe)"), std::string::npos)
+      << m;
+  std::remove(fifo.c_str());
   std::remove(path.c_str());
 }
 

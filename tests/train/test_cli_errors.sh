@@ -28,6 +28,11 @@ expect 2 "model.init_from = \"/dev/zero\": is a character device" -- "$KILN" tra
 # Paths that are not regular files: a directory is said to be one (never read, never "truncated").
 expect 2 "directory" -- "$KILN" train --config "$TINY" --set model.init_from="$WORK"
 expect 2 "directory" -- "$KILN" train --config "$WORK"
+# A FIFO blocks a reader forever, /dev/zero never ends: both refused at once (issue 32).
+mkfifo "$WORK/fifo"
+expect 2 "a FIFO (named pipe)" -- "$KILN" train --config "$WORK/fifo"
+expect 2 "a character device" -- "$KILN" train --config /dev/zero
+expect 2 "model.init_from = \"$WORK/fifo\": is a FIFO" -- "$KILN" train --config "$TINY" --set model.init_from="$WORK/fifo"
 
 # A corrupt checkpoint is refused before step 1, naming the file and the reason.
 "$KILN" train --config "$TINY" --set train.steps=2 --set logging.dir="$WORK/c" --quiet > /dev/null 2>&1 || fail "setup run"
