@@ -50,4 +50,20 @@ expect 2 "optimizer.safetensors: size 100 bytes" -- "$KILN" train --config "$TIN
 rm -rf "$ck"; cp -r "$WORK/keep" "$ck"
 expect 2 "checkpoint of model 'fashion_cnn'" -- "$KILN" train --config "$TINY" --set model.name=mlp --set logging.dir="$WORK/c" --resume latest
 expect 2 "different model configuration" -- "$KILN" train --config "$TINY" --set model.num_classes=7 --set logging.dir="$WORK/c" --resume latest
+# model.init_from read strictly: an I32 tensor for a float weight, a NaN weight (issue 32).
+python3 - "$WORK/keep/model.safetensors" "$WORK" <<'PY'
+import json, struct, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+header = json.loads(b[8:8 + n])
+name = next(k for k, v in header.items() if k != "__metadata__" and v["dtype"] == "F32")
+begin = 8 + n + header[name]["data_offsets"][0]
+nan = bytearray(b); nan[begin:begin + 4] = struct.pack("<f", float("nan"))
+open(sys.argv[2] + "/nan.safetensors", "wb").write(nan)
+i32 = bytearray(b); at = i32.index(b'"F32"', 8); i32[at:at + 5] = b'"I32"'
+open(sys.argv[2] + "/i32.safetensors", "wb").write(i32)
+PY
+expect 2 "non-finite value(s)" -- "$KILN" train --config "$TINY" --set logging.dir="$WORK/nan" --set model.init_from="$WORK/nan.safetensors"
+grep -qF "$WORK/nan.safetensors: parameter '" "$WORK/out" || { cat "$WORK/out"; fail "the NaN weight's file and tensor are not named"; }
+expect 2 "is i32, the model holds it as f32" -- "$KILN" train --config "$TINY" --set logging.dir="$WORK/i32" --set model.init_from="$WORK/i32.safetensors"
 pass "command-line and checkpoint errors"
