@@ -50,6 +50,18 @@ expect 2 "optimizer.safetensors: size 100 bytes" -- "$KILN" train --config "$TIN
 rm -rf "$ck"; cp -r "$WORK/keep" "$ck"
 expect 2 "checkpoint of model 'fashion_cnn'" -- "$KILN" train --config "$TINY" --set model.name=mlp --set logging.dir="$WORK/c" --resume latest
 expect 2 "different model configuration" -- "$KILN" train --config "$TINY" --set model.num_classes=7 --set logging.dir="$WORK/c" --resume latest
+# step-N directories without a MANIFEST: --resume latest names what it skips, and with only those
+# refuses instead of starting fresh beside them (issue 32).
+"$KILN" train --config "$TINY" --set train.steps=4 --set checkpoint.every_steps=2 --set logging.dir="$WORK/m" --quiet > /dev/null 2>&1 || fail "setup run (manifests)"
+rm "$WORK/m/checkpoints/step-000004/MANIFEST"
+"$KILN" train --config "$TINY" --set train.steps=4 --set checkpoint.every_steps=2 --set logging.dir="$WORK/m" --resume latest > "$WORK/out" 2>&1 || { cat "$WORK/out"; fail "resume beside a directory without a MANIFEST"; }
+grep -qF "warning: --resume latest skips 1 checkpoint directory in $WORK/m/checkpoints: $WORK/m/checkpoints/step-000004 (no MANIFEST" "$WORK/out" || { cat "$WORK/out"; fail "the skipped directory is not named"; }
+grep -qF "resumed from $WORK/m/checkpoints/step-000002 at step 2" "$WORK/out" || { cat "$WORK/out"; fail "did not resume from step 2"; }
+rm "$WORK"/m/checkpoints/step-*/MANIFEST
+expect 2 "--resume latest: no complete checkpoint in $WORK/m/checkpoints, only $WORK/m/checkpoints/step-000002, $WORK/m/checkpoints/step-000004 (no MANIFEST" -- "$KILN" train --config "$TINY" --set logging.dir="$WORK/m" --resume latest
+expect 2 "checkpoint.resume latest: no complete checkpoint" -- "$KILN" train --config "$TINY" --set logging.dir="$WORK/m" --set checkpoint.resume=latest
+! grep -q "starting fresh" "$WORK/out" || fail "started fresh beside checkpoint directories"
+
 # model.init_from read strictly: an I32 tensor for a float weight, a NaN weight (issue 32).
 python3 - "$WORK/keep/model.safetensors" "$WORK" <<'PY'
 import json, struct, sys
