@@ -205,6 +205,7 @@ TrainResult Trainer::train() {
     }
   }
   result.last_checkpoint = s.checkpointer->last_saved();
+  result.log_write_failure = s.metrics->close();
   deadline.finish();
   return result;
 }
