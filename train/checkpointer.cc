@@ -156,14 +156,14 @@ NamedTensors Checkpointer::gather_reducer_state() {
   return gathered;
 }
 
-config::CheckpointState Checkpointer::state_record() {
+config::CheckpointState Checkpointer::state_record(const data::LoaderState* position) {
   const config::Experiment& e = p_.experiment;
   const StepCounters& n = p_.counters;
   config::CheckpointState st;
   st.set_step(n.step);
   st.set_micro_step(n.micro_step);
   st.set_samples_seen(n.step * p_.global_batch);
-  data::LoaderState ls = p_.loader.state();
+  const data::LoaderState ls = position != nullptr ? *position : p_.loader.state();
   st.mutable_data()->set_seed(ls.seed);
   st.mutable_data()->set_epoch(ls.epoch);
   st.mutable_data()->set_next_batch(ls.next_batch);
@@ -179,11 +179,11 @@ config::CheckpointState Checkpointer::state_record() {
   return st;
 }
 
-std::string Checkpointer::save() {
+std::string Checkpointer::save(const data::LoaderState* position) {
   // Resident steps: the scaler and step count, to the host.
   if (p_.optimizer.resident()) p_.optimizer.report(&p_.counters.skipped);
   p_.sync.broadcast_buffers();
-  const config::CheckpointState st = state_record();
+  const config::CheckpointState st = state_record(position);
   const std::int64_t step = p_.counters.step;
   const bool rank0 = p_.world.rank == 0;
   NamedTensors model;

@@ -75,14 +75,17 @@ class Checkpointer {
   // written, or "".
   std::string maybe_save(bool last);
   // Writes a checkpoint of the current step on rank 0; every rank waits until it is complete.
-  std::string save();
+  // `position`: the loader position to record instead of the loader's own (a step whose batch
+  // failed to read already moved the loader past it).
+  std::string save(const data::LoaderState* position = nullptr);
   const std::string& last_saved() const { return last_saved_; }
+  std::int64_t last_saved_step() const { return last_saved_step_; }
 
  private:
   void restore(const std::string& path);
   void restore_reducer_state(const Checkpoint& c);
   NamedTensors gather_reducer_state();
-  config::CheckpointState state_record();
+  config::CheckpointState state_record(const data::LoaderState* position);
 
   CheckpointerOptions options_;
   Parts p_;
