@@ -1,6 +1,8 @@
 #include "core/file_kind.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -11,6 +13,16 @@ namespace kiln {
 namespace {
 
 enum class Kind { kRegular, kDirectory, kOther };
+
+std::string describe_mode(mode_t mode) {
+  if (S_ISREG(mode)) return "a regular file";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
 
 Kind kind_of(const std::string& path, std::string& description) {
   struct stat info {};
@@ -26,25 +38,9 @@ Kind kind_of(const std::string& path, std::string& description) {
     }
     return Kind::kOther;
   }
-  if (S_ISREG(info.st_mode)) {
-    description = "a regular file";
-    return Kind::kRegular;
-  }
-  if (S_ISDIR(info.st_mode)) {
-    description = "a directory";
-    return Kind::kDirectory;
-  }
-  if (S_ISCHR(info.st_mode)) {
-    description = "a character device";
-  } else if (S_ISBLK(info.st_mode)) {
-    description = "a block device";
-  } else if (S_ISFIFO(info.st_mode)) {
-    description = "a FIFO (named pipe)";
-  } else if (S_ISSOCK(info.st_mode)) {
-    description = "a socket";
-  } else {
-    description = "not a regular file";
-  }
+  description = describe_mode(info.st_mode);
+  if (S_ISREG(info.st_mode)) return Kind::kRegular;
+  if (S_ISDIR(info.st_mode)) return Kind::kDirectory;
   return Kind::kOther;
 }
 
@@ -74,6 +70,42 @@ void require_regular_file(const std::string& path, const std::string& what) {
   if (kind_of(path, description) != Kind::kRegular) {
     refuse(path, what, "a regular file", description);
   }
+}
+
+std::string read_regular_file(const std::string& path, const std::string& what) {
+  require_regular_file(path, what);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    throw InputError(path + ": cannot open " + what + ": " + std::strerror(errno));
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { KILN_IGNORE_ERROR(::close(fd)); }  // read-only: a failed close loses nothing
+  } closer{fd};
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) {
+    throw InputError(path + ": cannot stat " + what + ": " + std::strerror(errno));
+  }
+  if (!S_ISREG(info.st_mode)) {
+    throw InputError(path + ": " + what + " must be a regular file, but it is " +
+                     describe_mode(info.st_mode));
+  }
+  std::string bytes;
+  bytes.resize(info.st_size > 0 ? static_cast<std::size_t>(info.st_size) : 4096);
+  std::size_t used = 0;
+  for (;;) {
+    if (used == bytes.size()) bytes.resize(bytes.size() * 2);  // it grew while being read
+    const ssize_t got = ::read(fd, &bytes[used], bytes.size() - used);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      throw InputError(path + ": cannot read " + what + " (at byte " + std::to_string(used) +
+                       "): " + std::strerror(errno));
+    }
+    if (got == 0) break;
+    used += static_cast<std::size_t>(got);
+  }
+  bytes.resize(used);
+  return bytes;
 }
 
 void require_directory(const std::string& path, const std::string& what) {

@@ -16,6 +16,12 @@ std::string describe_file_kind(const std::string& path);
 // such file or directory)" when there is nothing there. `what` names the role: "a data file".
 void require_regular_file(const std::string& path, const std::string& what);
 
+// Reads the whole of `path`, which must be a regular file: the one way Kiln reads a file whole.
+// The path is checked before it is opened (opening a FIFO without a writer blocks; /dev/zero never
+// ends), opened with O_NONBLOCK and checked again on the descriptor, so a FIFO or device swapped
+// in between is refused too. InputError as require_regular_file's, or naming the failing call.
+std::string read_regular_file(const std::string& path, const std::string& what);
+
 // The same for a directory.
 void require_directory(const std::string& path, const std::string& what);
 

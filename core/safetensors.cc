@@ -3,10 +3,11 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "core/enum_names.h"
 #include "core/file_kind.h"
@@ -29,6 +30,12 @@ bool dtype_from_safetensors(const std::string& s, DType* out) {
 std::string json_quote(const std::string& s) {
   std::string r = "\"";
   for (char c : s) {
+    if (static_cast<unsigned char>(c) < 0x20) {  // JSON strings hold no raw control characters
+      char escaped[8];
+      std::snprintf(escaped, sizeof(escaped), "\\u%04x", static_cast<unsigned>(c));
+      r += escaped;
+      continue;
+    }
     if (c == '"' || c == '\\') r += '\\';
     r += c;
   }
@@ -71,40 +78,97 @@ class JsonReader {
     if (peek() != c) fail(std::string("expected '") + c + "'");
     ++pos_;
   }
+  // A JSON string: escapes decoded (\uXXXX to UTF-8, surrogate pairs joined), control
+  // characters, unknown escapes and lone surrogates refused, so a name reads as the writer meant
+  // it or not at all (never "weigh\u00f4" as "weight").
   std::string string_literal() {
     expect('"');
     std::string s;
     while (true) {
       if (pos_ >= text_.size()) fail("unterminated string");
-      char c = text_[pos_++];
+      const char c = text_[pos_++];
       if (c == '"') break;
-      if (c == '\\') {
-        if (pos_ >= text_.size()) fail("unterminated escape");
-        char e = text_[pos_++];
-        switch (e) {
-          case 'n':
-            s += '\n';
-            break;
-          case 't':
-            s += '\t';
-            break;
-          case 'u':
-            if (pos_ + 4 > text_.size()) fail("bad \\u escape");
-            for (std::size_t k = 0; k < 4; ++k) {
-              if (!std::isxdigit(static_cast<unsigned char>(text_[pos_ + k])))
-                fail("bad \\u escape");
-            }
-            s += static_cast<char>(std::stoi(text_.substr(pos_, 4), nullptr, 16) & 0x7f);
-            pos_ += 4;
-            break;
-          default:
-            s += e;
-        }
-      } else {
+      if (static_cast<unsigned char>(c) < 0x20) fail("a control character inside a string");
+      if (c != '\\') {
         s += c;
+        continue;
+      }
+      if (pos_ >= text_.size()) fail("unterminated escape");
+      const char e = text_[pos_++];
+      switch (e) {
+        case '"':
+        case '\\':
+        case '/':
+          s += e;
+          break;
+        case 'b':
+          s += '\b';
+          break;
+        case 'f':
+          s += '\f';
+          break;
+        case 'n':
+          s += '\n';
+          break;
+        case 'r':
+          s += '\r';
+          break;
+        case 't':
+          s += '\t';
+          break;
+        case 'u': {
+          std::uint32_t cp = hex4();
+          if (cp >= 0xdc00 && cp <= 0xdfff) fail("a \\u escape of a lone low surrogate");
+          if (cp >= 0xd800 && cp <= 0xdbff) {
+            if (pos_ + 2 > text_.size() || text_[pos_] != '\\' || text_[pos_ + 1] != 'u') {
+              fail("a \\u escape of a high surrogate without its low surrogate");
+            }
+            pos_ += 2;
+            const std::uint32_t low = hex4();
+            if (low < 0xdc00 || low > 0xdfff) {
+              fail("a \\u escape of a high surrogate without its low surrogate");
+            }
+            cp = 0x10000 + ((cp - 0xd800) << 10) + (low - 0xdc00);
+          }
+          append_utf8(cp, &s);
+          break;
+        }
+        default:
+          fail(std::string("unknown escape '\\") + e + "' in a string");
       }
     }
     return s;
+  }
+  std::uint32_t hex4() {
+    if (pos_ + 4 > text_.size()) fail("bad \\u escape");
+    std::uint32_t v = 0;
+    for (std::size_t k = 0; k < 4; ++k) {
+      const char h = text_[pos_ + k];
+      if (!std::isxdigit(static_cast<unsigned char>(h))) fail("bad \\u escape");
+      v = v * 16 +
+          static_cast<std::uint32_t>(std::isdigit(static_cast<unsigned char>(h))
+                                         ? h - '0'
+                                         : std::tolower(static_cast<unsigned char>(h)) - 'a' + 10);
+    }
+    pos_ += 4;
+    return v;
+  }
+  static void append_utf8(std::uint32_t cp, std::string* out) {
+    if (cp < 0x80) {
+      *out += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      *out += static_cast<char>(0xc0 | (cp >> 6));
+      *out += static_cast<char>(0x80 | (cp & 0x3f));
+    } else if (cp < 0x10000) {
+      *out += static_cast<char>(0xe0 | (cp >> 12));
+      *out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+      *out += static_cast<char>(0x80 | (cp & 0x3f));
+    } else {
+      *out += static_cast<char>(0xf0 | (cp >> 18));
+      *out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
+      *out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+      *out += static_cast<char>(0x80 | (cp & 0x3f));
+    }
   }
   JsonValue value() {
     if (++depth_ > 16) fail("nesting too deep");
@@ -117,8 +181,13 @@ class JsonReader {
         ++pos_;
       } else {
         while (true) {
+          const std::size_t key_at = pos_;
           std::string k = string_literal();
           expect(':');
+          if (v.object.count(k) != 0) {
+            pos_ = key_at;
+            fail("the name '" + k + "' appears twice (names must be unique)");
+          }
           v.object[k] = value();
           if (peek() == ',') {
             ++pos_;
@@ -213,13 +282,7 @@ void write_file_atomically(const std::string& path, const std::string& bytes) {
 }
 
 std::string read_file(const std::string& path) {
-  require_regular_file(path, "a file Kiln reads");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot open (" + std::strerror(errno) + ")");
-  std::ostringstream os;
-  os << in.rdbuf();
-  if (in.bad()) throw InputError(path + ": read error");
-  return os.str();
+  return read_regular_file(path, "a file Kiln reads");
 }
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
@@ -280,11 +343,24 @@ SafetensorsFile load_safetensors(const std::string& path) {
     throw InputError(path + ": safetensors header is not an object");
   std::size_t data_start = 8 + n, data_size = bytes.size() - data_start;
   SafetensorsFile out;
+  struct Range {
+    long long begin, end;
+    std::string name;
+  };
+  std::vector<Range> ranges;
   for (const auto& item : root.object) {
     const std::string& name = item.first;  // (a structured binding cannot be captured in C++17)
     const JsonValue& entry = item.second;
     if (name == "__metadata__") {
-      for (const auto& [k, v] : entry.object) out.metadata[k] = v.string;
+      if (entry.kind != JsonValue::Object) {
+        throw InputError(path + ": safetensors __metadata__ is not an object of strings");
+      }
+      for (const auto& [k, v] : entry.object) {
+        if (v.kind != JsonValue::String) {
+          throw InputError(path + ": safetensors __metadata__ '" + k + "' is not a string");
+        }
+        out.metadata[k] = v.string;
+      }
       continue;
     }
     auto bad = [&](const std::string& what) {
@@ -297,20 +373,32 @@ SafetensorsFile load_safetensors(const std::string& path) {
       throw bad("needs dtype, shape and data_offsets");
     }
     DType dtype;
-    if (!dtype_from_safetensors(dt->second.string, &dtype)) {
+    if (dt->second.kind != JsonValue::String ||
+        !dtype_from_safetensors(dt->second.string, &dtype)) {
       throw bad("unsupported dtype '" + dt->second.string +
                 "' (F32, F64, F16, BF16, I32, I64, U8)");
     }
+    if (sh->second.kind != JsonValue::Array) throw bad("shape is not an array");
     Shape shape;
     for (const JsonValue& d : sh->second.array) {
       if (d.kind != JsonValue::Number || d.number < 0) throw bad("bad shape");
       shape.push_back(d.number);
     }
-    if (off->second.array.size() != 2) throw bad("data_offsets needs two numbers");
+    if (off->second.kind != JsonValue::Array || off->second.array.size() != 2 ||
+        off->second.array[0].kind != JsonValue::Number ||
+        off->second.array[1].kind != JsonValue::Number) {
+      throw bad("data_offsets needs two numbers");
+    }
     long long begin = off->second.array[0].number, end = off->second.array[1].number;
     if (begin < 0 || end < begin || static_cast<std::size_t>(end) > data_size) {
       throw bad("data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
                 ") outside the " + std::to_string(data_size) + " data bytes (truncated file?)");
+    }
+    long double numel = 1;  // no overflow before the comparison with the file's size
+    for (std::int64_t d : shape) numel *= static_cast<long double>(d);
+    if (numel * dtype_size(dtype) > static_cast<long double>(data_size)) {
+      throw bad("shape " + shape_str(shape) + " of " + dt->second.string + " needs more than the " +
+                std::to_string(data_size) + " data bytes of the file");
     }
     std::size_t expected = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype);
     if (static_cast<std::size_t>(end - begin) != expected) {
@@ -320,6 +408,33 @@ SafetensorsFile load_safetensors(const std::string& path) {
     Tensor t = Tensor::empty(shape, dtype);
     if (expected > 0) std::memcpy(t.data(), bytes.data() + data_start + begin, expected);
     out.tensors[name] = t;
+    ranges.push_back({begin, end, name});
+  }
+  // The safetensors format: the tensors' byte ranges tile the data buffer, no overlap, no hole.
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  long long covered = 0;
+  const Range* previous = nullptr;
+  for (const Range& r : ranges) {
+    if (r.begin < covered) {
+      throw InputError(
+          path + ": tensor '" + r.name + "': data_offsets [" + std::to_string(r.begin) + ", " +
+          std::to_string(r.end) + ") overlap those of '" + previous->name + "' [" +
+          std::to_string(previous->begin) + ", " + std::to_string(previous->end) + ")");
+    }
+    if (r.begin > covered) {
+      throw InputError(path + ": tensor '" + r.name + "': data_offsets start at " +
+                       std::to_string(r.begin) + ", leaving bytes [" + std::to_string(covered) +
+                       ", " + std::to_string(r.begin) + ") of the data buffer to no tensor");
+    }
+    covered = r.end;
+    previous = &r;
+  }
+  if (static_cast<std::size_t>(covered) != data_size) {
+    throw InputError(path + ": the tensors cover " + std::to_string(covered) + " of the " +
+                     std::to_string(data_size) +
+                     " data bytes; the rest belongs to no tensor (a corrupt or padded file)");
   }
   return out;
 }

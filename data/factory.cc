@@ -54,6 +54,35 @@ std::string token_path(const std::string& path, const std::string& split) {
 
 }  // namespace
 
+std::string jpeg_split_dir(const std::string& path, const std::string& split) {
+  if (!is_directory(path)) {
+    throw InputError(path +
+                     ": no such directory (jpeg_folder expects root/train/<class>/*.jpg and "
+                     "root/val/<class>/*.jpg, or root/<class>/*.jpg)");
+  }
+  // ImageNet's layout names the held-out split "val", torchvision's ImageFolder users often
+  // "test": the eval split ("test" in the config) takes whichever is there, "val" first.
+  const std::vector<std::string> names = split == "train" ? std::vector<std::string>{"train"}
+                                                          : std::vector<std::string>{"val", "test"};
+  for (const std::string& name : names) {
+    const std::string dir = join_path(path, name);
+    if (is_directory(dir)) return dir;
+  }
+  // A root with split folders never has them read as classes.
+  std::string present;
+  for (const char* name : {"train", "val", "test"}) {
+    if (is_directory(join_path(path, name)))
+      present += (present.empty() ? "" : ", ") + std::string(name) + "/";
+  }
+  if (!present.empty()) {
+    throw InputError(path + ": jpeg_folder has split folders (" + present + ") but none for the " +
+                     split + " split (looked for " +
+                     (split == "train" ? std::string("train/") : std::string("val/ and test/")) +
+                     "); add it, or set data.eval_split: \"none\"");
+  }
+  return path;  // root/<class>/*.jpg: one folder for every split
+}
+
 std::vector<std::string> dataset_kinds() {
   return {"fashion_mnist", "mnist",       "cifar10",          "jpeg_folder",     "tokens_mlm",
           "tokens_clm",    "llmc_shards", "synthetic_images", "synthetic_tokens"};
@@ -75,9 +104,7 @@ std::shared_ptr<Dataset> make_dataset(const std::string& kind, const std::string
     return load_cifar10_dir(path, split, options.image_augment.value_or(cifar10_augment()));
   }
   if (kind == "jpeg_folder") {
-    std::string root = join_path(path, split);
-    if (!is_directory(root)) root = path;
-    return std::make_shared<JpegFolderDataset>(root, jpeg_options(options));
+    return std::make_shared<JpegFolderDataset>(jpeg_split_dir(path, split), jpeg_options(options));
   }
   if (kind == "tokens_mlm" || kind == "tokens_clm") {
     auto file = std::make_shared<const TokenFile>(read_token_file(token_path(path, split)));

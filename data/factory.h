@@ -37,7 +37,8 @@ struct DatasetOptions {
 //   fashion_mnist     directory of MNIST-format idx files ("" = default_fashion_mnist_dir())
 //   mnist             the same format, no default directory
 //   cifar10           directory of the CIFAR-10 binary batches
-//   jpeg_folder       root/<split>/<class>/*.jpg, or root/<class>/*.jpg without the split level
+//   jpeg_folder       root/train/<class>/*.jpg and root/val/<class>/*.jpg (or test/), or
+//                     root/<class>/*.jpg without the split level (jpeg_split_dir)
 //   tokens_mlm        token file, or directory holding <split>.tok; masked-LM samples
 //   tokens_clm        the same; next-token samples
 //   llmc_shards       glob of llm.c token shards (data/llmc_shards.h); next-token samples. The
@@ -52,5 +53,11 @@ std::shared_ptr<Dataset> make_dataset(const std::string& kind, const std::string
                                       const DatasetOptions& options = DatasetOptions());
 
 std::vector<std::string> dataset_kinds();
+
+// The folder a jpeg_folder split reads: root/train for "train"; root/val, else root/test, for
+// "test" and "val"; the root itself when it holds none of train/, val/, test/ (root/<class>/).
+// InputError naming the root when it is not a directory, or when it has split folders but not
+// the one asked for (split folders are never taken for classes).
+std::string jpeg_split_dir(const std::string& path, const std::string& split);
 
 }  // namespace kiln::data

@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <glob.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -97,61 +96,66 @@ std::vector<std::uint8_t> read_gzip(const std::string& path) {
   return bytes;
 }
 
-// Closes a descriptor when it leaves scope; a failed close of a read-only descriptor loses
-// nothing, so it is ignored.
-struct FdCloser {
-  int fd;
-  ~FdCloser() {
-    if (fd >= 0) KILN_IGNORE_ERROR(::close(fd));
-  }
-};
-
 }  // namespace
 
-MappedFile::MappedFile(const std::string& path) : path_(path) {
+PositionalFile::PositionalFile(const std::string& path) : path_(path) {
   require_regular_file(path, "a data file");
-  FdCloser fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (fd.fd < 0) throw_file_error(path, "cannot open: " + errno_text());
+  fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd_ < 0) throw_file_error(path, "cannot open: " + errno_text());
   struct stat info;
-  if (::fstat(fd.fd, &info) != 0) throw_file_error(path, "cannot stat: " + errno_text());
-  size_ = static_cast<std::size_t>(info.st_size);
-  if (size_ == 0) return;  // mmap refuses length 0
-  void* mapped = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd.fd, 0);
-  if (mapped == MAP_FAILED) {
-    size_ = 0;
-    throw_file_error(
-        path, "cannot map " + std::to_string(info.st_size) + " bytes into memory: " + errno_text());
+  if (::fstat(fd_, &info) != 0 || !S_ISREG(info.st_mode)) {
+    const std::string reason = S_ISREG(info.st_mode) ? errno_text() : "not a regular file";
+    close();
+    throw_file_error(path, "cannot stat: " + reason);
   }
-  data_ = static_cast<const std::uint8_t*>(mapped);
+  size_ = static_cast<std::uint64_t>(info.st_size);
 }
 
-MappedFile::~MappedFile() {
-  unmap();
+PositionalFile::~PositionalFile() {
+  close();
 }
 
-MappedFile::MappedFile(MappedFile&& other) noexcept
+PositionalFile::PositionalFile(PositionalFile&& other) noexcept
     : path_(std::move(other.path_)),
-      data_(std::exchange(other.data_, nullptr)),
+      fd_(std::exchange(other.fd_, -1)),
       size_(std::exchange(other.size_, 0)) {}
 
-MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+PositionalFile& PositionalFile::operator=(PositionalFile&& other) noexcept {
   if (this != &other) {
-    unmap();
+    close();
     path_ = std::move(other.path_);
-    data_ = std::exchange(other.data_, nullptr);
+    fd_ = std::exchange(other.fd_, -1);
     size_ = std::exchange(other.size_, 0);
   }
   return *this;
 }
 
-void MappedFile::unmap() noexcept {
-  if (data_ == nullptr) return;
-  // Destructors report, never throw: munmap fails only for an invalid range, a bug.
-  if (::munmap(const_cast<std::uint8_t*>(data_), size_) != 0) {
-    std::fprintf(stderr, "kiln: munmap of %s failed: %s\n", path_.c_str(), errno_text().c_str());
+void PositionalFile::close() noexcept {
+  if (fd_ >= 0) KILN_IGNORE_ERROR(::close(fd_));  // read-only: a failed close loses nothing
+  fd_ = -1;
+}
+
+void PositionalFile::read_at(std::uint64_t offset, void* out, std::size_t size) const {
+  auto* p = static_cast<std::uint8_t*>(out);
+  std::size_t done = 0;
+  while (done < size) {
+    const ssize_t got = ::pread(fd_, p + done, size - done, static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      throw_file_error(path_, offset + done,
+                       "read of " + std::to_string(size) + " bytes failed: " + errno_text());
+    }
+    if (got == 0) {
+      struct stat info;
+      const std::string now = ::fstat(fd_, &info) == 0 ? std::to_string(info.st_size) + " bytes"
+                                                       : "of unknown size (" + errno_text() + ")";
+      throw_file_error(path_, "the file ends before bytes [" + std::to_string(offset) + ", " +
+                                  std::to_string(offset + size) + "): it had " +
+                                  std::to_string(size_) + " bytes when opened and is now " + now +
+                                  " (truncated or rewritten while in use?)");
+    }
+    done += static_cast<std::size_t>(got);
   }
-  data_ = nullptr;
-  size_ = 0;
 }
 
 std::vector<std::string> glob_paths(const std::string& pattern) {

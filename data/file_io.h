@@ -18,30 +18,31 @@ std::vector<std::uint8_t> read_file(const std::string& path);
 // Used by tests and benchmarks to make small datasets.
 void write_file(const std::string& path, const void* bytes, std::size_t size, bool gzip = false);
 
-// A file mapped read-only (MAP_PRIVATE, PROT_READ): pages come from the page cache on first touch
-// and the kernel may drop them again, so a dataset larger than RAM can be read in place. The
-// mapping stays valid after the descriptor is closed; the destructor unmaps it.
-class MappedFile {
+// A file read by offset (pread), never mapped: a mapping turns a file truncated while it is read
+// into SIGBUS, where this gives an InputError naming the file. Reads go through the page cache,
+// so a dataset larger than RAM is read in place all the same. Safe to read from several threads.
+class PositionalFile {
  public:
-  // Throws InputError naming the file (and the failing call) when it is not a regular file or
-  // cannot be opened, sized or mapped. An empty file maps to size() 0, data() nullptr.
-  explicit MappedFile(const std::string& path);
-  ~MappedFile();
-  MappedFile(MappedFile&& other) noexcept;
-  MappedFile& operator=(MappedFile&& other) noexcept;
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
+  // Throws InputError naming the file when it is not a regular file or cannot be opened.
+  explicit PositionalFile(const std::string& path);
+  ~PositionalFile();
+  PositionalFile(PositionalFile&& other) noexcept;
+  PositionalFile& operator=(PositionalFile&& other) noexcept;
+  PositionalFile(const PositionalFile&) = delete;
+  PositionalFile& operator=(const PositionalFile&) = delete;
 
-  const std::uint8_t* data() const { return data_; }
-  std::size_t size() const { return size_; }
+  // Exactly `size` bytes at `offset` into `out`. InputError naming the file, the byte range and
+  // the sizes the file had when opened and has now when it is shorter (truncated since it was
+  // opened) or the read fails.
+  void read_at(std::uint64_t offset, void* out, std::size_t size) const;
+  std::uint64_t size() const { return size_; }  // when opened
   const std::string& path() const { return path_; }
 
  private:
-  void unmap() noexcept;
-
+  void close() noexcept;
   std::string path_;
-  const std::uint8_t* data_ = nullptr;
-  std::size_t size_ = 0;
+  int fd_ = -1;
+  std::uint64_t size_ = 0;
 };
 
 // The paths `pattern` matches (glob(3): *, ?, [...]), sorted bytewise; empty when none match.

@@ -21,30 +21,32 @@ void put_le(std::vector<std::uint8_t>* out, std::uint32_t value, int bytes) {
 
 }  // namespace
 
-LlmcShard::LlmcShard(const std::string& path, std::int64_t vocab_size) : file_(path) {
-  const std::uint8_t* bytes = file_.data();
-  const std::size_t size = file_.size();
+LlmcShard::LlmcShard(const std::string& path, std::int64_t vocab_size)
+    : file_(path), vocab_size_(vocab_size) {
+  const std::uint64_t size = file_.size();
   if (size < kLlmcShardHeaderBytes) {
     throw_file_error(path, size,
                      "truncated header: " + std::to_string(size) +
                          " bytes, an llm.c token shard starts with a " +
                          std::to_string(kLlmcShardHeaderBytes) + "-byte header");
   }
-  const std::int32_t magic = read_le32(bytes);
+  std::uint8_t header[12];
+  file_.read_at(0, header, sizeof(header));
+  const std::int32_t magic = read_le32(header);
   if (magic != kLlmcShardMagic) {
     throw_file_error(path, 0,
                      "wrong magic " + std::to_string(magic) +
                          ", not an llm.c token shard (expected " + std::to_string(kLlmcShardMagic) +
                          ")");
   }
-  const std::int32_t version = read_le32(bytes + 4);
+  const std::int32_t version = read_le32(header + 4);
   if (version != kLlmcShardVersion) {
     throw_file_error(path, 4,
                      "unsupported version " + std::to_string(version) +
                          " (this reader knows version " + std::to_string(kLlmcShardVersion) +
                          ": uint16 tokens)");
   }
-  const std::int32_t count = read_le32(bytes + 8);
+  const std::int32_t count = read_le32(header + 8);
   if (count <= 0) {
     throw_file_error(path, 8, "the header claims " + std::to_string(count) + " tokens");
   }
@@ -64,13 +66,30 @@ LlmcShard::LlmcShard(const std::string& path, std::int64_t vocab_size) : file_(p
   }
   // Every uint16 id is below a vocabulary of 65536 or more: nothing to scan then.
   if (vocab_size >= 65536) return;
-  for (std::int64_t i = 0; i < count_; ++i) {
-    const std::int64_t id = token(i);
-    if (id >= vocab_size) {
-      throw_file_error(path, kLlmcShardHeaderBytes + 2 * static_cast<std::uint64_t>(i),
-                       "token " + std::to_string(i) + " has id " + std::to_string(id) +
-                           ", not below the model's vocabulary size " + std::to_string(vocab_size));
+  std::vector<std::int64_t> chunk(std::size_t{1} << 18);
+  for (std::int64_t first = 0; first < count_; first += static_cast<std::int64_t>(chunk.size())) {
+    const std::int64_t n = std::min<std::int64_t>(count_ - first, chunk.size());
+    read_tokens(first, n, chunk.data());  // throws naming the first id out of range
+  }
+}
+
+void LlmcShard::read_tokens(std::int64_t first, std::int64_t n, std::int64_t* out) const {
+  KILN_CHECK(first >= 0 && n >= 0 && first + n <= count_, "llmc_shards: token range out of range");
+  // One read per window: 2 bytes per token, staged in this thread's buffer.
+  thread_local std::vector<std::uint8_t> bytes;
+  bytes.resize(2 * static_cast<std::size_t>(n));
+  const std::uint64_t offset = kLlmcShardHeaderBytes + 2 * static_cast<std::uint64_t>(first);
+  file_.read_at(offset, bytes.data(), bytes.size());
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::uint8_t* p = bytes.data() + 2 * i;
+    const std::int64_t id = static_cast<std::int64_t>(p[0] | (p[1] << 8));
+    if (id >= vocab_size_) {
+      throw_file_error(path(), offset + 2 * static_cast<std::uint64_t>(i),
+                       "token " + std::to_string(first + i) + " has id " + std::to_string(id) +
+                           ", not below the model's vocabulary size " +
+                           std::to_string(vocab_size_));
     }
+    out[i] = id;
   }
 }
 
@@ -146,13 +165,12 @@ bool LlmcShardDataset::get(std::int64_t index, const SampleContext& /*context*/,
   const LlmcShard& shard = shards_[static_cast<std::size_t>(where.shard)];
   auto* ids = static_cast<std::int64_t*>(input);    // (T)
   auto* next = static_cast<std::int64_t*>(target);  // (T)
-  const std::int64_t start = where.window * seq_len_;
-  std::int64_t current = shard.token(start);
-  for (std::int64_t t = 0; t < seq_len_; ++t) {
-    ids[t] = current;
-    current = shard.token(start + t + 1);
-    next[t] = current;
-  }
+  // Tokens [start, start + T], one read: the input is the first T, the target the last T.
+  thread_local std::vector<std::int64_t> window;
+  window.resize(static_cast<std::size_t>(seq_len_) + 1);
+  shard.read_tokens(where.window * seq_len_, seq_len_ + 1, window.data());
+  std::copy(window.begin(), window.end() - 1, ids);
+  std::copy(window.begin() + 1, window.end(), next);
   return true;
 }
 

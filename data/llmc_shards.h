@@ -9,9 +9,10 @@
 // Training shards are named like /data/fineweb10B/fineweb_train_000001.bin, validation shards
 // ..._val_000000.bin; a dataset is the sorted set of files one glob matches.
 //
-// Shards are mapped read-only, never copied into memory: each is validated once when opened
-// (header, size, every token below the vocabulary), then get() reads its window straight from
-// the mapping, so the page cache, not the process, holds what is read.
+// Shards are read in place, never copied into memory: each is validated once when opened
+// (header, size, every token below the vocabulary), then get() reads its window with pread, so
+// the page cache, not the process, holds what is read. Not mapped: a shard truncated while a run
+// reads it would kill the process with SIGBUS; a short read is an InputError naming the shard.
 
 #include <cstdint>
 #include <string>
@@ -26,7 +27,7 @@ constexpr std::int32_t kLlmcShardMagic = 20240520;
 constexpr std::int32_t kLlmcShardVersion = 1;
 constexpr std::size_t kLlmcShardHeaderBytes = 256 * sizeof(std::int32_t);
 
-// One validated, mapped shard.
+// One validated shard, read by offset.
 class LlmcShard {
  public:
   // Throws InputError naming the file: a header shorter than 1024 bytes, the wrong magic or
@@ -36,15 +37,20 @@ class LlmcShard {
 
   const std::string& path() const { return file_.path(); }
   std::int64_t token_count() const { return count_; }
+  // Tokens [first, first + n) into `out`, each checked against the vocabulary again. InputError
+  // naming the file when it has been truncated or rewritten since it was opened.
+  void read_tokens(std::int64_t first, std::int64_t n, std::int64_t* out) const;
   // Token i, 0 <= i < token_count().
   std::int64_t token(std::int64_t i) const {
-    const std::uint8_t* p = file_.data() + kLlmcShardHeaderBytes + 2 * i;
-    return static_cast<std::int64_t>(p[0] | (p[1] << 8));
+    std::int64_t id = 0;
+    read_tokens(i, 1, &id);
+    return id;
   }
 
  private:
-  MappedFile file_;
+  PositionalFile file_;
   std::int64_t count_ = 0;
+  std::int64_t vocab_size_ = 0;
 };
 
 // Writes `tokens` as an llm.c shard (for tests and benchmarks). Throws InputError on failure.

@@ -1,11 +1,11 @@
 #include "infer/gpt2_tokenizer.h"
 
 #include <algorithm>
-#include <fstream>
 #include <limits>
 #include <sstream>
 
 #include "core/check.h"
+#include "core/file_kind.h"
 
 namespace kiln::infer {
 namespace {
@@ -133,11 +133,7 @@ const std::unordered_map<std::uint32_t, unsigned char>& symbol_bytes() {
 }
 
 std::string read_file(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot read the " + what + " (missing or unreadable)");
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
+  return read_regular_file(path, std::string("the ") + what);
 }
 
 class JsonObjectReader {

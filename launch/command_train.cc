@@ -2,7 +2,9 @@
 
 #include <boost/program_options.hpp>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 
 #include "comm/world.h"
@@ -11,6 +13,7 @@
 #include "core/device.h"
 #include "launch/commands.h"
 #include "launch/run_ranks.h"
+#include "train/metrics.h"
 #include "train/preemption.h"
 #include "train/trainer.h"
 
@@ -150,8 +153,20 @@ int run_train(const Arguments& args) {
             static_cast<long long>(r.eval.samples));
       }
     }
+    if (world.rank == 0 && std::fflush(stdout) != 0 && r.log_write_failure.empty()) {
+      r.log_write_failure = std::string("cannot write to stdout: ") + std::strerror(errno);
+    }
     if (r.interrupted) return train::kExitInterrupted;
-    return r.preempted ? train::kExitPreempted : 0;
+    if (r.preempted) return train::kExitPreempted;
+    if (!r.log_write_failure.empty()) {
+      // The checkpoints are whole (their writes stop the run when they fail); the logs are not.
+      std::fprintf(stderr,
+                   "kiln train: the run finished and its checkpoints are complete, but its logs "
+                   "are not: %s; exit code %d\n",
+                   r.log_write_failure.c_str(), train::kExitLogWriteFailed);
+      return train::kExitLogWriteFailed;
+    }
+    return 0;
   });
 }
 

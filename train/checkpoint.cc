@@ -214,6 +214,24 @@ std::vector<std::string> CheckpointStore::list() const {
   return out;
 }
 
+std::vector<std::string> CheckpointStore::unmanifested() const {
+  std::vector<std::pair<std::int64_t, std::string>> found;
+  for (const std::string& e : entries(dir_)) {
+    const auto step = checkpoint_step(e);
+    if (!step) continue;
+    const std::string path = dir_ + "/" + e;
+    struct stat st {};
+    if (is_dir(path) && ::stat((path + "/" + kManifest).c_str(), &st) != 0) {
+      found.emplace_back(*step, path);
+    }
+  }
+  std::stable_sort(found.begin(), found.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
+  return out;
+}
+
 std::optional<std::string> CheckpointStore::latest() const {
   auto all = list();
   if (all.empty()) return std::nullopt;

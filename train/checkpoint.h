@@ -53,6 +53,9 @@ class CheckpointStore {
   // Complete checkpoint directories, oldest (lowest step number) first; partial ones are ignored.
   std::vector<std::string> list() const;
   std::optional<std::string> latest() const;
+  // step-N directories without a MANIFEST (never written completely by Kiln: copied in part, or
+  // their manifest deleted), oldest first. Never loaded, never pruned: resume names them.
+  std::vector<std::string> unmanifested() const;
   // Removes leftovers of interrupted writes (temporary directories of dead processes).
   void remove_partial() const;
 

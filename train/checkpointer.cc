@@ -10,10 +10,41 @@ bool checkpoint_due(const CheckpointerOptions& options, std::int64_t step) {
   return options.every_steps > 0 && step % options.every_steps == 0 && step < options.total_steps;
 }
 
+namespace {
+
+std::string list_of(const std::vector<std::string>& paths) {
+  std::string out;
+  for (const std::string& p : paths) out += (out.empty() ? "" : ", ") + p;
+  return out;
+}
+
+}  // namespace
+
 std::string choose_resume(const CheckpointerOptions& options,
-                          const std::optional<std::string>& latest, std::string* note) {
+                          const std::optional<std::string>& latest,
+                          const std::vector<std::string>& skipped, std::string* note) {
   if (options.resume != "latest") return options.resume;
-  if (latest) return *latest;
+  const std::string why =
+      " (no MANIFEST: an incomplete copy, or a checkpoint whose manifest was removed; Kiln never "
+      "loads such a directory, nor prunes it)";
+  if (latest) {
+    if (!skipped.empty()) {
+      *note = std::string("warning: ") +
+              (options.resume_from_command_line ? "--resume" : "checkpoint.resume") +
+              " latest skips " + std::to_string(skipped.size()) + " checkpoint director" +
+              (skipped.size() == 1 ? "y" : "ies") + " in " + options.dir + ": " + list_of(skipped) +
+              why + "; resuming from " + *latest;
+    }
+    return *latest;
+  }
+  if (!skipped.empty()) {
+    throw InputError(
+        (options.resume_from_command_line ? "--resume latest" : "checkpoint.resume latest") +
+        std::string(": no complete checkpoint in ") + options.dir + ", only " + list_of(skipped) +
+        why +
+        ". Restore their MANIFEST (copy the whole directory again), resume from one "
+        "explicitly with --resume DIR after checking it, or move them away to start fresh");
+  }
   if (options.resume_from_command_line) {
     throw InputError("--resume latest: no complete checkpoint in " + options.dir +
                      " (checkpoint.dir); start without --resume, or point it at a checkpoint");
@@ -29,13 +60,15 @@ Checkpointer::Checkpointer(CheckpointerOptions options, Parts parts)
 
 void Checkpointer::resume() {
   std::optional<std::string> latest;
+  std::vector<std::string> skipped;
   if (options_.resume == "latest") {
     if (p_.world.rank == 0) store_.remove_partial();
     p_.comm.barrier();  // no rank looks for the latest while rank 0 still removes partial ones
     latest = store_.latest();
+    skipped = store_.unmanifested();
   }
   std::string note;
-  const std::string path = choose_resume(options_, latest, &note);
+  const std::string path = choose_resume(options_, latest, skipped, &note);
   if (!note.empty()) p_.metrics.print(note);
   if (!path.empty()) restore(path);
 }
@@ -123,14 +156,14 @@ NamedTensors Checkpointer::gather_reducer_state() {
   return gathered;
 }
 
-config::CheckpointState Checkpointer::state_record() {
+config::CheckpointState Checkpointer::state_record(const data::LoaderState* position) {
   const config::Experiment& e = p_.experiment;
   const StepCounters& n = p_.counters;
   config::CheckpointState st;
   st.set_step(n.step);
   st.set_micro_step(n.micro_step);
   st.set_samples_seen(n.step * p_.global_batch);
-  data::LoaderState ls = p_.loader.state();
+  const data::LoaderState ls = position != nullptr ? *position : p_.loader.state();
   st.mutable_data()->set_seed(ls.seed);
   st.mutable_data()->set_epoch(ls.epoch);
   st.mutable_data()->set_next_batch(ls.next_batch);
@@ -146,11 +179,11 @@ config::CheckpointState Checkpointer::state_record() {
   return st;
 }
 
-std::string Checkpointer::save() {
+std::string Checkpointer::save(const data::LoaderState* position) {
   // Resident steps: the scaler and step count, to the host.
   if (p_.optimizer.resident()) p_.optimizer.report(&p_.counters.skipped);
   p_.sync.broadcast_buffers();
-  const config::CheckpointState st = state_record();
+  const config::CheckpointState st = state_record(position);
   const std::int64_t step = p_.counters.step;
   const bool rank0 = p_.world.rank == 0;
   NamedTensors model;

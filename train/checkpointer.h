@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "comm/world.h"
@@ -43,10 +44,14 @@ struct CheckpointerOptions {
 bool checkpoint_due(const CheckpointerOptions& options, std::int64_t step);
 
 // The checkpoint a run resumes from ("" for a fresh start), given the newest complete one in the
-// directory. *note gets a line to log when a config's "latest" finds none (a job's first run);
-// --resume latest with none is an InputError.
+// directory and the step-N directories there without a MANIFEST (`skipped`, oldest first).
+// *note gets the lines to log: a config's "latest" that finds none (a job's first run), and a
+// warning naming every skipped directory and why. --resume latest with none is an InputError;
+// so is "latest" (either way) when the directory holds only skipped ones: starting fresh beside
+// them would mix two runs, and resuming from the last complete one would be a silent step back.
 std::string choose_resume(const CheckpointerOptions& options,
-                          const std::optional<std::string>& latest, std::string* note);
+                          const std::optional<std::string>& latest,
+                          const std::vector<std::string>& skipped, std::string* note);
 
 class Checkpointer {
  public:
@@ -70,14 +75,17 @@ class Checkpointer {
   // written, or "".
   std::string maybe_save(bool last);
   // Writes a checkpoint of the current step on rank 0; every rank waits until it is complete.
-  std::string save();
+  // `position`: the loader position to record instead of the loader's own (a step whose batch
+  // failed to read already moved the loader past it).
+  std::string save(const data::LoaderState* position = nullptr);
   const std::string& last_saved() const { return last_saved_; }
+  std::int64_t last_saved_step() const { return last_saved_step_; }
 
  private:
   void restore(const std::string& path);
   void restore_reducer_state(const Checkpoint& c);
   NamedTensors gather_reducer_state();
-  config::CheckpointState state_record();
+  config::CheckpointState state_record(const data::LoaderState* position);
 
   CheckpointerOptions options_;
   Parts p_;

@@ -93,12 +93,68 @@ std::uint32_t crc32c(const void* data, std::size_t size) {
   return crc ^ 0xffffffffu;
 }
 
-JsonlWriter::JsonlWriter(const std::string& path, bool append)
-    : path_(path), file_(open_or_throw(path, append)) {}
-
-JsonlWriter::~JsonlWriter() {
-  if (file_ != nullptr) std::fclose(file_);
+LogFile::LogFile(const std::string& path, bool append)
+    : path_(path), file_(open_or_throw(path, append)) {
+  struct stat info {};
+  if (::fstat(::fileno(file_), &info) == 0) complete_bytes_ = info.st_size;
 }
+
+LogFile::~LogFile() {
+  close();
+}
+
+void LogFile::fail(int error, const char* what) {
+  failure_ = "cannot " + std::string(what) + " " + path_ + ": " + std::strerror(error) +
+             (error == ENOSPC ? " (the disk under logging.dir is full)" : "");
+  // Back to the last complete record: a reader never meets half a line or half an event.
+  if (::ftruncate(::fileno(file_), complete_bytes_) != 0) {
+    failure_ += std::string("; cutting it back to its last complete record failed too: ") +
+                std::strerror(errno);
+  }
+  std::fprintf(stderr,
+               "kiln: warning: %s; nothing more is written to it. The run goes on; kiln train "
+               "exits with code %d at its end\n",
+               failure_.c_str(), kExitLogWriteFailed);
+  std::fflush(stderr);
+}
+
+bool LogFile::write(const void* bytes, std::size_t size) {
+  if (file_ == nullptr || !failure_.empty()) return false;
+  errno = 0;
+  if (std::fwrite(bytes, 1, size, file_) != size) {
+    fail(errno != 0 ? errno : EIO, "write");
+    return false;
+  }
+  return true;
+}
+
+void LogFile::flush() {
+  if (file_ == nullptr || !failure_.empty()) return;
+  errno = 0;
+  if (std::fflush(file_) != 0) {
+    fail(errno != 0 ? errno : EIO, "write");
+    return;
+  }
+  struct stat info {};
+  if (::fstat(::fileno(file_), &info) == 0) complete_bytes_ = info.st_size;
+}
+
+void LogFile::close() {
+  if (file_ == nullptr) return;
+  flush();
+  // fsync: a full disk can surface only when the data reaches it (NFS, some file systems).
+  if (failure_.empty() && ::fsync(::fileno(file_)) != 0 && errno != EINVAL && errno != EROFS) {
+    fail(errno, "write");
+  }
+  std::FILE* f = file_;
+  file_ = nullptr;
+  if (std::fclose(f) != 0 && failure_.empty()) {
+    failure_ = "cannot close " + path_ + ": " + std::strerror(errno);
+    std::fprintf(stderr, "kiln: warning: %s\n", failure_.c_str());
+  }
+}
+
+JsonlWriter::JsonlWriter(const std::string& path, bool append) : file_(path, append) {}
 
 void JsonlWriter::write(const Record& record) {
   JsonWriter j;
@@ -111,16 +167,18 @@ void JsonlWriter::write(const Record& record) {
     }
   }
   j.end_object();
-  std::fprintf(file_, "%s\n", j.str().c_str());
-  std::fflush(file_);
+  const std::string line = j.str() + "\n";
+  file_.write(line.data(), line.size());
+  file_.flush();
 }
 
 TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   char host[128] = {0};
   gethostname(host, sizeof(host) - 1);
-  path_ = dir + "/events.out.tfevents." + std::to_string(static_cast<long long>(wall_time())) +
-          "." + host + "." + std::to_string(::getpid());
-  file_ = open_or_throw(path_, false);
+  const std::string path = dir + "/events.out.tfevents." +
+                           std::to_string(static_cast<long long>(wall_time())) + "." + host + "." +
+                           std::to_string(::getpid());
+  file_ = std::make_unique<LogFile>(path, false);
   std::string event;
   put_fixed64(event, 1, wall_time());
   put_bytes(event, 3, "brain.Event:2");
@@ -128,19 +186,15 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   flush();
 }
 
-TensorBoardWriter::~TensorBoardWriter() {
-  if (file_ != nullptr) std::fclose(file_);
-}
-
 void TensorBoardWriter::write_record(const std::string& payload) {
-  std::string header;
+  std::string record;
   std::uint64_t n = payload.size();
-  for (int i = 0; i < 8; ++i) header += static_cast<char>((n >> (8 * i)) & 0xff);
-  std::uint32_t hcrc = masked_crc(header), pcrc = masked_crc(payload);
-  std::fwrite(header.data(), 1, 8, file_);
-  std::fwrite(&hcrc, 4, 1, file_);
-  std::fwrite(payload.data(), 1, payload.size(), file_);
-  std::fwrite(&pcrc, 4, 1, file_);
+  for (int i = 0; i < 8; ++i) record += static_cast<char>((n >> (8 * i)) & 0xff);
+  const std::uint32_t hcrc = masked_crc(record), pcrc = masked_crc(payload);
+  record.append(reinterpret_cast<const char*>(&hcrc), 4);
+  record += payload;
+  record.append(reinterpret_cast<const char*>(&pcrc), 4);
+  file_->write(record.data(), record.size());
 }
 
 void TensorBoardWriter::scalar(const std::string& tag, double value, std::int64_t step) {
@@ -158,7 +212,7 @@ void TensorBoardWriter::scalar(const std::string& tag, double value, std::int64_
 }
 
 void TensorBoardWriter::flush() {
-  std::fflush(file_);
+  file_->flush();
 }
 
 std::string format_duration(double seconds) {

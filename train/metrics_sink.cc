@@ -1,6 +1,8 @@
 #include "train/metrics_sink.h"
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <system_error>
 
@@ -49,6 +51,7 @@ void MetricsSink::draw_bar(std::chrono::milliseconds unless_drawn_within) {
   const auto now = std::chrono::steady_clock::now();
   if (bar_on_line_ && now - last_draw_ < unless_drawn_within) return;
   bar_->update(bar_step_, bar_text_);
+  check_stdout();
   bar_on_line_ = true;
   last_draw_ = now;
 }
@@ -121,7 +124,34 @@ void MetricsSink::print(const std::string& line) {
     bar_on_line_ = false;
   }
   std::printf("%s\n", line.c_str());
-  std::fflush(stdout);
+  check_stdout();
+}
+
+void MetricsSink::check_stdout() {
+  errno = 0;
+  if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return;
+  const int error = errno != 0 ? errno : EIO;
+  std::clearerr(stdout);
+  if (!stdout_failure_.empty()) return;  // warned once
+  stdout_failure_ = std::string("cannot write the log to stdout: ") + std::strerror(error);
+  std::fprintf(stderr,
+               "kiln: warning: %s. The run goes on; kiln train exits with code %d at its end\n",
+               stdout_failure_.c_str(), kExitLogWriteFailed);
+  std::fflush(stderr);
+}
+
+std::string MetricsSink::close() {
+  if (!options_.active) return "";
+  std::string failure;
+  for (LogFile* f :
+       {jsonl_ ? &jsonl_->file() : nullptr, tensorboard_ ? &tensorboard_->file() : nullptr}) {
+    if (f == nullptr) continue;
+    f->close();
+    if (failure.empty()) failure = f->failure();
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (options_.print) check_stdout();
+  return failure.empty() ? stdout_failure_ : failure;
 }
 
 void MetricsSink::finish() {

@@ -50,9 +50,15 @@ class MetricsSink {
   // A message line (checkpoints, resume, warnings), kept clear of the bar.
   void print(const std::string& line);
   void finish();  // ends the bar's line
+  // Closes the log files (flushed, synced) and returns the first write failure of the run's logs
+  // (metrics.jsonl, TensorBoard, stdout): the file and errno's text; "" when all were written
+  // whole. Each failure was reported on stderr when it happened; kiln train exits
+  // kExitLogWriteFailed for one.
+  std::string close();
 
  private:
   std::string device_readings(Record& record) const;
+  void check_stdout();  // after writing to stdout, with mutex_ held
   void draw_bar(std::chrono::milliseconds unless_drawn_within);  // with mutex_ held
   void redraw_every_second();
   MetricsSinkOptions options_;
@@ -68,6 +74,7 @@ class MetricsSink {
   bool bar_started_ = false;
   std::chrono::steady_clock::time_point last_draw_{};
   bool bar_on_line_ = false;
+  std::string stdout_failure_;
   std::thread redraw_;
 };
 

@@ -1,16 +1,53 @@
 #include "train/parameter_loader.h"
 
+#include <cmath>
+#include <cstdint>
 #include <utility>
 
 #include "core/check.h"
 
 namespace kiln::train {
+namespace {
+
+// A file's tensor fits a model's tensor when the dtypes are the same or both floating point (a
+// float32 checkpoint into bf16 weights, an fp16 Hub file into float32 ones: the values are
+// rounded, never reinterpreted); integers are never read as weights, nor weights as integers.
+// One exception: a buffer Kiln counts in floating point that PyTorch keeps as an integer (batch
+// norm's num_batches_tracked, int64 in PyTorch's files).
+// Floating-point values must be finite: a NaN or inf weight would train to NaN from step 1.
+void check_loadable(const NamedTensorSource& source, const std::string& kind,
+                    const std::string& name, const Tensor& stored, DType target) {
+  const DType have = stored.dtype();
+  const bool integer_counter = kind == "buffer" && !is_floating(have) && is_floating(target);
+  if (have != target && !(is_floating(have) && is_floating(target)) && !integer_counter) {
+    throw InputError(source.file + ": " + kind + " '" + name + "' is " + dtype_name(have) +
+                     ", the model holds it as " + dtype_name(target) +
+                     " (only floating-point types convert into each other)" + source.what);
+  }
+  if (!is_floating(have) || stored.numel() == 0) return;
+  const Tensor values = stored.to(DType::F64).contiguous();
+  const double* v = values.data<double>();
+  std::int64_t bad = 0, first = -1;
+  for (std::int64_t i = 0; i < values.numel(); ++i) {
+    if (!std::isfinite(v[i])) {
+      if (first < 0) first = i;
+      ++bad;
+    }
+  }
+  if (bad == 0) return;
+  throw InputError(source.file + ": " + kind + " '" + name + "' holds " + std::to_string(bad) +
+                   " non-finite value(s) (the first, " + std::to_string(v[first]) +
+                   ", at flat index " + std::to_string(first) +
+                   "): the file was saved from a diverged run or is corrupt");
+}
+
+}  // namespace
 
 void load_named_tensors(const NamedTensorSource& source, const std::vector<Parameter*>& parameters,
                         const std::vector<Buffer*>& buffers, bool buffers_required) {
   static const std::string kBaseModelPrefix = "transformer.";
-  const auto find = [&](const std::string& kind, const std::string& name,
-                        const Shape& shape) -> const Tensor* {
+  const auto find = [&](const std::string& kind, const std::string& name, const Shape& shape,
+                        DType target_dtype) -> const Tensor* {
     auto it = source.tensors->find(name);
     if (it == source.tensors->end() && name.rfind(kBaseModelPrefix, 0) == 0) {
       it = source.tensors->find(name.substr(kBaseModelPrefix.size()));
@@ -23,19 +60,21 @@ void load_named_tensors(const NamedTensorSource& source, const std::vector<Param
                        shape_str(it->second.shape()) + ", the model needs " + shape_str(shape) +
                        source.what);
     }
+    check_loadable(source, kind, name, it->second, target_dtype);
     return &it->second;
   };
   for (Parameter* p : parameters) {
-    const Tensor& stored = *find("parameter", p->name, stored_shape(*p));
+    const Tensor& stored = *find("parameter", p->name, stored_shape(*p), p->value.dtype());
     p->value.copy_from(p->stored_transposed ? stored.transpose(0, 1) : stored);
   }
   for (Buffer* b : buffers) {
     if (buffers_required) {
-      b->value.copy_from(*find("buffer", b->name, b->value.shape()));
+      b->value.copy_from(*find("buffer", b->name, b->value.shape(), b->value.dtype()));
       continue;
     }
     auto it = source.tensors->find(b->name);
     if (it != source.tensors->end() && it->second.shape() == b->value.shape()) {
+      check_loadable(source, "buffer", b->name, it->second, b->value.dtype());
       b->value.copy_from(it->second);
     }
   }

@@ -12,6 +12,16 @@
 #include "train/trainer_state.h"
 
 namespace kiln::train {
+namespace {
+
+// A batch of a step's first micro-step could not be read (a data file truncated or rewritten
+// while training): nothing of the step has run yet, so the steps before it can still be saved.
+class StepDataError : public InputError {
+ public:
+  explicit StepDataError(const std::string& message) : InputError(message) {}
+};
+
+}  // namespace
 
 Context Trainer::State::make_context(bool training) const {
   Context ctx;
@@ -74,7 +84,13 @@ StepOutcome Trainer::State::run_step(Context& ctx, Tensor& loss_sum, std::int64_
   const bool fault = faults.acts_on(counters.step);
   StepOutcome outcome;
   for (int micro = 0; micro < plan.accumulation; ++micro) {
-    data::Batch batch = loader->next();
+    data::Batch batch;
+    try {
+      batch = loader->next();
+    } catch (const InputError& e) {
+      if (micro == 0) throw StepDataError(e.what());
+      throw;
+    }
     Tensor inputs = faults.inputs(counters.step, prepare_inputs(batch.inputs, ctx.run.precision));
     const MicroPosition position = micro_position(micro, plan.accumulation);
     graphs->run(position, ctx, inputs, batch.targets, fault, counters.step,
@@ -138,7 +154,13 @@ TrainResult Trainer::train() {
   s.metrics->begin(n.step);
   while (n.step < s.total_steps) {
     s.faults.before_step(n.step);
-    StepOutcome outcome = s.run_step(ctx, loss_sum, &interval_micro, &interval_samples);
+    const data::LoaderState position = s.loader->state();  // where this step's batches start
+    StepOutcome outcome;
+    try {
+      outcome = s.run_step(ctx, loss_sum, &interval_micro, &interval_samples);
+    } catch (const StepDataError& e) {
+      throw InputError(s.keep_work_before_data_error(e.what(), position));
+    }
     run_samples += s.plan.global;
 
     if (n.step % log_every == 0 || n.step == s.total_steps) {
@@ -200,8 +222,30 @@ TrainResult Trainer::train() {
     }
   }
   result.last_checkpoint = s.checkpointer->last_saved();
+  result.log_write_failure = s.metrics->close();
   deadline.finish();
   return result;
+}
+
+// One rank: the steps since the last checkpoint are saved (at the data position of the batch
+// that failed, so a resume reads it again once the file is restored), as preemption would. With
+// several ranks the others are already inside the step's collectives: the error ends the job.
+std::string Trainer::State::keep_work_before_data_error(const std::string& error,
+                                                        const data::LoaderState& position) {
+  const std::string failed =
+      error + " (reading the batches of step " + std::to_string(counters.step + 1) + ")";
+  if (world.size > 1 || checkpointer->last_saved_step() == counters.step) {
+    return failed +
+           (counters.step > 0 && world.size == 1
+                ? "; the last checkpoint (" + checkpointer->last_saved() + ") holds every step done"
+                : std::string());
+  }
+  if (counters.step == 0) return failed;
+  metrics->print("data error at step " + std::to_string(counters.step + 1) +
+                 ": checkpointing the " + std::to_string(counters.step) + " steps done");
+  const std::string saved = checkpointer->save(&position);
+  return failed + "; the steps done are kept in " + saved +
+         ": restore the file, then continue with --resume latest";
 }
 
 EvalResult Trainer::evaluate(const EvalOptions& options) {

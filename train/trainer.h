@@ -29,6 +29,9 @@ struct TrainResult {
   bool interrupted = false;  // of which by SIGINT on some rank (kiln train exits 130, else 75)
   int stop_signal = 0;       // the signal that stopped it (on any rank), 0 when none did
   std::string last_checkpoint;
+  // The first failed write of the run's logs (metrics.jsonl, TensorBoard, stdout) on this rank,
+  // naming the file and the reason; "" when they were written whole (kiln train exits 74 else).
+  std::string log_write_failure;
 };
 
 struct LayerTime {

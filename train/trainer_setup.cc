@@ -139,6 +139,9 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
   s.peak_flops = s.device.is_cuda() ? dense_half_peak_flops(s.device.index) : 0;
 
   s.metrics = std::make_unique<MetricsSink>(metrics_options(s));
+  // Which folder or files each split reads (a jpeg_folder's train/ and val/, say).
+  s.metrics->print("data train: " + train_set->describe());
+  if (eval_set) s.metrics->print("data " + eval_split + ": " + eval_set->describe());
   s.checkpointer = std::make_unique<Checkpointer>(
       checkpointer_options(s.e, options.resume, options.evaluate_only, s.total_steps),
       Checkpointer::Parts{s.e, s.world, *s.comm, *s.model.net, *s.optimizer, *s.sync, *s.loader,

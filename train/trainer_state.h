@@ -64,6 +64,10 @@ struct Trainer::State {
   // One optimizer step: the micro-batches' forward and backward, the all-reduce, the update.
   StepOutcome run_step(Context& ctx, Tensor& loss_sum, std::int64_t* micro_count,
                        std::int64_t* sample_count);
+  // A step's data could not be read: saves the steps since the last checkpoint where it can
+  // (one rank) and returns `error` with what was kept and how to go on.
+  std::string keep_work_before_data_error(const std::string& error,
+                                          const data::LoaderState& position);
   // One micro-batch's work, what a graph captures: zero the gradients (first), forward, loss,
   // backward, and on the last the reduction's end and the optimizer. Returns the optimizer's
   // outcome in Eager mode (last micro-batch), else an empty one.

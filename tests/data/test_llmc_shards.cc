@@ -285,6 +285,32 @@ TEST(LlmcShardErrors, EachBadShardNamesTheFile) {
                      {dir.file("a_directory"), "regular file"});
 }
 
+// A shard truncated (or rewritten with out-of-vocabulary ids) after the dataset validated it:
+// reading a window is an InputError naming the shard, never SIGBUS (shards are not mapped).
+TEST(LlmcShardErrors, AShardChangedWhileInUseNamesTheFile) {
+  ScratchDir dir;
+  const std::string path = dir.file("s_000000.bin");
+  write_llmc_shard(path, shard_tokens(1, 1000));
+  LlmcShardDataset dataset(path, 10, kVocab);
+  std::vector<std::int64_t> ids(10), next(10);
+  SampleContext context;
+  ASSERT_TRUE(dataset.get(98, context, ids.data(), next.data()));  // the last window
+  EXPECT_EQ(next[9], token_of(1, 990));
+  std::filesystem::resize_file(path, kLlmcShardHeaderBytes + 2 * 500);
+  ASSERT_TRUE(dataset.get(10, context, ids.data(), next.data()));  // still inside the file
+  expect_input_error([&] { dataset.get(98, context, ids.data(), next.data()); },
+                     {path, "the file ends before bytes [2984, 3006)",
+                      "it had 3024 bytes when opened and is now 2024 bytes",
+                      "truncated or rewritten while in use"});
+  std::filesystem::resize_file(path, 0);
+  expect_input_error([&] { dataset.get(0, context, ids.data(), next.data()); },
+                     {path, "is now 0 bytes"});
+  // Rewritten in place with an id beyond the vocabulary.
+  write_llmc_shard(path, std::vector<std::uint16_t>(1000, 60000));
+  expect_input_error([&] { dataset.get(0, context, ids.data(), next.data()); },
+                     {path, "has id 60000, not below the model's vocabulary size 50257"});
+}
+
 TEST(LlmcShardErrors, TheDatasetNamesThePatternOrTheBadShard) {
   ScratchDir dir;
   const std::string glob = dir.file("none_train_*.bin");

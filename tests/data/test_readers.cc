@@ -425,6 +425,50 @@ struct JpegTree {
   }
 };
 
+// ImageNet's layout, train/<class>/ beside val/<class>/ (docs/data.md): the eval split ("test" in
+// the config) reads val/ (or test/), and split folders are never taken for classes.
+TEST(JpegFolder, SplitFoldersValTestAndFlat) {
+  JpegTree tree;
+  DatasetOptions options;
+  options.jpeg.image_size = 16;
+  auto classes = [&](const std::string& path, const std::string& split) {
+    auto dataset = make_dataset("jpeg_folder", path, split, options);
+    auto* jpeg = dynamic_cast<JpegFolderDataset*>(dataset.get());
+    EXPECT_NE(jpeg, nullptr);
+    return std::make_pair(jpeg->class_names(), jpeg->size());
+  };
+  const std::string root = tree.dir.path();
+  // Only train/: the eval split is refused naming what is there, not read as classes train/.
+  try {
+    make_dataset("jpeg_folder", root, "test", options);
+    ADD_FAILURE() << "an eval split read the root's split folders as classes";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("has split folders (train/) but none for the test split "
+                                         "(looked for val/ and test/)"),
+              std::string::npos)
+        << e.what();
+  }
+  std::filesystem::create_directories(tree.dir.file("val/cat"));
+  std::filesystem::create_directories(tree.dir.file("val/dog"));
+  write_jpeg(tree.dir.file("val/cat/v1.jpg"), 30, 30, 1, 2, 3);
+  write_jpeg(tree.dir.file("val/dog/v2.jpg"), 30, 30, 4, 5, 6);
+  const std::vector<std::string> cat_dog = {"cat", "dog"};
+  EXPECT_EQ(classes(root, "train"), std::make_pair(cat_dog, std::int64_t{3}));
+  EXPECT_EQ(classes(root, "test"), std::make_pair(cat_dog, std::int64_t{2}));
+  EXPECT_EQ(classes(root, "val"), std::make_pair(cat_dog, std::int64_t{2}));
+  EXPECT_EQ(jpeg_split_dir(root, "test"), root + "/val");
+  EXPECT_NE(make_dataset("jpeg_folder", root, "test", options)->describe().find(root + "/val"),
+            std::string::npos);
+  // test/ where there is no val/.
+  std::filesystem::rename(tree.dir.file("val"), tree.dir.file("test"));
+  EXPECT_EQ(jpeg_split_dir(root, "test"), root + "/test");
+  EXPECT_EQ(classes(root, "test"), std::make_pair(cat_dog, std::int64_t{2}));
+  // No split level at all: root/<class>/ serves every split.
+  EXPECT_EQ(jpeg_split_dir(tree.dir.file("train"), "test"), tree.dir.file("train"));
+  EXPECT_EQ(classes(tree.dir.file("train"), "test"), std::make_pair(cat_dog, std::int64_t{3}));
+  EXPECT_THROW(make_dataset("jpeg_folder", tree.dir.file("nothing"), "train", options), InputError);
+}
+
 TEST(JpegFolder, ListsClassesAndDecodes) {
   JpegTree tree;
   DatasetOptions options;

@@ -3,6 +3,7 @@
 // The KV cache's agreement with the full recomputation is test_kv_cache.cc.
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <cstdio>
@@ -138,9 +139,24 @@ TEST(Gpt2Tokenizer, ErrorsNameTheFileAndTheProblem) {
   const std::string merges = scratch_file("ok_merges.txt", "#version: 0.2\nh e\n");
   const std::string vocab = scratch_file("ok_vocab.json", "{\"h\": 0, \"e\": 1, \"he\": 2}");
   std::string e = error_of([&] { Gpt2Tokenizer::load("/nonexistent/vocab.json", merges); });
-  EXPECT_NE(e.find("/nonexistent/vocab.json: cannot read the vocabulary"), std::string::npos) << e;
+  EXPECT_NE(e.find("/nonexistent/vocab.json: cannot open the vocabulary: nothing (no such file"),
+            std::string::npos)
+      << e;
   e = error_of([&] { Gpt2Tokenizer::load(vocab, "/nonexistent/merges.txt"); });
-  EXPECT_NE(e.find("/nonexistent/merges.txt: cannot read"), std::string::npos) << e;
+  EXPECT_NE(e.find("/nonexistent/merges.txt: cannot open the BPE merges"), std::string::npos) << e;
+  // A FIFO is refused, not waited on; /dev/zero is refused, not read until memory runs out.
+  const std::string fifo = scratch_file("fifo_vocab.json", "");
+  ASSERT_EQ(std::remove(fifo.c_str()), 0);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  e = error_of([&] { Gpt2Tokenizer::load(fifo, merges); });
+  EXPECT_NE(e.find(fifo + ": the vocabulary must be a regular file, but it is a FIFO"),
+            std::string::npos)
+      << e;
+  std::remove(fifo.c_str());
+  e = error_of([&] { Gpt2Tokenizer::load(vocab, "/dev/zero"); });
+  EXPECT_NE(e.find("/dev/zero: the BPE merges must be a regular file, but it is a character"),
+            std::string::npos)
+      << e;
 
   const std::string trailing = scratch_file("trailing.json", "{\"a\": 1,\n }");
   e = error_of([&] { Gpt2Tokenizer::load(trailing, merges); });

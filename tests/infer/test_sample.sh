@@ -27,8 +27,18 @@ expect_refusal "--max-new-tokens 0: must be >= 1" -- "${S[@]}" --prompt-tokens 1
 expect_refusal "unrecognised option '--top_k'" -- "${S[@]}" --prompt-tokens 1 --top_k 3
 expect_refusal "model.name 'fashion_cnn': kiln sample generates from GPT-2 models only" -- \
   "$KILN" sample --config "$SRC/tests/train/tiny.pbtxt" "${RUN[@]}" --prompt-tokens 1
-expect_refusal "$WORK/nothing/vocab.json: cannot read the vocabulary" -- \
+expect_refusal "$WORK/nothing/vocab.json: cannot open the vocabulary: nothing (no such file or directory)" -- \
   "${S[@]}" --prompt hi --vocab "$WORK/nothing/vocab.json" --merges "$WORK/nothing/merges.txt"
+# A FIFO would block the read forever and /dev/zero never end: refused at once (timeout: a hang
+# fails the test).
+mkfifo "$WORK/fifo"
+printf '{"a": 0}' > "$WORK/one.json"
+for bad in "$WORK/fifo" /dev/zero; do
+  expect_refusal "$bad: the vocabulary must be a regular file, but it is a" -- \
+    timeout 10 "${S[@]}" --prompt hi --vocab "$bad" --merges "$WORK/nothing/merges.txt"
+  expect_refusal "$bad: the BPE merges must be a regular file, but it is a" -- \
+    timeout 10 "${S[@]}" --prompt hi --vocab "$WORK/one.json" --merges "$bad"
+done
 # No weights yet: random ones would only make noise.
 expect_refusal "no weights to sample from: no complete checkpoint in $WORK/run/checkpoints (checkpoint.dir) and no model.init_from" -- \
   "${S[@]}" --prompt-tokens "1 2"

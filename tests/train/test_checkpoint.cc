@@ -150,7 +150,11 @@ TEST(CheckpointStore, PartialDirectoriesAreNeverListed) {
   ASSERT_EQ(::mkdir((store.dir() + "/.tmp-step-000200-999").c_str(), 0755), 0);
   ASSERT_EQ(::mkdir((store.dir() + "/step-000300").c_str(), 0755), 0);
   EXPECT_EQ(*store.latest(), store.dir() + "/step-000100");
+  // The final-named one is reported, for resume to name it; the temporary one is not.
+  EXPECT_EQ(store.unmanifested(), std::vector<std::string>{store.dir() + "/step-000300"});
   store.remove_partial();
+  store.save(some_weights(2), {}, state_at(400));
+  EXPECT_TRUE(exists_no_follow(store.dir() + "/step-000300")) << "pruned a directory it never read";
   struct stat st {};
   EXPECT_NE(::stat((store.dir() + "/.tmp-step-000200-999").c_str(), &st), 0);
   EXPECT_THROW(CheckpointStore::load(store.dir() + "/step-000300"), InputError);

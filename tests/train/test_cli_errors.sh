@@ -28,6 +28,11 @@ expect 2 "model.init_from = \"/dev/zero\": is a character device" -- "$KILN" tra
 # Paths that are not regular files: a directory is said to be one (never read, never "truncated").
 expect 2 "directory" -- "$KILN" train --config "$TINY" --set model.init_from="$WORK"
 expect 2 "directory" -- "$KILN" train --config "$WORK"
+# A FIFO blocks a reader forever, /dev/zero never ends: both refused at once (issue 32).
+mkfifo "$WORK/fifo"
+expect 2 "a FIFO (named pipe)" -- "$KILN" train --config "$WORK/fifo"
+expect 2 "a character device" -- "$KILN" train --config /dev/zero
+expect 2 "model.init_from = \"$WORK/fifo\": is a FIFO" -- "$KILN" train --config "$TINY" --set model.init_from="$WORK/fifo"
 
 # A corrupt checkpoint is refused before step 1, naming the file and the reason.
 "$KILN" train --config "$TINY" --set train.steps=2 --set logging.dir="$WORK/c" --quiet > /dev/null 2>&1 || fail "setup run"
@@ -45,4 +50,32 @@ expect 2 "optimizer.safetensors: size 100 bytes" -- "$KILN" train --config "$TIN
 rm -rf "$ck"; cp -r "$WORK/keep" "$ck"
 expect 2 "checkpoint of model 'fashion_cnn'" -- "$KILN" train --config "$TINY" --set model.name=mlp --set logging.dir="$WORK/c" --resume latest
 expect 2 "different model configuration" -- "$KILN" train --config "$TINY" --set model.num_classes=7 --set logging.dir="$WORK/c" --resume latest
+# step-N directories without a MANIFEST: --resume latest names what it skips, and with only those
+# refuses instead of starting fresh beside them (issue 32).
+"$KILN" train --config "$TINY" --set train.steps=4 --set checkpoint.every_steps=2 --set logging.dir="$WORK/m" --quiet > /dev/null 2>&1 || fail "setup run (manifests)"
+rm "$WORK/m/checkpoints/step-000004/MANIFEST"
+"$KILN" train --config "$TINY" --set train.steps=4 --set checkpoint.every_steps=2 --set logging.dir="$WORK/m" --resume latest > "$WORK/out" 2>&1 || { cat "$WORK/out"; fail "resume beside a directory without a MANIFEST"; }
+grep -qF "warning: --resume latest skips 1 checkpoint directory in $WORK/m/checkpoints: $WORK/m/checkpoints/step-000004 (no MANIFEST" "$WORK/out" || { cat "$WORK/out"; fail "the skipped directory is not named"; }
+grep -qF "resumed from $WORK/m/checkpoints/step-000002 at step 2" "$WORK/out" || { cat "$WORK/out"; fail "did not resume from step 2"; }
+rm "$WORK"/m/checkpoints/step-*/MANIFEST
+expect 2 "--resume latest: no complete checkpoint in $WORK/m/checkpoints, only $WORK/m/checkpoints/step-000002, $WORK/m/checkpoints/step-000004 (no MANIFEST" -- "$KILN" train --config "$TINY" --set logging.dir="$WORK/m" --resume latest
+expect 2 "checkpoint.resume latest: no complete checkpoint" -- "$KILN" train --config "$TINY" --set logging.dir="$WORK/m" --set checkpoint.resume=latest
+! grep -q "starting fresh" "$WORK/out" || fail "started fresh beside checkpoint directories"
+
+# model.init_from read strictly: an I32 tensor for a float weight, a NaN weight (issue 32).
+python3 - "$WORK/keep/model.safetensors" "$WORK" <<'PY'
+import json, struct, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+header = json.loads(b[8:8 + n])
+name = next(k for k, v in header.items() if k != "__metadata__" and v["dtype"] == "F32")
+begin = 8 + n + header[name]["data_offsets"][0]
+nan = bytearray(b); nan[begin:begin + 4] = struct.pack("<f", float("nan"))
+open(sys.argv[2] + "/nan.safetensors", "wb").write(nan)
+i32 = bytearray(b); at = i32.index(b'"F32"', 8); i32[at:at + 5] = b'"I32"'
+open(sys.argv[2] + "/i32.safetensors", "wb").write(i32)
+PY
+expect 2 "non-finite value(s)" -- "$KILN" train --config "$TINY" --set logging.dir="$WORK/nan" --set model.init_from="$WORK/nan.safetensors"
+grep -qF "$WORK/nan.safetensors: parameter '" "$WORK/out" || { cat "$WORK/out"; fail "the NaN weight's file and tensor are not named"; }
+expect 2 "is i32, the model holds it as f32" -- "$KILN" train --config "$TINY" --set logging.dir="$WORK/i32" --set model.init_from="$WORK/i32.safetensors"
 pass "command-line and checkpoint errors"

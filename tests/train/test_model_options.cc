@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 #include <utility>
@@ -79,6 +80,54 @@ TEST(ParameterLoader, Gpt2WeightsInTransformersLayoutAndNames) {
               std::string::npos)
         << e.what();
   }
+}
+
+std::string load_error(const std::map<std::string, Tensor>& file, Parameter& p, Buffer* b) {
+  std::vector<Buffer*> buffers;
+  if (b != nullptr) buffers.push_back(b);
+  try {
+    load_named_tensors({"w.safetensors", &file, " (model.init_from)"}, {&p}, buffers, false);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Values are converted between floating-point types only: integers are never read as weights;
+// a NaN or inf weight is refused naming the tensor.
+TEST(ParameterLoader, DtypesConvertBetweenFloatsOnlyAndValuesMustBeFinite) {
+  Parameter p;
+  p.name = "fc.weight";
+  p.value = Tensor::zeros({2}, DType::F32);
+  std::map<std::string, Tensor> file;
+  file["fc.weight"] = Tensor::from_vector<std::int32_t>({1, 2}, {2});
+  std::string m = load_error(file, p, nullptr);
+  EXPECT_NE(m.find("w.safetensors: parameter 'fc.weight' is i32, the model holds it as f32"),
+            std::string::npos)
+      << m;
+  file["fc.weight"] = Tensor::from_vector<float>({0.5f, -2.0f}, {2}).to(DType::F16);
+  EXPECT_EQ(load_error(file, p, nullptr), "");
+  EXPECT_EQ(p.value.to_vector<float>(), (std::vector<float>{0.5f, -2.0f}));
+  for (float bad : {std::nanf(""), INFINITY}) {
+    file["fc.weight"] = Tensor::from_vector<float>({1.0f, bad}, {2}).to(DType::BF16);
+    m = load_error(file, p, nullptr);
+    EXPECT_NE(m.find("parameter 'fc.weight' holds 1 non-finite value(s)"), std::string::npos) << m;
+    EXPECT_NE(m.find("at flat index 1"), std::string::npos) << m;
+  }
+  // PyTorch keeps batch norm's num_batches_tracked as int64, Kiln as a float: accepted.
+  file["fc.weight"] = Tensor::from_vector<float>({1.0f, 2.0f}, {2});
+  Buffer counter;
+  counter.name = "bn.num_batches_tracked";
+  counter.value = Tensor::zeros({}, DType::F32);
+  file["bn.num_batches_tracked"] = Tensor::from_vector<std::int64_t>({7}, {});
+  EXPECT_EQ(load_error(file, p, &counter), "");
+  EXPECT_EQ(counter.value.item(), 7.0);
+  Buffer mean;
+  mean.name = "bn.running_mean";
+  mean.value = Tensor::zeros({2}, DType::F32);
+  file["bn.running_mean"] = Tensor::from_vector<float>({0.0f, NAN}, {2});
+  m = load_error(file, p, &mean);
+  EXPECT_NE(m.find("buffer 'bn.running_mean' holds 1 non-finite"), std::string::npos) << m;
 }
 
 TEST(ModelOptions, MlpHiddenWidthsAreTheSchemaDefault) {

@@ -30,30 +30,63 @@ TEST(Checkpointer, ResumeChoice) {
   o.dir = "/runs/x/checkpoints";
   std::string note;
   // Fresh, or a named directory: taken as given, whatever the directory holds.
-  EXPECT_EQ(choose_resume(o, std::string("/runs/x/checkpoints/step-000010"), &note), "");
+  EXPECT_EQ(choose_resume(o, std::string("/runs/x/checkpoints/step-000010"), {}, &note), "");
   o.resume = "/elsewhere/step-000020";
-  EXPECT_EQ(choose_resume(o, std::nullopt, &note), "/elsewhere/step-000020");
+  EXPECT_EQ(choose_resume(o, std::nullopt, {}, &note), "/elsewhere/step-000020");
   EXPECT_TRUE(note.empty());
   // "latest": the newest complete one.
   o.resume = "latest";
-  EXPECT_EQ(choose_resume(o, std::string("/runs/x/checkpoints/step-000010"), &note),
+  EXPECT_EQ(choose_resume(o, std::string("/runs/x/checkpoints/step-000010"), {}, &note),
             "/runs/x/checkpoints/step-000010");
   EXPECT_TRUE(note.empty());
   // A config's "latest" with none yet: a job's first run starts fresh and says so.
-  EXPECT_EQ(choose_resume(o, std::nullopt, &note), "");
+  EXPECT_EQ(choose_resume(o, std::nullopt, {}, &note), "");
   EXPECT_NE(note.find("no checkpoint in /runs/x/checkpoints yet; starting fresh"),
             std::string::npos)
       << note;
   // --resume latest with none: an error naming the directory.
   o.resume_from_command_line = true;
   try {
-    choose_resume(o, std::nullopt, &note);
+    choose_resume(o, std::nullopt, {}, &note);
     FAIL() << "no error";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("--resume latest: no complete checkpoint in "
                                          "/runs/x/checkpoints"),
               std::string::npos)
         << e.what();
+  }
+}
+
+// step-N directories without a MANIFEST are never loaded: "latest" says which it skipped and
+// why, and with nothing else there it refuses rather than start fresh beside them.
+TEST(Checkpointer, ResumeLatestNamesDirectoriesWithoutAManifest) {
+  CheckpointerOptions o;
+  o.dir = "/runs/x/checkpoints";
+  o.resume = "latest";
+  const std::vector<std::string> skipped = {"/runs/x/checkpoints/step-000030"};
+  std::string note;
+  EXPECT_EQ(choose_resume(o, std::string("/runs/x/checkpoints/step-000020"), skipped, &note),
+            "/runs/x/checkpoints/step-000020");
+  EXPECT_NE(note.find("warning: checkpoint.resume latest skips 1 checkpoint directory in "
+                      "/runs/x/checkpoints: /runs/x/checkpoints/step-000030 (no MANIFEST"),
+            std::string::npos)
+      << note;
+  EXPECT_NE(note.find("resuming from /runs/x/checkpoints/step-000020"), std::string::npos) << note;
+  for (bool command_line : {false, true}) {
+    o.resume_from_command_line = command_line;
+    note.clear();
+    try {
+      choose_resume(o, std::nullopt, skipped, &note);
+      FAIL() << "started fresh beside a checkpoint directory without a MANIFEST";
+    } catch (const InputError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(std::string(command_line ? "--resume" : "checkpoint.resume") +
+                       " latest: no complete checkpoint in /runs/x/checkpoints, only "
+                       "/runs/x/checkpoints/step-000030 (no MANIFEST"),
+                std::string::npos)
+          << m;
+    }
+    EXPECT_TRUE(note.empty()) << note;
   }
 }
 
