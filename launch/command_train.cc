@@ -9,6 +9,7 @@
 #include "configs/experiment.h"
 #include "core/check.h"
 #include "core/device.h"
+#include "core/json_writer.h"
 #include "launch/commands.h"
 #include "launch/run_ranks.h"
 #include "train/preemption.h"
@@ -179,12 +180,19 @@ int run_eval(const Arguments& args) {
     train::Trainer trainer(e, world, to);
     train::EvalResult r = trainer.evaluate(eval_options);
     if (world.rank == 0) {
+      const std::string weights = trainer.weights_source();
       if (a.json) {
-        std::printf("{\"eval_loss\":%.6g,\"eval_accuracy\":%.6g,\"samples\":%lld}\n", r.loss,
-                    r.accuracy, static_cast<long long>(r.samples));
+        JsonWriter j;
+        j.begin_object();
+        j.field("eval_loss", r.loss);
+        j.field("eval_accuracy", r.accuracy);
+        j.field("samples", static_cast<long long>(r.samples));
+        j.field("weights", weights);
+        j.end_object();
+        std::printf("%s\n", j.str().c_str());
       } else {
-        std::printf("eval: loss %.4f, accuracy %.2f%% over %lld samples\n", r.loss,
-                    100.0 * r.accuracy, static_cast<long long>(r.samples));
+        std::printf("eval: %s: loss %.4f, accuracy %.2f%% over %lld samples\n", weights.c_str(),
+                    r.loss, 100.0 * r.accuracy, static_cast<long long>(r.samples));
       }
     }
     return 0;

@@ -50,6 +50,7 @@ std::string Checkpointer::maybe_save(bool last) {
 void Checkpointer::restore(const std::string& path) {
   const config::Experiment& e = p_.experiment;
   Checkpoint c = load_model_checkpoint(path, e.model().name(), p_.net);
+  restored_from_ = path;
   const config::CheckpointState& st = c.state;
   // One whole optimizer file, or the shards of a ZeRO run on any number of ranks (resharded).
   std::vector<const SafetensorsFile*> optimizer_files;

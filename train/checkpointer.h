@@ -34,7 +34,7 @@ struct CheckpointerOptions {
   std::int64_t total_steps = 0;
   std::string resume;                     // "" (fresh), "latest" or a checkpoint directory
   bool resume_from_command_line = false;  // --resume: "latest" with none is an error
-  bool evaluate_only = false;             // the training data position is not restored, nor checked
+  bool evaluate_only = false;  // the training data position is not restored, nor checked
   std::int64_t powersgd_start_step = 0;
 };
 
@@ -72,6 +72,8 @@ class Checkpointer {
   // Writes a checkpoint of the current step on rank 0; every rank waits until it is complete.
   std::string save();
   const std::string& last_saved() const { return last_saved_; }
+  // The checkpoint resume() restored ("" when none: a fresh run, or kiln eval of model.init_from).
+  const std::string& restored_from() const { return restored_from_; }
 
  private:
   void restore(const std::string& path);
@@ -84,6 +86,7 @@ class Checkpointer {
   CheckpointStore store_;
   std::int64_t last_saved_step_ = -1;
   std::string last_saved_;
+  std::string restored_from_;
 };
 
 }  // namespace kiln::train

@@ -95,6 +95,9 @@ class Trainer {
   // Training steps for throughput: `warmup` untimed, then `steps` timed. With `profile`, the
   // forward and backward time of each top-level layer from CUDA events.
   BenchResult benchmark(int warmup, int steps, bool profile);
+  // The weights the trainer started from: the checkpoint directory it restored, else
+  // "model.init_from FILE", else "" (random initialisation).
+  std::string weights_source() const;
 
   // The state the trainer's parts share (train/trainer_state.h; not for users).
   struct State;
