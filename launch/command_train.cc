@@ -12,6 +12,7 @@
 #include "core/json_writer.h"
 #include "launch/commands.h"
 #include "launch/run_ranks.h"
+#include "train/parameter_loader.h"
 #include "train/preemption.h"
 #include "train/trainer.h"
 
@@ -171,10 +172,18 @@ int run_eval(const Arguments& args) {
   if (a.vm.count("dump-logits")) eval_options.dump_logits = a.vm["dump-logits"].as<std::string>();
   if (a.vm.count("dump-inputs")) eval_options.dump_inputs = a.vm["dump-inputs"].as<std::string>();
   return run_on_all_ranks("eval", [&](const World& world) {
-    config::Experiment e = load_and_validate(a, world);
+    config::Experiment e = config::load_experiment(a.config, a.overrides);
+    // The shapes the checkpoint was trained with, without typing its --set again.
+    const std::string note =
+        train::take_checkpoint_model(e, train::checkpoint_to_read(e, a.resume), a.overrides);
+    if (!note.empty() && world.rank == 0) std::fprintf(stderr, "kiln eval: %s\n", note.c_str());
+    config::validate(e, {world.size, cuda_device_count() > 0, a.config, a.overrides});
     train::TrainerOptions to;
     to.config_path = a.config;
     to.resume = a.resume;  // --checkpoint, "latest" unless given
+    to.resume_flag = a.vm.count("resume") ? "--resume" : "--checkpoint";
+    // Neither option typed: the newest checkpoint, else model.init_from's weights.
+    to.init_from_fallback = !a.vm.count("resume") && a.vm["checkpoint"].defaulted();
     to.quiet = true;
     to.evaluate_only = true;
     train::Trainer trainer(e, world, to);

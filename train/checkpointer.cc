@@ -14,9 +14,23 @@ std::string choose_resume(const CheckpointerOptions& options,
                           const std::optional<std::string>& latest, std::string* note) {
   if (options.resume != "latest") return options.resume;
   if (latest) return *latest;
+  if (options.init_from_fallback) {
+    if (!options.init_from.empty()) {
+      *note =
+          "no checkpoint in " + options.dir + ": evaluating model.init_from " + options.init_from;
+      return "";
+    }
+    throw InputError("no weights to evaluate: no complete checkpoint in " + options.dir +
+                     " (checkpoint.dir) and no model.init_from; train first, name a checkpoint "
+                     "with --checkpoint DIR, or --set model.init_from=FILE.safetensors");
+  }
   if (options.resume_from_command_line) {
-    throw InputError("--resume latest: no complete checkpoint in " + options.dir +
-                     " (checkpoint.dir); start without --resume, or point it at a checkpoint");
+    throw InputError(
+        options.resume_flag + " latest: no complete checkpoint in " + options.dir +
+        " (checkpoint.dir); " +
+        (options.evaluate_only
+             ? "train first, or name a checkpoint directory with " + options.resume_flag + " DIR"
+             : "start without " + options.resume_flag + ", or point it at a checkpoint"));
   }
   // checkpoint.resume "latest" in a config: a job's first run starts fresh, its requeued runs
   // continue from their checkpoints.

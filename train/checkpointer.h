@@ -34,6 +34,11 @@ struct CheckpointerOptions {
   std::int64_t total_steps = 0;
   std::string resume;                     // "" (fresh), "latest" or a checkpoint directory
   bool resume_from_command_line = false;  // --resume: "latest" with none is an error
+  std::string resume_flag = "--resume";   // how the command line named it, for messages
+  // kiln eval without --checkpoint: with no checkpoint, the model.init_from weights (`init_from`)
+  // are evaluated; with neither, an error that names both.
+  bool init_from_fallback = false;
+  std::string init_from;
   bool evaluate_only = false;  // the training data position is not restored, nor checked
   std::int64_t powersgd_start_step = 0;
 };

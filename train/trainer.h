@@ -80,6 +80,10 @@ struct TrainerOptions {
   // Lock logging.dir and checkpoint.dir on rank 0 for the trainer's life (kiln train; a second
   // run on the same directory is refused: train/run_lock.h).
   bool lock_directories = false;
+  // How the command line named the checkpoint (kiln eval: --checkpoint), for messages.
+  std::string resume_flag = "--resume";
+  // kiln eval without --checkpoint: no checkpoint falls back to model.init_from's weights.
+  bool init_from_fallback = false;
 };
 
 class Trainer {

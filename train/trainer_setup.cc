@@ -168,6 +168,9 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
   record_experiment(s);
   CheckpointerOptions checkpointing =
       checkpointer_options(s.e, options.resume, options.evaluate_only, s.total_steps);
+  checkpointing.resume_flag = options.resume_flag;
+  checkpointing.init_from_fallback = options.init_from_fallback;
+  checkpointing.init_from = s.e.model().init_from();
   s.checkpointer = std::make_unique<Checkpointer>(
       checkpointing, Checkpointer::Parts{s.e, s.world, *s.comm, *s.model.net, *s.optimizer, *s.sync,
                                          *s.loader, *s.metrics, s.counters, s.plan.global});
