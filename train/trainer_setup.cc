@@ -55,6 +55,21 @@ MetricsSinkOptions metrics_options(const Trainer::State& s) {
   return sink;
 }
 
+// train.epochs: the steps are known once the dataset is (validate() checks train.steps). The same
+// rule and words on every rank, reported once (a ConfigError), before any step.
+void check_warmup_fits(const Trainer::State& s) {
+  const std::int64_t warmup = s.e.schedule().warmup_steps();
+  if (s.e.train().has_steps() || warmup <= 0 || warmup < s.total_steps) return;
+  char epochs[32];
+  std::snprintf(epochs, sizeof(epochs), "%g", s.e.train().epochs());
+  throw config::ConfigError(
+      "schedule.warmup_steps = " + std::to_string(warmup) + ": must be less than the " +
+      std::to_string(s.total_steps) + " optimizer steps train.epochs = " + epochs + " makes (" +
+      std::to_string(s.loader->batches_per_epoch()) + " batches per epoch, " +
+      std::to_string(s.plan.accumulation) +
+      " per step); lower schedule.warmup_steps, raise train.epochs, or set train.steps");
+}
+
 // The run's experiment beside its metrics (kiln train, rank 0): the effective one, every default
 // filled and every --set applied, written atomically when the run begins. A resumed run keeps the
 // one its first start wrote (the hyper-parameters of the run's start) and says when its own
@@ -149,6 +164,7 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
   s.loader =
       std::make_unique<data::DataLoader>(train_set, loader_options(s.e, s.plan, world, s.device));
   s.total_steps = total_steps(s.e.train(), s.loader->batches_per_epoch(), s.plan.accumulation);
+  check_warmup_fits(s);
   // The optimizer's own tensors (masters, moments) as the allocator counts them: ZeRO divides
   // them by the world size.
   const std::size_t allocated_before = allocator_for(s.device).stats().allocated_bytes;
