@@ -437,6 +437,19 @@ TEST(Fingerprint, TextRoundTripKeepsTheHash) {
   EXPECT_EQ(experiment_hash(reparsed), experiment_hash(experiment));
 }
 
+// kiln config's text shows an enum at its first value (protobuf's printer hides it) and reads back.
+TEST(Printing, EffectiveTextShowsEnumsAtTheirFirstValue) {
+  const Experiment experiment = load_experiment(write_temp("enums.pbtxt", ""), {"train.steps=3"});
+  const std::string text = to_effective_text(experiment);
+  for (const char* line : {"  kind: ADAMW\n", "  device: AUTO\n", "  opt_level: O0\n",
+                           "  kind: FASHION_MNIST\n", "  kind: CONSTANT\n"}) {
+    EXPECT_NE(text.find(line), std::string::npos) << line << " in\n" << text;
+  }
+  EXPECT_EQ(to_text(experiment).find("device: AUTO"), std::string::npos);  // what it fixes
+  const Experiment reparsed = parse_experiment_text(text, "effective");
+  EXPECT_EQ(experiment_hash(reparsed), experiment_hash(experiment));
+}
+
 TEST(Printing, JsonPrintsEveryField) {
   const Experiment experiment = load_experiment(configs_dir() + "/fashion_mnist.pbtxt", {});
   const std::string json = to_json(experiment);
