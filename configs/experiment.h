@@ -80,6 +80,10 @@ BatchPlan plan_batches(const Experiment& experiment, int world_size);
 // protobuf prints them), and as JSON with every field printed.
 std::string to_text(const Experiment& experiment);
 std::string to_json(const Experiment& experiment);
+// As to_text, with every enum field shown at its first value too (optimizer.kind: SGD,
+// train.device: AUTO): what `kiln config` prints and `kiln train` records in
+// <logging.dir>/experiment.pbtxt. Parses back to the same experiment.
+std::string to_effective_text(const Experiment& experiment);
 
 // Stable 64-bit FNV-1a hash of the deterministic serialisation: equal on every rank that
 // loaded the same effective experiment, to detect ranks with differing configs.

@@ -42,7 +42,24 @@ bool parse_double(const std::string& text, double& value) {
   errno = 0;
   char* end = nullptr;
   value = std::strtod(text.c_str(), &end);
-  return errno == 0 && end == text.c_str() + text.size() && std::isfinite(value);
+  // ERANGE with a non-zero result is a subnormal (1e-320): a finite double like any other. An
+  // underflow to 0 or an overflow to inf is refused (number_problem says which).
+  const bool subnormal = errno == ERANGE && value != 0 && std::isfinite(value);
+  return (errno == 0 || subnormal) && end == text.c_str() + text.size() && std::isfinite(value);
+}
+
+// Why a number-like value is refused, beyond "not a finite number": out of a double's range.
+std::string number_problem(const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || errno != ERANGE) return "";
+  if (value == 0) {
+    return " (it is too small for a double and would round to 0; the smallest positive double is "
+           "4.9e-324)";
+  }
+  if (!std::isfinite(value)) return " (it is too large for a double, whose largest is 1.8e308)";
+  return "";
 }
 
 bool parse_bool(const std::string& text, bool& value) {
@@ -316,8 +333,10 @@ void apply_override(Experiment& experiment, const std::string& assignment) {
                         ", not a message; nothing below it to set");
     }
     const auto bad_value = [&](const std::string& item) {
+      const bool real = field->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE ||
+                        field->cpp_type() == FieldDescriptor::CPPTYPE_FLOAT;
       return ConfigError(where + ": " + here + ": '" + item + "' is not " +
-                         type_description(field));
+                         type_description(field) + (real ? number_problem(item) : ""));
     };
     if (field->is_repeated() && segment.index < 0) {
       // A comma list replaces the whole list ("" empties it).

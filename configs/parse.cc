@@ -5,6 +5,7 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/util/json_util.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -200,6 +201,52 @@ std::string to_text(const Experiment& experiment) {
   std::string text;
   pb::TextFormat::Printer printer;
   printer.PrintToString(experiment, &text);
+  return text;
+}
+
+namespace {
+
+// Fields in number order, as protobuf's printer lists them. An enum without presence is printed
+// at its first value too (protobuf's printer omits it there, which hid optimizer.kind: SGD,
+// train.device: AUTO, precision.opt_level: O0, data.kind: FASHION_MNIST); other zero scalars
+// stay omitted as protobuf omits them (0, false, "").
+void print_effective(const pb::Message& message, int indent, std::string& out) {
+  const Descriptor* type = message.GetDescriptor();
+  const pb::Reflection* reflection = message.GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  for (int i = 0; i < type->field_count(); ++i) fields.push_back(type->field(i));
+  std::sort(fields.begin(), fields.end(), [](const FieldDescriptor* a, const FieldDescriptor* b) {
+    return a->number() < b->number();
+  });
+  const std::string pad(static_cast<std::size_t>(indent), ' ');
+  for (const FieldDescriptor* field : fields) {
+    const bool repeated = field->is_repeated();
+    const int count = repeated ? reflection->FieldSize(message, field) : 1;
+    if (!repeated && !reflection->HasField(message, field) &&
+        (field->has_presence() || field->cpp_type() != FieldDescriptor::CPPTYPE_ENUM)) {
+      continue;
+    }
+    for (int index = 0; index < count; ++index) {
+      if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+        out += pad + field->name() + " {\n";
+        print_effective(repeated ? reflection->GetRepeatedMessage(message, field, index)
+                                 : reflection->GetMessage(message, field),
+                        indent + 2, out);
+        out += pad + "}\n";
+        continue;
+      }
+      std::string value;
+      pb::TextFormat::PrintFieldValueToString(message, field, repeated ? index : -1, &value);
+      out += pad + field->name() + ": " + value + "\n";
+    }
+  }
+}
+
+}  // namespace
+
+std::string to_effective_text(const Experiment& experiment) {
+  std::string text;
+  print_effective(experiment, 0, text);
   return text;
 }
 

@@ -74,16 +74,27 @@ BatchResult compute_batches(const Experiment& experiment, int world_size) {
   if (global % per_step != 0) {
     const std::int64_t below = global / per_step * per_step;
     std::string suggestion = "global batches that divide: ";
-    if (below > 0) suggestion += std::to_string(below) + " or ";
-    suggestion +=
-        std::to_string(below + per_step) + " (multiples of " + std::to_string(per_step) + ")";
+    // The multiple above may not exist: a global batch near the int64 limit has none.
+    const bool above_fits = below <= std::numeric_limits<std::int64_t>::max() - per_step;
+    if (below > 0) suggestion += std::to_string(below) + (above_fits ? " or " : "");
+    if (above_fits) suggestion += std::to_string(below + per_step);
+    suggestion += " (multiples of " + std::to_string(per_step) + ")";
     if (global % world_size == 0) {
       const std::int64_t per_rank = global / world_size;
-      std::vector<std::string> divisors;
-      for (std::int64_t d = 1; d <= per_rank && d <= std::numeric_limits<int>::max(); ++d) {
-        if (per_rank % d == 0) divisors.push_back(std::to_string(d));
+      // The largest divisors that fit batch_per_gpu (an int32), found in pairs up to the root
+      // (or up to 2^20: a per-rank batch of 10^18 is not searched for seconds).
+      std::vector<std::int64_t> found;
+      for (std::int64_t d = 1; d <= per_rank / d && d <= (1 << 20); ++d) {
+        if (per_rank % d != 0) continue;
+        for (const std::int64_t divisor : {d, per_rank / d}) {
+          if (divisor <= std::numeric_limits<int>::max()) found.push_back(divisor);
+        }
       }
-      if (divisors.size() > 16) divisors.erase(divisors.begin(), divisors.end() - 16);
+      std::sort(found.begin(), found.end());
+      found.erase(std::unique(found.begin(), found.end()), found.end());
+      if (found.size() > 16) found.erase(found.begin(), found.end() - 16);
+      std::vector<std::string> divisors;
+      for (const std::int64_t d : found) divisors.push_back(std::to_string(d));
       suggestion += "; or a batch_per_gpu dividing " + std::to_string(global) + " / " +
                     std::to_string(world_size) + " = " + std::to_string(per_rank) + ": " +
                     join(divisors, ", ");
@@ -125,8 +136,14 @@ class Validator {
   void run() const {
     check(context_.world_size >= 1, "train.batch_per_gpu", std::to_string(context_.world_size),
           "the job reports fewer than 1 rank");
-    check(!experiment_.name().empty() && experiment_.name().find('/') == std::string::npos, "name",
-          quote(experiment_.name()), "must be non-empty and contain no '/' (it names directories)");
+    const std::string& name = experiment_.name();
+    // The name is a directory's (runs/<name>): at most NAME_MAX bytes, and shown cut short.
+    check(name.size() <= kMaxNameLength, "name",
+          quote(name.substr(0, 40)) + "... (" + std::to_string(name.size()) + " characters)",
+          "must be at most " + std::to_string(kMaxNameLength) +
+              " characters (it names the run's directory, runs/<name>)");
+    check(!name.empty() && name.find('/') == std::string::npos, "name", quote(name),
+          "must be non-empty and contain no '/' (it names directories)");
     const bool on_cpu = check_device();
     if (const auto problem = find_range_problem(experiment_)) {
       fail(problem->path, problem->value, problem->problem);
@@ -160,6 +177,8 @@ class Validator {
   }
 
  private:
+  static constexpr std::size_t kMaxNameLength = 255;  // NAME_MAX on Linux file systems
+
   // Returns true when training runs on the CPU.
   bool check_device() const {
     const TrainConfig::Device device = experiment_.train().device();

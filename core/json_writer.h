@@ -36,6 +36,17 @@ class JsonWriter {
     std::snprintf(buf, sizeof(buf), "%.10g", v);
     scalar(buf);
   }
+  // A number with a fixed count of decimals: unix times, which "%.10g" would cut to seconds.
+  void fixed_field(const std::string& k, double v, int decimals) {
+    key(k);
+    if (!std::isfinite(v)) {
+      scalar("null");
+      return;
+    }
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.*f", decimals, v);
+    scalar(buf);
+  }
   template <typename T>
   void field(const std::string& k, const T& v) {
     key(k);

@@ -63,6 +63,14 @@ int run_bench(const Arguments& args) {
         "logging.dir=/tmp/kiln-bench",  // the same on every rank: the experiment hash must agree
         "logging.jsonl=false",
     };
+    // The models made for Fashion-MNIST take its 28x28 greyscale images, not the schema's
+    // ImageNet-sized default (224x224x3); --set model.image_size=... still wins.
+    const std::string model_name = vm["model"].as<std::string>();
+    if (model_name == "fashion_cnn" || model_name == "mlp") {
+      for (const char* o :
+           {"model.image_size=28", "model.image_channels=1", "model.num_classes=10"})
+        overrides.push_back(o);
+    }
     if (vm.count("set")) {
       for (const auto& o : vm["set"].as<std::vector<std::string>>()) overrides.push_back(o);
     }
@@ -70,6 +78,22 @@ int run_bench(const Arguments& args) {
     for (const auto& o : overrides) config::apply_override(e, o);
     config::fill_defaults(e);
     config::validate(e, {world.size, cuda_device_count() > 0, "", overrides});
+    // What the step computes in: O0 is fp32 whatever --half says.
+    const std::string precision =
+        e.precision().opt_level() == config::PrecisionConfig::O0
+            ? "fp32"
+            : (e.precision().half() == config::PrecisionConfig::BF16 ? "bf16" : "fp16");
+    std::string input;
+    if (e.model().has_image_size() && !config::is_gpt_model(e.model().name()) &&
+        e.model().name() != "bert_base") {
+      input = std::to_string(e.model().image_channels()) + "x" +
+              std::to_string(e.model().image_size()) + "x" +
+              std::to_string(e.model().image_size()) + " images";
+    } else {
+      input = std::to_string(config::is_gpt_model(e.model().name()) ? e.model().gpt().seq_len()
+                                                                    : e.model().bert().seq_len()) +
+              " tokens";
+    }
     train::TrainerOptions to;
     to.quiet = true;
     train::Trainer trainer(e, world, to);
@@ -83,7 +107,9 @@ int run_bench(const Arguments& args) {
         j.field("model", vm["model"].as<std::string>());
         j.field("batch_per_gpu", vm["batch"].as<int>());
         j.field("amp", amp);
-        j.field("half", half);
+        j.field("half", precision == "fp32" ? std::string("none") : precision);
+        j.field("precision", precision);
+        j.field("input", input);
         j.field("gpus", world.size);
         j.field("device", gpu);
         j.field("median_step_ms", r.median_ms);
@@ -140,9 +166,9 @@ int run_bench(const Arguments& args) {
         j.end_object();
         std::printf("%s\n", j.str().c_str());
       } else {
-        std::printf("%s batch %d/GPU x %d GPU(s), %s %s on %s\n",
+        std::printf("%s batch %d/GPU x %d GPU(s) of %s, %s %s on %s\n",
                     vm["model"].as<std::string>().c_str(), vm["batch"].as<int>(), world.size,
-                    amp.c_str(), half.c_str(), gpu.c_str());
+                    input.c_str(), amp.c_str(), precision.c_str(), gpu.c_str());
         std::printf("  median step %.2f ms over %d steps; %.1f samples/s total, %.1f per GPU\n",
                     r.median_ms, steps, r.samples_per_s, r.samples_per_s / world.size);
         std::printf("  %.1f TFLOP/s per GPU (%.1f GFLOP/sample), MFU %.1f%%\n", r.tflops_per_gpu,

@@ -44,7 +44,7 @@ int run_config(const Arguments& args) {
   if (vm.count("json")) {
     std::cout << config::to_json(experiment) << "\n";
   } else {
-    std::cout << config::to_text(experiment);
+    std::cout << config::to_effective_text(experiment);
     std::cout << "# batch plan for " << world_size << " rank(s): " << plan.per_gpu << " per GPU x "
               << plan.accumulation << " accumulation x " << plan.world_size << " = " << plan.global
               << " global\n";

@@ -116,6 +116,7 @@ int run_doctor(const Arguments& args) {
     throw InputError("--device must be auto or cpu, got '" + device + "'");
   }
   o.use_cuda = device == "auto";
+  o.cuda_build = KILN_WITH_CUDA != 0;
   if (vm.count("dir") && vm.count("config")) {
     throw InputError("give --dir or --config, not both");
   }

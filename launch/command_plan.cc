@@ -4,6 +4,7 @@
 
 #include <boost/program_options.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 
@@ -20,50 +21,125 @@ namespace po = boost::program_options;
 namespace kiln::launch {
 namespace {
 
+constexpr double kMaxMemoryMb = 1024.0 * 1024 * 1024;  // 1 PiB per GPU
+
 double mib(double bytes) {
   return bytes / 1048576.0;
 }
 
+const char* recompute_name(const train::MemoryEstimate& m) {
+  return m.recompute ? "BLOCKS" : "NONE";
+}
+
+// Whether `m` fits the experiment's batch under the limit: "fits", "does not fit", or "-" (no
+// limit) and "?" (nothing measured, and the counted parts alone fit).
+const char* fits_word(const train::MemoryPlan& plan, const train::MemoryEstimate& m) {
+  if (plan.limit <= 0) return "-";
+  if (m.total(plan.measured ? plan.batch : 0) > plan.limit) return "does not fit";
+  return plan.measured ? "fits" : "?";
+}
+
+// The verdict under a limit, and the exit code: 0 when the experiment's batch fits some
+// combination (or nothing can be judged), 1 when it fits none (what to change is named).
+struct Verdict {
+  std::string line;
+  int code = 0;
+};
+
+Verdict verdict(const train::MemoryPlan& plan) {
+  Verdict v;
+  if (plan.limit <= 0) return v;
+  const std::string limit = std::to_string(static_cast<long long>(mib(plan.limit))) + " MiB";
+  const std::string gpus =
+      std::to_string(plan.world_size) + " GPU" + (plan.world_size == 1 ? "" : "s");
+  // The least memory a sample can take: the last row shards most and recomputes.
+  const train::MemoryEstimate& leanest = plan.estimates.back();
+  const std::string change =
+      "raise --memory-mb (a GPU with more memory), shard over more GPUs (--world-size with "
+      "parallel.zero_stage 2), use half precision (precision.opt_level O2), or shrink the model "
+      "(model.*)";
+  if (!plan.measured) {
+    if (leanest.total(0) > plan.limit) {
+      v.code = 1;
+      v.line = "nothing fits under " + limit +
+               ": the weights, gradients and optimizer state alone "
+               "need " +
+               std::to_string(static_cast<long long>(mib(leanest.total(0)))) +
+               " MiB with parallel.zero_stage 2 on " + gpus + "; " + change;
+    } else {
+      v.line = "activations not measured (no " + plan.device +
+               " here, train.device CUDA): run kiln plan where the GPU is for the largest batch";
+    }
+    return v;
+  }
+  const train::MemoryEstimate* best = nullptr;  // the least sharding, no recompute first
+  const train::MemoryEstimate* largest = nullptr;
+  for (const train::MemoryEstimate& m : plan.estimates) {
+    if (best == nullptr && m.total(plan.batch) <= plan.limit) best = &m;
+    if (largest == nullptr || plan.usable_batch(m) > plan.usable_batch(*largest)) largest = &m;
+  }
+  if (best != nullptr) {
+    v.line = "batch " + std::to_string(plan.batch) + " fits with parallel.zero_stage " +
+             std::to_string(best->zero_stage) + ", train.recompute " + recompute_name(*best);
+    return v;
+  }
+  v.code = 1;
+  const std::int64_t usable = plan.usable_batch(*largest);
+  if (usable == 0) {
+    v.line = "nothing fits under " + limit + " on " + gpus +
+             ": even batch 1 needs more in every combination (" +
+             std::to_string(static_cast<long long>(mib(leanest.total(1)))) +
+             " MiB with parallel.zero_stage 2, train.recompute BLOCKS); " + change;
+    return v;
+  }
+  v.line = "batch " + std::to_string(plan.batch) + " fits in no combination: lower " +
+           "train.batch_per_gpu to " + std::to_string(usable) + " (the largest that fits" +
+           (plan.global_batch > 0
+                ? " and divides train.global_batch " + std::to_string(plan.global_batch) + " / " +
+                      std::to_string(plan.world_size) + " ranks"
+                : std::string()) +
+           ", with parallel.zero_stage " + std::to_string(largest->zero_stage) +
+           ", train.recompute " + recompute_name(*largest) + ")";
+  return v;
+}
+
 void print_table(const train::MemoryPlan& plan, const std::string& path) {
-  std::printf(
-      "kiln plan: %s, %lld parameters, %d GPU%s; activations and workspaces measured on %s at "
-      "batch %d and %d\n",
-      path.c_str(), static_cast<long long>(plan.parameters), plan.world_size,
-      plan.world_size == 1 ? "" : "s", plan.device.c_str(), plan.probe_batches.at(0),
-      plan.probe_batches.at(1));
-  std::printf("per GPU, MiB (total at train.batch_per_gpu %d", plan.batch);
+  std::printf("kiln plan: %s, %lld parameters, %d GPU%s; ", path.c_str(),
+              static_cast<long long>(plan.parameters), plan.world_size,
+              plan.world_size == 1 ? "" : "s");
+  if (plan.measured) {
+    std::printf("activations and workspaces measured on %s at batch %d and %d\n",
+                plan.device.c_str(), plan.probe_batches.at(0), plan.probe_batches.at(1));
+  } else {
+    std::printf("counted only: no %s here to measure activations and workspaces on\n",
+                plan.device.c_str());
+  }
+  std::printf("per GPU, MiB (total at train.batch_per_gpu %d%s", plan.batch,
+              plan.measured ? "" : ", without activations and workspaces");
   if (plan.limit > 0) std::printf("; limit %.0f MiB", mib(plan.limit));
+  if (plan.global_batch > 0) {
+    std::printf("; largest batch divides train.global_batch %lld / %d",
+                static_cast<long long>(plan.global_batch), plan.world_size);
+  }
   std::printf(")\n");
   std::printf("%-5s %-9s %9s %9s %9s %9s %12s %10s %8s %10s %-13s %s\n", "zero", "recompute",
               "weights", "grads", "master", "moments", "act/sample", "workspace", "nccl", "total",
               "fits", "largest batch");
   for (const train::MemoryEstimate& m : plan.estimates) {
-    const char* fits = plan.limit <= 0                     ? "-"
-                       : m.total(plan.batch) <= plan.limit ? "fits"
-                                                           : "does not fit";
-    std::string largest = plan.limit <= 0 ? "-" : std::to_string(m.largest_batch(plan.limit));
-    std::printf("%-5d %-9s %9.1f %9.1f %9.1f %9.1f %12.2f %10.1f %8.1f %10.1f %-13s %s\n",
-                m.zero_stage, m.recompute ? "BLOCKS" : "NONE", mib(m.weights), mib(m.gradients),
-                mib(m.master), mib(m.moments), mib(m.activations_per_sample), mib(m.workspaces),
-                mib(m.nccl), mib(m.total(plan.batch)), fits, largest.c_str());
-  }
-  if (plan.limit > 0) {
-    // The first that fits: the least sharding, and without recomputation before with.
-    const train::MemoryEstimate* best = nullptr;
-    for (const train::MemoryEstimate& m : plan.estimates) {
-      if (m.largest_batch(plan.limit) >= plan.batch) {
-        best = &m;
-        break;
-      }
+    const std::string largest =
+        plan.limit <= 0 || !plan.measured ? "-" : std::to_string(plan.usable_batch(m));
+    char activations[32] = "-", workspaces[32] = "-";
+    if (plan.measured) {
+      std::snprintf(activations, sizeof(activations), "%.2f", mib(m.activations_per_sample));
+      std::snprintf(workspaces, sizeof(workspaces), "%.1f", mib(m.workspaces));
     }
-    if (best != nullptr) {
-      std::printf("batch %d fits with parallel.zero_stage %d, train.recompute %s\n", plan.batch,
-                  best->zero_stage, best->recompute ? "BLOCKS" : "NONE");
-    } else {
-      std::printf("batch %d fits in no combination: lower train.batch_per_gpu (largest above)\n",
-                  plan.batch);
-    }
+    std::printf("%-5d %-9s %9.1f %9.1f %9.1f %9.1f %12s %10s %8.1f %10.1f %-13s %s\n", m.zero_stage,
+                recompute_name(m), mib(m.weights), mib(m.gradients), mib(m.master), mib(m.moments),
+                activations, workspaces, mib(m.nccl), mib(m.total(plan.measured ? plan.batch : 0)),
+                fits_word(plan, m), largest.c_str());
   }
+  const Verdict v = verdict(plan);
+  if (!v.line.empty()) std::printf("%s\n", v.line.c_str());
 }
 
 void print_json(const train::MemoryPlan& plan, const std::string& path) {
@@ -74,7 +150,8 @@ void print_json(const train::MemoryPlan& plan, const std::string& path) {
   j.field("world_size", plan.world_size);
   j.field("batch_per_gpu", plan.batch);
   j.field("memory_mb", plan.limit > 0 ? mib(plan.limit) : 0.0);
-  j.field("measured_on", plan.device);
+  j.field("measured", plan.measured);
+  j.field("measured_on", plan.measured ? plan.device : std::string());
   j.key("probe_batches");
   j.begin_array();
   for (int b : plan.probe_batches) j.value(b);
@@ -84,22 +161,26 @@ void print_json(const train::MemoryPlan& plan, const std::string& path) {
   for (const train::MemoryEstimate& m : plan.estimates) {
     j.begin_object();
     j.field("zero_stage", m.zero_stage);
-    j.field("recompute", m.recompute ? "BLOCKS" : "NONE");
+    j.field("recompute", recompute_name(m));
     j.field("weights_mb", mib(m.weights));
     j.field("gradients_mb", mib(m.gradients));
     j.field("master_mb", mib(m.master));
     j.field("moments_mb", mib(m.moments));
-    j.field("activations_per_sample_mb", mib(m.activations_per_sample));
-    j.field("workspaces_mb", mib(m.workspaces));
+    if (plan.measured) {
+      j.field("activations_per_sample_mb", mib(m.activations_per_sample));
+      j.field("workspaces_mb", mib(m.workspaces));
+    }
     j.field("nccl_mb", mib(m.nccl));
-    j.field("total_mb", mib(m.total(plan.batch)));
-    if (plan.limit > 0) {
+    j.field("total_mb", mib(m.total(plan.measured ? plan.batch : 0)));
+    if (plan.limit > 0 && plan.measured) {
       j.field("fits", m.total(plan.batch) <= plan.limit);
-      j.field("largest_batch", static_cast<long long>(m.largest_batch(plan.limit)));
+      j.field("largest_batch", static_cast<long long>(plan.usable_batch(m)));
     }
     j.end_object();
   }
   j.end_array();
+  const Verdict v = verdict(plan);
+  j.field("verdict", v.line);
   j.end_object();
   std::printf("%s\n", j.str().c_str());
 }
@@ -127,27 +208,44 @@ int run_plan(const Arguments& args) {
   const int world_size = vm["world-size"].as<int>();
   if (world_size < 1)
     throw InputError("--world-size must be at least 1, got " + std::to_string(world_size));
-  if (vm.count("memory-mb") && !(vm["memory-mb"].as<double>() > 0))
-    throw InputError("--memory-mb must be positive");
+  if (vm.count("memory-mb")) {
+    // inf or nan would make every batch fit (and the largest overflow): a number of MiB only.
+    const double mb = vm["memory-mb"].as<double>();
+    if (!(mb > 0)) throw InputError("--memory-mb must be positive");
+    if (!std::isfinite(mb) || mb > kMaxMemoryMb) {
+      char given[32];
+      std::snprintf(given, sizeof(given), "%g", mb);
+      throw InputError(std::string("--memory-mb ") + given +
+                       ": must be a finite number of MiB, at most " +
+                       std::to_string(static_cast<long long>(kMaxMemoryMb)) + " (1 PiB)");
+    }
+  }
   const World& world = init_world();
   if (world.size != 1) throw InputError("kiln plan runs as one process: start it without mpirun");
   std::vector<std::string> overrides;
   if (vm.count("set")) overrides = vm["set"].as<std::vector<std::string>>();
   const std::string path = vm["config"].as<std::string>();
   config::Experiment e = config::load_experiment(path, overrides);
-  config::validate(e, {1, cuda_device_count() > 0, path, overrides});
+  // As kiln config: a login node without the GPU plans the GPU job it will submit, from the
+  // counted parts; the measured ones need the device train.device names.
+  config::ValidationContext context{world_size, cuda_device_count() > 0, path, overrides};
+  context.assume_named_device = true;
+  config::validate(e, context);
+  const bool measurable =
+      e.train().device() != config::TrainConfig::CUDA || cuda_device_count() > 0;
   double limit = 0;
   if (vm.count("memory-mb"))
     limit = vm["memory-mb"].as<double>() * 1048576.0;
   else if (e.train().max_memory_mb() > 0)
     limit = static_cast<double>(e.train().max_memory_mb()) * 1048576.0;
-  train::MemoryPlan plan = train::plan_memory(e, world_size, limit, world);
+  train::MemoryPlan plan = train::plan_memory(e, world_size, limit, world, measurable);
+  if (!measurable) plan.device = "GPU";
   if (vm.count("json"))
     print_json(plan, path);
   else
     print_table(plan, path);
   finalize_world();
-  return 0;
+  return verdict(plan).code;
 }
 
 }  // namespace kiln::launch

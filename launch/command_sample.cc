@@ -169,6 +169,13 @@ int run_sample(const Arguments& args) {
   std::vector<std::string> overrides;
   if (vm.count("set")) overrides = vm["set"].as<std::vector<std::string>>();
   config::Experiment e = config::load_experiment(config_path, overrides);
+  // The shapes the checkpoint was trained with, without typing its --set again.
+  const std::string note = train::take_checkpoint_model(
+      e,
+      train::checkpoint_to_read(
+          e, vm.count("checkpoint") ? vm["checkpoint"].as<std::string>() : "latest"),
+      overrides);
+  if (!note.empty()) std::fprintf(stderr, "kiln sample: %s\n", note.c_str());
   // As kiln export: an experiment written for GPUs validates on a machine without one (sampling
   // falls back to the CPU below).
   config::validate(e, {1, true, config_path, overrides});

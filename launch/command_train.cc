@@ -11,9 +11,11 @@
 #include "configs/experiment.h"
 #include "core/check.h"
 #include "core/device.h"
+#include "core/json_writer.h"
 #include "launch/commands.h"
 #include "launch/run_ranks.h"
 #include "train/metrics.h"
+#include "train/parameter_loader.h"
 #include "train/preemption.h"
 #include "train/trainer.h"
 
@@ -185,21 +187,36 @@ int run_eval(const Arguments& args) {
   if (a.vm.count("dump-logits")) eval_options.dump_logits = a.vm["dump-logits"].as<std::string>();
   if (a.vm.count("dump-inputs")) eval_options.dump_inputs = a.vm["dump-inputs"].as<std::string>();
   return run_on_all_ranks("eval", [&](const World& world) {
-    config::Experiment e = load_and_validate(a, world);
+    config::Experiment e = config::load_experiment(a.config, a.overrides);
+    // The shapes the checkpoint was trained with, without typing its --set again.
+    const std::string note =
+        train::take_checkpoint_model(e, train::checkpoint_to_read(e, a.resume), a.overrides);
+    if (!note.empty() && world.rank == 0) std::fprintf(stderr, "kiln eval: %s\n", note.c_str());
+    config::validate(e, {world.size, cuda_device_count() > 0, a.config, a.overrides});
     train::TrainerOptions to;
     to.config_path = a.config;
     to.resume = a.resume;  // --checkpoint, "latest" unless given
+    to.resume_flag = a.vm.count("resume") ? "--resume" : "--checkpoint";
+    // Neither option typed: the newest checkpoint, else model.init_from's weights.
+    to.init_from_fallback = !a.vm.count("resume") && a.vm["checkpoint"].defaulted();
     to.quiet = true;
     to.evaluate_only = true;
     train::Trainer trainer(e, world, to);
     train::EvalResult r = trainer.evaluate(eval_options);
     if (world.rank == 0) {
+      const std::string weights = trainer.weights_source();
       if (a.json) {
-        std::printf("{\"eval_loss\":%.6g,\"eval_accuracy\":%.6g,\"samples\":%lld}\n", r.loss,
-                    r.accuracy, static_cast<long long>(r.samples));
+        JsonWriter j;
+        j.begin_object();
+        j.field("eval_loss", r.loss);
+        j.field("eval_accuracy", r.accuracy);
+        j.field("samples", static_cast<long long>(r.samples));
+        j.field("weights", weights);
+        j.end_object();
+        std::printf("%s\n", j.str().c_str());
       } else {
-        std::printf("eval: loss %.4f, accuracy %.2f%% over %lld samples\n", r.loss,
-                    100.0 * r.accuracy, static_cast<long long>(r.samples));
+        std::printf("eval: %s: loss %.4f, accuracy %.2f%% over %lld samples\n", weights.c_str(),
+                    r.loss, 100.0 * r.accuracy, static_cast<long long>(r.samples));
       }
     }
     return 0;

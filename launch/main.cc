@@ -9,6 +9,8 @@
 
 #include "configs/experiment.h"
 #include "core/check.h"
+#include "core/system_info.h"
+#include "kiln_git_commit.h"
 #include "launch/commands.h"
 
 namespace {
@@ -37,7 +39,8 @@ const std::map<std::string, Command>& commands() {
 }
 
 void usage(std::ostream& os) {
-  os << "usage: kiln <command> [options]   (kiln <command> --help for its options)\n\ncommands:\n";
+  os << "usage: kiln <command> [options]   (kiln <command> --help for its options; kiln --version)"
+        "\n\ncommands:\n";
   for (const auto& [name, command] : commands()) {
     os << "  " << name << std::string(12 - name.size(), ' ') << command.summary << "\n";
   }
@@ -46,6 +49,15 @@ void usage(std::ostream& os) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::strcmp(argv[1], "--version") == 0) {
+    // The project's VERSION (CMakeLists.txt) and the commit the binary was built from.
+    const std::string commit = KILN_GIT_COMMIT;
+    std::cout << "kiln " << kiln::kiln_version()
+              << (commit.empty() ? std::string(" (no git commit: not built from a checkout)")
+                                 : " (git " + commit + ")")
+              << "\n";
+    return 0;
+  }
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
     usage(argc < 2 ? std::cerr : std::cout);
     return argc < 2 ? 2 : 0;

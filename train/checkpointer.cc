@@ -30,7 +30,7 @@ std::string choose_resume(const CheckpointerOptions& options,
   if (latest) {
     if (!skipped.empty()) {
       *note = std::string("warning: ") +
-              (options.resume_from_command_line ? "--resume" : "checkpoint.resume") +
+              (options.resume_from_command_line ? options.resume_flag : "checkpoint.resume") +
               " latest skips " + std::to_string(skipped.size()) + " checkpoint director" +
               (skipped.size() == 1 ? "y" : "ies") + " in " + options.dir + ": " + list_of(skipped) +
               why + "; resuming from " + *latest;
@@ -39,15 +39,30 @@ std::string choose_resume(const CheckpointerOptions& options,
   }
   if (!skipped.empty()) {
     throw InputError(
-        (options.resume_from_command_line ? "--resume latest" : "checkpoint.resume latest") +
+        (options.resume_from_command_line ? options.resume_flag + " latest"
+                                          : std::string("checkpoint.resume latest")) +
         std::string(": no complete checkpoint in ") + options.dir + ", only " + list_of(skipped) +
         why +
         ". Restore their MANIFEST (copy the whole directory again), resume from one "
         "explicitly with --resume DIR after checking it, or move them away to start fresh");
   }
+  if (options.init_from_fallback) {
+    if (!options.init_from.empty()) {
+      *note =
+          "no checkpoint in " + options.dir + ": evaluating model.init_from " + options.init_from;
+      return "";
+    }
+    throw InputError("no weights to evaluate: no complete checkpoint in " + options.dir +
+                     " (checkpoint.dir) and no model.init_from; train first, name a checkpoint "
+                     "with --checkpoint DIR, or --set model.init_from=FILE.safetensors");
+  }
   if (options.resume_from_command_line) {
-    throw InputError("--resume latest: no complete checkpoint in " + options.dir +
-                     " (checkpoint.dir); start without --resume, or point it at a checkpoint");
+    throw InputError(
+        options.resume_flag + " latest: no complete checkpoint in " + options.dir +
+        " (checkpoint.dir); " +
+        (options.evaluate_only
+             ? "train first, or name a checkpoint directory with " + options.resume_flag + " DIR"
+             : "start without " + options.resume_flag + ", or point it at a checkpoint"));
   }
   // checkpoint.resume "latest" in a config: a job's first run starts fresh, its requeued runs
   // continue from their checkpoints.
@@ -83,6 +98,7 @@ std::string Checkpointer::maybe_save(bool last) {
 void Checkpointer::restore(const std::string& path) {
   const config::Experiment& e = p_.experiment;
   Checkpoint c = load_model_checkpoint(path, e.model().name(), p_.net);
+  restored_from_ = path;
   const config::CheckpointState& st = c.state;
   // One whole optimizer file, or the shards of a ZeRO run on any number of ranks (resharded).
   std::vector<const SafetensorsFile*> optimizer_files;

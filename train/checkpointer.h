@@ -35,7 +35,12 @@ struct CheckpointerOptions {
   std::int64_t total_steps = 0;
   std::string resume;                     // "" (fresh), "latest" or a checkpoint directory
   bool resume_from_command_line = false;  // --resume: "latest" with none is an error
-  bool evaluate_only = false;             // the training data position is not restored, nor checked
+  std::string resume_flag = "--resume";   // how the command line named it, for messages
+  // kiln eval without --checkpoint: with no checkpoint, the model.init_from weights (`init_from`)
+  // are evaluated; with neither, an error that names both.
+  bool init_from_fallback = false;
+  std::string init_from;
+  bool evaluate_only = false;  // the training data position is not restored, nor checked
   std::int64_t powersgd_start_step = 0;
 };
 
@@ -80,6 +85,8 @@ class Checkpointer {
   std::string save(const data::LoaderState* position = nullptr);
   const std::string& last_saved() const { return last_saved_; }
   std::int64_t last_saved_step() const { return last_saved_step_; }
+  // The checkpoint resume() restored ("" when none: a fresh run, or kiln eval of model.init_from).
+  const std::string& restored_from() const { return restored_from_; }
 
  private:
   void restore(const std::string& path);
@@ -92,6 +99,7 @@ class Checkpointer {
   CheckpointStore store_;
   std::int64_t last_saved_step_ = -1;
   std::string last_saved_;
+  std::string restored_from_;
 };
 
 }  // namespace kiln::train

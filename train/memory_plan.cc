@@ -80,9 +80,26 @@ double MemoryEstimate::total(std::int64_t batch) const {
 
 std::int64_t MemoryEstimate::largest_batch(double limit) const {
   const double fixed = total(0);
-  if (fixed + activations_per_sample > limit) return 0;
+  if (!(fixed + activations_per_sample <= limit)) return 0;
   if (activations_per_sample <= 0) return 1 << 30;
-  return static_cast<std::int64_t>(std::floor((limit - fixed) / activations_per_sample));
+  // At most what train.batch_per_gpu (an int32) holds, however large the limit.
+  const double batch = std::floor((limit - fixed) / activations_per_sample);
+  return static_cast<std::int64_t>(std::min(batch, 2147483647.0));
+}
+
+std::int64_t MemoryPlan::usable_batch(const MemoryEstimate& m) const {
+  const std::int64_t largest = m.largest_batch(limit);
+  if (global_batch <= 0 || largest <= 0) return largest;
+  if (global_batch % world_size != 0) return 0;
+  const std::int64_t per_rank = global_batch / world_size;
+  std::int64_t best = 0;
+  for (std::int64_t d = 1; d <= per_rank / d && d <= (1 << 20); ++d) {
+    if (per_rank % d != 0) continue;
+    for (const std::int64_t divisor : {d, per_rank / d}) {
+      if (divisor <= largest) best = std::max(best, divisor);
+    }
+  }
+  return best;
 }
 
 std::vector<MemoryEstimate> counted_memory(const config::Experiment& experiment, int world_size,
@@ -157,14 +174,19 @@ std::vector<MemoryEstimate> counted_memory(const config::Experiment& experiment,
 }
 
 MemoryPlan plan_memory(const config::Experiment& experiment, int world_size, double limit_bytes,
-                       const World& world) {
+                       const World& world, bool measure) {
   config::Experiment e = experiment;
   config::fill_defaults(e);
   MemoryPlan plan;
   plan.world_size = world_size;
   plan.batch = e.train().batch_per_gpu();
   plan.limit = limit_bytes;
+  plan.global_batch = e.train().has_global_batch() ? e.train().global_batch() : 0;
   plan.estimates = counted_memory(e, world_size, &plan.parameters);
+  if (!measure) {
+    plan.measured = false;
+    return plan;
+  }
   // The probes measure what the model needs, not whether it fits a cap.
   e.mutable_train()->set_max_memory_mb(0);
   CachingAllocator& allocator = allocator_of(e);

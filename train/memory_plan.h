@@ -59,6 +59,14 @@ struct MemoryPlan {
   std::string device;                     // where the probes ran
   std::vector<int> probe_batches;         // the two batches measured
   std::vector<MemoryEstimate> estimates;  // zero_stage 0..2 x recompute NONE, BLOCKS
+  // False when nothing was measured (no device of train.device here: a login node plans a GPU
+  // job from the counted parts alone; activations and workspaces are unknown).
+  bool measured = true;
+  std::int64_t global_batch = 0;  // train.global_batch, 0 when unset
+
+  // The largest per-GPU batch under the limit that the run can use: with train.global_batch set,
+  // one that divides global_batch / world_size (accumulation is derived from it); 0 when none.
+  std::int64_t usable_batch(const MemoryEstimate& m) const;
 };
 
 // The counted (not measured) parts for `world_size` ranks: weights, gradients, master, moments
@@ -67,11 +75,11 @@ struct MemoryPlan {
 std::vector<MemoryEstimate> counted_memory(const config::Experiment& experiment, int world_size,
                                            std::int64_t* parameters = nullptr);
 
-// Counts, then measures with four probes (two batches, recompute NONE and BLOCKS) on this
-// process's device, without the experiment's memory limit. Throws InputError when a probe does
-// not fit even without a limit.
+// Counts, then (with `measure`) measures with four probes (two batches, recompute NONE and
+// BLOCKS) on this process's device, without the experiment's memory limit. Throws InputError when a
+// probe does not fit even without a limit.
 MemoryPlan plan_memory(const config::Experiment& experiment, int world_size, double limit_bytes,
-                       const World& world);
+                       const World& world, bool measure = true);
 
 // The batch the linear model (peak = reserved at batch 1 + (batch - 1) x the growth of the
 // allocated peak from batch 1 to 2) predicts to be the largest under `limit` bytes; 0 when it

@@ -162,6 +162,8 @@ void JsonlWriter::write(const Record& record) {
   for (const auto& [key, value] : record) {
     if (key == "step" || key == "epoch") {
       j.field(key, static_cast<long long>(value));
+    } else if (key == "time") {
+      j.fixed_field(key, value, 3);  // unix seconds to the millisecond
     } else {
       j.field(key, value);
     }

@@ -12,7 +12,8 @@
 
 namespace kiln::train {
 
-MetricsSink::MetricsSink(const MetricsSinkOptions& options) : options_(options) {
+MetricsSink::MetricsSink(const MetricsSinkOptions& options)
+    : options_(options), started_(std::chrono::steady_clock::now()) {
   if (!options_.active) return;
   std::error_code error;
   std::filesystem::create_directories(options_.dir, error);
@@ -83,6 +84,14 @@ void MetricsSink::write(RecordKind kind, std::int64_t step, Record record, const
   if (jsonl_) {
     Record keyed = {{"step", static_cast<double>(step)}};
     for (const auto& [key, value] : record) keyed.emplace_back(train ? key : "eval_" + key, value);
+    // When it was written: the wall clock (to join with other logs) and the seconds since this
+    // process began the run (a resumed run counts from its restart).
+    keyed.emplace_back(
+        "time",
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+    keyed.emplace_back(
+        "elapsed_s",
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
     jsonl_->write(keyed);
   }
   if (tensorboard_) {
@@ -181,15 +190,31 @@ IntervalReport interval_report(const IntervalFigures& f) {
       static_cast<long long>(f.step), static_cast<long long>(f.total_steps),
       static_cast<long long>(f.epoch), f.mean_loss, f.lr, f.loss_scale, f.samples_per_s, tflops);
   report.line = buf;
+  const double tokens_per_s = f.samples_per_s * f.tokens_per_sample;
+  if (f.tokens_per_sample > 0) {
+    // Language models are measured in tokens: "samples/s" of 1024-token sequences says little.
+    report.record.emplace_back("tokens_per_s", tokens_per_s);
+    std::snprintf(buf, sizeof(buf), " %.0f tokens/s", tokens_per_s);
+    report.line.insert(report.line.find(" samples/s") + std::strlen(" samples/s"), buf);
+  }
   if (f.peak_flops > 0) {
     const double mfu = tflops * 1e12 / f.world_size / f.peak_flops;
     report.record.emplace_back("mfu", mfu);
     std::snprintf(buf, sizeof(buf), " MFU %.1f%%", 100.0 * mfu);
     report.line += buf;
   }
+  report.record.emplace_back("ms_per_step", f.step_ms);
+  std::snprintf(buf, sizeof(buf), " %.1f ms/step elapsed %s ETA %s", f.step_ms,
+                format_duration(f.elapsed_s).c_str(),
+                f.step >= f.total_steps ? "0s" : format_duration(f.eta_s).c_str());
+  report.line += buf;
   if (f.grad_norm >= 0) report.record.emplace_back("grad_norm", f.grad_norm);
   if (f.skipped) report.line += " (step skipped: inf/NaN gradients)";
-  std::snprintf(buf, sizeof(buf), "loss %.4f %.0f samples/s", f.mean_loss, f.samples_per_s);
+  if (f.tokens_per_sample > 0) {
+    std::snprintf(buf, sizeof(buf), "loss %.4f %.0f tokens/s", f.mean_loss, tokens_per_s);
+  } else {
+    std::snprintf(buf, sizeof(buf), "loss %.4f %.0f samples/s", f.mean_loss, f.samples_per_s);
+  }
   report.bar_text = buf;
   return report;
 }

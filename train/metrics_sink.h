@@ -62,6 +62,7 @@ class MetricsSink {
   void draw_bar(std::chrono::milliseconds unless_drawn_within);  // with mutex_ held
   void redraw_every_second();
   MetricsSinkOptions options_;
+  std::chrono::steady_clock::time_point started_;
   std::unique_ptr<JsonlWriter> jsonl_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
   std::unique_ptr<ProgressBar> bar_;
@@ -79,7 +80,8 @@ class MetricsSink {
 };
 
 // One training log interval's figures, and the record and line they make:
-// "step 6/6 epoch 0 loss ... samples/s ... TFLOP/s [MFU ...]".
+// "step 6/6 epoch 0 loss ... samples/s [tokens/s] ... TFLOP/s [MFU ...] ... ms/step elapsed ...
+// ETA ...".
 struct IntervalFigures {
   std::int64_t step = 0, total_steps = 0, epoch = 0;
   double mean_loss = 0, lr = 0, loss_scale = 1;
@@ -89,6 +91,10 @@ struct IntervalFigures {
   double flops_per_sample = 0;
   double peak_flops = 0;  // per GPU; 0: no MFU
   int world_size = 1;
+  double tokens_per_sample = 0;  // token models: the sequence length; 0: no tokens/s
+  double step_ms = 0;            // the interval's mean wall time per optimizer step
+  double elapsed_s = 0;          // since this process began training
+  double eta_s = -1;             // the remaining steps at this process's mean rate; -1: unknown
 };
 
 struct IntervalReport {

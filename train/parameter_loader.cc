@@ -1,7 +1,11 @@
 #include "train/parameter_loader.h"
 
+#include <google/protobuf/text_format.h>
+#include <google/protobuf/util/message_differencer.h>
+
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <utility>
 
 #include "core/check.h"
@@ -101,6 +105,38 @@ Shape stored_shape(const Parameter& p) {
 
 Tensor stored_layout(const Parameter& p) {
   return p.stored_transposed ? p.value.transpose(0, 1).contiguous() : p.value;
+}
+
+std::string checkpoint_to_read(const config::Experiment& e, const std::string& choice) {
+  if (choice != "latest") return choice;
+  const CheckpointStore store(e.checkpoint().dir(), e.checkpoint().keep_last());
+  return store.latest().value_or("");
+}
+
+std::string take_checkpoint_model(config::Experiment& e, const std::string& checkpoint,
+                                  const std::vector<std::string>& overrides) {
+  if (checkpoint.empty()) return "";
+  const std::string state_path = checkpoint + "/state.pbtxt";
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(state_path, error)) return "";
+  config::CheckpointState state;
+  if (!google::protobuf::TextFormat::ParseFromString(read_file(state_path), &state) ||
+      !state.has_experiment() || state.experiment().model().name() != e.model().name()) {
+    return "";
+  }
+  config::ModelConfig model = state.experiment().model();
+  model.set_init_from(e.model().init_from());
+  if (google::protobuf::util::MessageDifferencer::Equals(model, e.model())) return "";
+  *e.mutable_model() = model;
+  bool overridden = false;
+  for (const std::string& assignment : overrides) {
+    if (assignment.rfind("model.", 0) != 0) continue;
+    config::apply_override(e, assignment);
+    overridden = true;
+  }
+  config::fill_defaults(e);
+  return "the model's settings (model.*) come from the experiment recorded in " + state_path +
+         (overridden ? ", with this command line's model.* overrides on top" : "");
 }
 
 }  // namespace kiln::train

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "configs/experiment.h"
 #include "core/tensor.h"
 #include "layers/layer.h"
 #include "train/checkpoint.h"
@@ -32,6 +33,18 @@ void load_named_tensors(const NamedTensorSource& source, const std::vector<Param
 // `model_name`. Returns the checkpoint, for its optimizer state and step.
 Checkpoint load_model_checkpoint(const std::string& path, const std::string& model_name,
                                  Layer& net);
+
+// kiln eval and kiln sample: the checkpoint `choice` names ("latest": the newest complete one in
+// checkpoint.dir, "" when there is none; else the directory as given).
+std::string checkpoint_to_read(const config::Experiment& e, const std::string& choice);
+
+// The model section of the experiment recorded in `checkpoint`'s state.pbtxt, so the shapes it
+// was trained with need not be typed again: it replaces `e`'s model section when both name the
+// same model.name (model.init_from stays `e`'s), and the command line's model.* overrides are
+// applied on top. Returns a line saying so when it changed anything, else "". A checkpoint
+// without a readable state is left to the checkpoint loader to report.
+std::string take_checkpoint_model(config::Experiment& e, const std::string& checkpoint,
+                                  const std::vector<std::string>& overrides);
 
 // A parameter's value in the layout files hold it: transposed, (in, out), for a stored_transposed
 // weight; the value itself otherwise.

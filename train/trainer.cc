@@ -145,7 +145,8 @@ TrainResult Trainer::train() {
 
   ComputeStreamScope on_stream(*s.graphs);
   Tensor loss_sum = Tensor::zeros({}, DType::F32, s.device);
-  std::int64_t interval_micro = 0, interval_samples = 0;
+  std::int64_t interval_micro = 0, interval_samples = 0, interval_steps = 0;
+  const std::int64_t first_step = n.step;
   auto interval_start = Clock::now();
   const auto run_start = Clock::now();
   double wait_at_interval_start = s.loader->wait_time();
@@ -162,6 +163,7 @@ TrainResult Trainer::train() {
       throw InputError(s.keep_work_before_data_error(e.what(), position));
     }
     run_samples += s.plan.global;
+    ++interval_steps;
 
     if (n.step % log_every == 0 || n.step == s.total_steps) {
       // Resident steps: the one wait for the device of a log interval.
@@ -177,14 +179,18 @@ TrainResult Trainer::train() {
       const double elapsed = std::max(seconds_since(interval_start), 1e-9);
       const double wait = s.loader->wait_time() - wait_at_interval_start;
       result.final_loss = mean_loss;
+      const double run_elapsed = seconds_since(run_start);
+      const std::int64_t steps_run = n.step - first_step;
       IntervalReport report = interval_report(
           {n.step, s.total_steps, s.loader->epoch(), mean_loss, outcome.lr, outcome.loss_scale,
            outcome.grad_norm, outcome.skipped, interval_samples * s.world.size / elapsed,
-           wait / elapsed, s.flops_per_sample, s.peak_flops, s.world.size});
+           wait / elapsed, s.flops_per_sample, s.peak_flops, s.world.size, s.tokens_per_sample,
+           1e3 * elapsed / std::max<std::int64_t>(interval_steps, 1), run_elapsed,
+           steps_run > 0 ? run_elapsed / steps_run * (s.total_steps - n.step) : -1.0});
       s.metrics->write(RecordKind::kTrain, n.step, std::move(report.record), report.line,
                        report.bar_text);
       loss_sum.zero();
-      interval_micro = interval_samples = 0;
+      interval_micro = interval_samples = interval_steps = 0;
       interval_start = Clock::now();
       wait_at_interval_start = s.loader->wait_time();
     } else {

@@ -83,6 +83,10 @@ struct TrainerOptions {
   // Lock logging.dir and checkpoint.dir on rank 0 for the trainer's life (kiln train; a second
   // run on the same directory is refused: train/run_lock.h).
   bool lock_directories = false;
+  // How the command line named the checkpoint (kiln eval: --checkpoint), for messages.
+  std::string resume_flag = "--resume";
+  // kiln eval without --checkpoint: no checkpoint falls back to model.init_from's weights.
+  bool init_from_fallback = false;
 };
 
 class Trainer {
@@ -98,6 +102,9 @@ class Trainer {
   // Training steps for throughput: `warmup` untimed, then `steps` timed. With `profile`, the
   // forward and backward time of each top-level layer from CUDA events.
   BenchResult benchmark(int warmup, int steps, bool profile);
+  // The weights the trainer started from: the checkpoint directory it restored, else
+  // "model.init_from FILE", else "" (random initialisation).
+  std::string weights_source() const;
 
   // The state the trainer's parts share (train/trainer_state.h; not for users).
   struct State;

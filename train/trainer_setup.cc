@@ -1,6 +1,8 @@
 // Trainer's construction: the experiment translated into each part's options (run_setup.h), and
 // the parts built in the order their dependencies need.
 
+#include <filesystem>
+
 #include "core/allocator.h"
 #include "core/safetensors.h"
 #include "core/system_info.h"
@@ -39,7 +41,9 @@ bool resumes(const Trainer::State& s) {
 
 MetricsSinkOptions metrics_options(const Trainer::State& s) {
   MetricsSinkOptions sink;
-  sink.active = s.rank0();
+  // kiln eval only reads: no logging.dir, no metrics.jsonl (an empty one there would make a later
+  // fresh kiln train in that directory refuse it as another run's).
+  sink.active = s.rank0() && !s.options.evaluate_only;
   sink.print = !s.options.quiet;
   sink.progress = progress_bar_wanted(s.e.logging(), s.world);
   sink.dir = s.e.logging().dir();
@@ -49,6 +53,40 @@ MetricsSinkOptions metrics_options(const Trainer::State& s) {
   sink.total_steps = s.total_steps;
   sink.device = s.device;
   return sink;
+}
+
+// train.epochs: the steps are known once the dataset is (validate() checks train.steps). The same
+// rule and words on every rank, reported once (a ConfigError), before any step.
+void check_warmup_fits(const Trainer::State& s) {
+  const std::int64_t warmup = s.e.schedule().warmup_steps();
+  if (s.e.train().has_steps() || warmup <= 0 || warmup < s.total_steps) return;
+  char epochs[32];
+  std::snprintf(epochs, sizeof(epochs), "%g", s.e.train().epochs());
+  throw config::ConfigError(
+      "schedule.warmup_steps = " + std::to_string(warmup) + ": must be less than the " +
+      std::to_string(s.total_steps) + " optimizer steps train.epochs = " + epochs + " makes (" +
+      std::to_string(s.loader->batches_per_epoch()) + " batches per epoch, " +
+      std::to_string(s.plan.accumulation) +
+      " per step); lower schedule.warmup_steps, raise train.epochs, or set train.steps");
+}
+
+// The run's experiment beside its metrics (kiln train, rank 0): the effective one, every default
+// filled and every --set applied, written atomically when the run begins. A resumed run keeps the
+// one its first start wrote (the hyper-parameters of the run's start) and says when its own
+// differs.
+void record_experiment(const Trainer::State& s) {
+  if (!s.rank0() || !s.options.lock_directories || s.options.evaluate_only) return;
+  const std::string path = s.e.logging().dir() + "/experiment.pbtxt";
+  const std::string text = config::to_effective_text(s.e);
+  std::error_code error;
+  if (resumes(s) && std::filesystem::exists(path, error)) {
+    if (read_file(path) != text) {
+      s.metrics->print("note: this run's experiment differs from " + path +
+                       " (written when the run began; kept as it is)");
+    }
+    return;
+  }
+  write_file_atomically(path, text);
 }
 
 // The optimizer's step state goes resident outside Eager mode; graphs are captured in Graphed.
@@ -126,6 +164,7 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
   s.loader =
       std::make_unique<data::DataLoader>(train_set, loader_options(s.e, s.plan, world, s.device));
   s.total_steps = total_steps(s.e.train(), s.loader->batches_per_epoch(), s.plan.accumulation);
+  check_warmup_fits(s);
   // The optimizer's own tensors (masters, moments) as the allocator counts them: ZeRO divides
   // them by the world size.
   const std::size_t allocated_before = allocator_for(s.device).stats().allocated_bytes;
@@ -137,15 +176,23 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
   input.insert(input.begin(), 1);
   s.flops_per_sample = 3.0 * s.model.net->forward_flops(input);
   s.peak_flops = s.device.is_cuda() ? dense_half_peak_flops(s.device.index) : 0;
+  if (s.model.input_dtype == DType::I64 && !s.model.sample_shape.empty()) {
+    s.tokens_per_sample = static_cast<double>(s.model.sample_shape.at(0));
+  }
 
   s.metrics = std::make_unique<MetricsSink>(metrics_options(s));
   // Which folder or files each split reads (a jpeg_folder's train/ and val/, say).
   s.metrics->print("data train: " + train_set->describe());
   if (eval_set) s.metrics->print("data " + eval_split + ": " + eval_set->describe());
+  record_experiment(s);
+  CheckpointerOptions checkpointing =
+      checkpointer_options(s.e, options.resume, options.evaluate_only, s.total_steps);
+  checkpointing.resume_flag = options.resume_flag;
+  checkpointing.init_from_fallback = options.init_from_fallback;
+  checkpointing.init_from = s.e.model().init_from();
   s.checkpointer = std::make_unique<Checkpointer>(
-      checkpointer_options(s.e, options.resume, options.evaluate_only, s.total_steps),
-      Checkpointer::Parts{s.e, s.world, *s.comm, *s.model.net, *s.optimizer, *s.sync, *s.loader,
-                          *s.metrics, s.counters, s.plan.global});
+      checkpointing, Checkpointer::Parts{s.e, s.world, *s.comm, *s.model.net, *s.optimizer, *s.sync,
+                                         *s.loader, *s.metrics, s.counters, s.plan.global});
   s.evaluator = std::make_unique<Evaluator>(
       evaluator_options(s.e, s.total_steps),
       Evaluator::Parts{s.world, *s.comm, *s.model.net, *s.sync, *s.loader, *s.metrics},
@@ -155,5 +202,12 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
 }
 
 Trainer::~Trainer() = default;
+
+std::string Trainer::weights_source() const {
+  const std::string& restored = s_->checkpointer->restored_from();
+  if (!restored.empty()) return restored;
+  const std::string& init_from = s_->e.model().init_from();
+  return init_from.empty() ? "" : "model.init_from " + init_from;
+}
 
 }  // namespace kiln::train

@@ -57,6 +57,7 @@ struct Trainer::State {
   std::int64_t total_steps = 0;
   double flops_per_sample = 0;      // forward + backward
   double peak_flops = 0;            // the GPU's dense half-precision peak, 0 if unknown
+  double tokens_per_sample = 0;     // token models (I64 inputs): the sequence length; else 0
   std::size_t optimizer_bytes = 0;  // allocated by the optimizer's construction (this rank)
 
   bool rank0() const { return world.rank == 0; }

@@ -20,11 +20,25 @@ std::string rank_list(const std::vector<int>& ranks) {
 }
 
 // One rank per GPU: every rank has a GPU of its own, and no two ranks of a host share a PCI bus id.
-void check_world(Check& c, const JobFacts& job, const DoctorOptions&) {
+void check_world(Check& c, const JobFacts& job, const DoctorOptions& options) {
   const std::size_t ranks = job.ranks.size();
   const int hosts = host_count(job.ranks);
   c.detail = std::to_string(ranks) + " rank" + (ranks == 1 ? "" : "s") + " on " +
              std::to_string(hosts) + " host" + (hosts == 1 ? "" : "s");
+  if (!job.cuda && options.use_cuda && options.cuda_build) {
+    // A CUDA build asked for GPUs (--device auto): a rank without one is a broken GPU job, not a
+    // CPU job (kiln train would fall back to the CPU, or fail on train.device: CUDA).
+    for (const RankFacts& f : job.ranks) {
+      if (f.gpu_count > 0) continue;
+      c.raise(Verdict::Fail);
+      c.add_detail("rank " + std::to_string(f.rank) + " on " + f.host +
+                   " sees no usable GPU (this kiln is built with CUDA)");
+    }
+    c.fix =
+        "check the driver (nvidia-smi), CUDA_VISIBLE_DEVICES and the job's GPU request "
+        "(--gpus-per-node); to check a CPU job instead, run kiln doctor --device cpu";
+    return;
+  }
   if (!job.cuda) {
     c.detail += ", on the CPU";
     return;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -361,6 +362,54 @@ TEST(Batches, IndivisibleGlobalSaysWhatWouldDivide) {
   EXPECT_EQ(plan_batches(experiment, 8).accumulation, 4);
 }
 
+// A global batch near the int64 limit: no multiple above it exists, and none is suggested (it
+// was, as a negative number); the suggestion is made at once, not after 2^31 divisions.
+TEST(Batches, HugeGlobalSuggestsNoOverflowedBatch) {
+  Experiment experiment;
+  experiment.mutable_train()->set_batch_per_gpu(2);
+  experiment.mutable_train()->set_global_batch(std::numeric_limits<std::int64_t>::max());
+  const auto start = std::chrono::steady_clock::now();
+  const std::string message = error_of([&] { plan_batches(experiment, 1); });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  EXPECT_EQ(message.find('-'), std::string::npos) << message;
+  EXPECT_NE(message.find("divide: 9223372036854775806 (multiples of 2)"), std::string::npos)
+      << message;
+  // 2^63 - 1 = 7^2 x 73 x 127 x 337 x 92737 x 649657: the largest of its divisors found.
+  EXPECT_NE(message.find("a batch_per_gpu dividing 9223372036854775807 / 1"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("92737, 172207, 299593, 454279, 649159, 649657"), std::string::npos)
+      << message;
+}
+
+// The issue's other items on validation: a name no directory can have, a subnormal learning rate.
+TEST(Validation, NameLongerThanADirectoryNameIsRefusedCutShort) {
+  const std::string path = write_temp(
+      "long_name.pbtxt", "name: \"" + std::string(100000, 'x') + "\"\ntrain { steps: 3 }");
+  const std::string message = error_of([&] {
+    validate(load_experiment(path, {}), {1, false, path, {}});
+  });
+  EXPECT_NE(message.find("name = \"xxxx"), std::string::npos) << message.substr(0, 300);
+  EXPECT_NE(message.find("(100000 characters): must be at most 255 characters"), std::string::npos)
+      << message.substr(0, 300);
+  EXPECT_LT(message.size(), 600u);
+  const std::vector<std::string> fine = {"name=" + std::string(255, 'x')};
+  EXPECT_NO_THROW(validate(load_experiment(path, fine), {1, false, path, fine}));
+}
+
+TEST(Validation, SubnormalLearningRateIsANumberAndUnderflowSaysSo) {
+  const std::string path = write_temp("tiny_lr.pbtxt", "train { steps: 3 }");
+  const Experiment experiment = load_experiment(path, {"optimizer.lr=1e-320"});
+  EXPECT_EQ(experiment.optimizer().lr(), 1e-320);
+  EXPECT_NO_THROW(validate(experiment, {1, false, path, {"optimizer.lr=1e-320"}}));
+  std::string message = error_of([&] { load_experiment(path, {"optimizer.lr=1e-400"}); });
+  EXPECT_NE(message.find("optimizer.lr: '1e-400' is not a finite number (it is too small for a "
+                         "double and would round to 0"),
+            std::string::npos)
+      << message;
+  message = error_of([&] { load_experiment(path, {"optimizer.lr=1e400"}); });
+  EXPECT_NE(message.find("too large for a double"), std::string::npos) << message;
+}
+
 // ---------------------------------------------------------------------------------------
 // Printing and fingerprints.
 
@@ -384,6 +433,19 @@ TEST(Fingerprint, TextRoundTripKeepsTheHash) {
   const Experiment experiment = load_experiment(configs_dir() + "/vit_b16.pbtxt", {});
   const std::string text = to_text(experiment);
   EXPECT_NE(text.find("kind: SYNTHETIC"), std::string::npos) << text;
+  const Experiment reparsed = parse_experiment_text(text, "effective");
+  EXPECT_EQ(experiment_hash(reparsed), experiment_hash(experiment));
+}
+
+// kiln config's text shows an enum at its first value (protobuf's printer hides it) and reads back.
+TEST(Printing, EffectiveTextShowsEnumsAtTheirFirstValue) {
+  const Experiment experiment = load_experiment(write_temp("enums.pbtxt", ""), {"train.steps=3"});
+  const std::string text = to_effective_text(experiment);
+  for (const char* line : {"  kind: ADAMW\n", "  device: AUTO\n", "  opt_level: O0\n",
+                           "  kind: FASHION_MNIST\n", "  kind: CONSTANT\n"}) {
+    EXPECT_NE(text.find(line), std::string::npos) << line << " in\n" << text;
+  }
+  EXPECT_EQ(to_text(experiment).find("device: AUTO"), std::string::npos);  // what it fixes
   const Experiment reparsed = parse_experiment_text(text, "effective");
   EXPECT_EQ(experiment_hash(reparsed), experiment_hash(experiment));
 }

@@ -171,6 +171,28 @@ TEST(DoctorChecks, WorldFailsForARankWithoutAGpu) {
                        "GPUs visible)"));
 }
 
+// A CUDA build asked for GPUs (--device auto) where no rank sees one: not a CPU job that passes.
+TEST(DoctorChecks, WorldFailsOnACudaBuildWhereNoGpuIsUsable) {
+  std::vector<RankFacts> ranks = one_host_two_gpus();
+  for (RankFacts& f : ranks) {
+    f.gpu.reset();
+    f.gpu_count = 0;
+  }
+  DoctorOptions options;
+  options.cuda_build = true;
+  Check c = run("world", ranks, options);
+  EXPECT_EQ(c.verdict, Verdict::Fail);
+  EXPECT_TRUE(contains(c.detail, "rank 0 on node1 sees no usable GPU")) << c.detail;
+  EXPECT_TRUE(contains(c.fix, "kiln doctor --device cpu")) << c.fix;
+  EXPECT_FALSE(gpus_usable(job_facts(ranks, 0, options), c));
+  // --device cpu on the same build, or a CPU build: a CPU job, which is fine.
+  options.use_cuda = false;
+  EXPECT_EQ(run("world", ranks, options).verdict, Verdict::Ok);
+  options.use_cuda = true;
+  options.cuda_build = false;
+  EXPECT_EQ(run("world", ranks, options).verdict, Verdict::Ok);
+}
+
 TEST(DoctorChecks, PeerAccessOkWithAccessOrWithoutGpus) {
   Check c = run("peer_access", one_host_two_gpus());
   EXPECT_EQ(c.verdict, Verdict::Ok);

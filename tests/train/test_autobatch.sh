@@ -35,6 +35,19 @@ for c in vit_b16 resnet50 bert_base; do
     --set parallel.backend=AUTO "${shrink[@]}" \
     --set train.max_memory_mb=3072 --set logging.dir="$WORK/$c" --max-batch 2 > "$WORK/$c.out" 2>&1 ||
     { cat "$WORK/$c.out"; fail "autobatch of the shipped $c failed"; }
-  grep -q "largest batch that fits: 2" "$WORK/$c.out" || { cat "$WORK/$c.out"; fail "$c: no result"; }
+  # Nothing ran out of memory below --max-batch 2: the ceiling is said to be one, not a limit.
+  grep -q "no batch up to --max-batch 2 ran out of memory: batch 2 fits" "$WORK/$c.out" || { cat "$WORK/$c.out"; fail "$c: no result"; }
+  ! grep -q "largest batch that fits" "$WORK/$c.out" || fail "$c: the search's ceiling called the largest batch that fits"
 done
+# Bad options are refused before anything runs (a margin of 2 recommended twice the largest batch
+# tried; --max-batch 0 said batch 1 was out of memory).
+expect_exit2 "--margin 2: must be in (0, 1]" -- "$KILN" autobatch --config "$TINY" --margin 2
+expect_exit2 "--margin 0: must be in (0, 1]" -- "$KILN" autobatch --config "$TINY" --margin 0
+expect_exit2 "--max-batch 0: must be at least 1" -- "$KILN" autobatch --config "$TINY" --max-batch 0
+# With train.global_batch the recommendation divides it per rank: 90 % of 10 is 9, which does not
+# divide 40 / 2 = 20; 5 does.
+"$KILN" autobatch --config "$TINY" --set train.global_batch=40 --set train.batch_per_gpu=4 --set logging.dir="$WORK/g" --max-batch 10 \
+  --world-size 2 > "$WORK/g.out" 2>&1 || { cat "$WORK/g.out"; fail "autobatch with a global batch"; }
+grep -q "batch 10 fits .*recommended train.batch_per_gpu: 5 (divides train.global_batch 40 / 2 ranks)" "$WORK/g.out" \
+  || { cat "$WORK/g.out"; fail "the recommended batch does not divide train.global_batch"; }
 pass "autobatch found batch $batch under a 48 MiB limit; the recommended $recommended trains; the shipped vit_b16, resnet50 and bert_base probe past their schedules"

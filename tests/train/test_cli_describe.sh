@@ -27,4 +27,28 @@ trained=$(sed -n 's/^training mlp (\([0-9]*\) parameters).*/\1/p' "$WORK/mlp.log
 [ "$described" = "$trained" ] || fail "kiln model says $described parameters, kiln train built $trained"
 # 784-512-256-10: the default widths [512, 256] of configs/kiln.proto.
 [ "$trained" = $(( 784 * 512 + 512 + 512 * 256 + 256 + 256 * 10 + 10 )) ] || fail "mlp of $trained parameters"
-pass "kiln config describes an 8-GPU job here; kiln model and kiln train agree on the mlp ($trained parameters)"
+# kiln config shows enum fields at their first value (protobuf's printer hides them there).
+"$KILN" config --config "$TINY" --set optimizer.kind=ADAMW --set train.device=AUTO > "$WORK/enums.txt" 2>&1 \
+  || { cat "$WORK/enums.txt"; fail "kiln config of tiny with first-value enums"; }
+for line in "  kind: ADAMW" "  device: AUTO" "  opt_level: O0" "  kind: SYNTHETIC"; do
+  grep -qx "$line" "$WORK/enums.txt" || { cat "$WORK/enums.txt"; fail "kiln config hides '$line'"; }
+done
+"$KILN" config --config "$TINY" --set data.kind=FASHION_MNIST > "$WORK/fashion.txt" 2>&1 || fail "kiln config fashion"
+grep -qx "  kind: FASHION_MNIST" "$WORK/fashion.txt" || { cat "$WORK/fashion.txt"; fail "kiln config hides data.kind"; }
+
+# kiln bench of fashion_cnn runs on its own 28x28 greyscale images, and O0 is labelled fp32.
+"$KILN" bench --model fashion_cnn --batch 2 --amp O0 --steps 1 --warmup 0 --device cpu > "$WORK/bench.txt" 2>&1 \
+  || { cat "$WORK/bench.txt"; fail "kiln bench of fashion_cnn"; }
+grep -q "^fashion_cnn batch 2/GPU x 1 GPU(s) of 1x28x28 images, O0 fp32 on cpu" "$WORK/bench.txt" \
+  || { cat "$WORK/bench.txt"; fail "kiln bench: not fashion_cnn's input, or O0 not labelled fp32"; }
+"$KILN" bench --model fashion_cnn --batch 2 --amp O0 --steps 1 --warmup 0 --device cpu --json > "$WORK/bench.json" 2>&1 \
+  || { cat "$WORK/bench.json"; fail "kiln bench --json"; }
+python3 - "$WORK/bench.json" <<'PY' || fail "kiln bench --json: input or precision"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["input"] == "1x28x28 images" and r["precision"] == "fp32" and r["half"] == "none", r
+# 28x28 inputs: the forward FLOPs of fashion_cnn, not of 224x224x3 images (64 times as many pixels).
+assert r["gflop_per_step_per_gpu"] < 0.1, r
+PY
+
+pass "kiln config describes an 8-GPU job here and shows every enum; kiln model and kiln train agree on the mlp ($trained parameters); kiln bench of fashion_cnn on 28x28 fp32"

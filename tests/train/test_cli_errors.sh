@@ -33,6 +33,19 @@ mkfifo "$WORK/fifo"
 expect 2 "a FIFO (named pipe)" -- "$KILN" train --config "$WORK/fifo"
 expect 2 "a character device" -- "$KILN" train --config /dev/zero
 expect 2 "model.init_from = \"$WORK/fifo\": is a FIFO" -- "$KILN" train --config "$TINY" --set model.init_from="$WORK/fifo"
+# A warmup longer than the steps train.epochs makes: refused before step 1, in field names, once.
+expect 2 "schedule.warmup_steps = 100000: must be less than the 30 optimizer steps train.epochs = 0.5 makes" -- \
+  "$KILN" train --config "$TINY" --set data.kind=FASHION_MNIST --set train.epochs=0.5 \
+  --set train.batch_per_gpu=1000 --set schedule.warmup_steps=100000 --set logging.dir="$WORK/warm"
+[ "$(grep -c "schedule.warmup_steps" "$WORK/out")" = 1 ] || { cat "$WORK/out"; fail "the warmup error is not said once"; }
+! grep -q "lr schedule" "$WORK/out" || fail "the warmup error is in the schedule's words, not the fields'"
+# Validation of the experiment's values (kiln config): a name no directory can have, a subnormal
+# learning rate (a number, if a useless one), a huge global batch's suggestions.
+expect 2 "must be at most 255 characters" -- "$KILN" config --config "$TINY" --set name="$(printf 'x%.0s' $(seq 300))"
+"$KILN" config --config "$TINY" --set optimizer.lr=1e-320 > "$WORK/lr.txt" 2>&1 || { cat "$WORK/lr.txt"; fail "lr=1e-320 refused"; }
+expect 2 "too small for a double" -- "$KILN" config --config "$TINY" --set optimizer.lr=1e-400
+expect 2 "9223372036854775806 (multiples of 2)" -- "$KILN" config --config "$TINY" --set train.batch_per_gpu=2 --set train.global_batch=9223372036854775807
+! grep -q -- "-9223" "$WORK/out" || { cat "$WORK/out"; fail "a negative global batch suggested"; }
 
 # A corrupt checkpoint is refused before step 1, naming the file and the reason.
 "$KILN" train --config "$TINY" --set train.steps=2 --set logging.dir="$WORK/c" --quiet > /dev/null 2>&1 || fail "setup run"

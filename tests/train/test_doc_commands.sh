@@ -33,8 +33,12 @@
 #   [--json]      optional parts run both without and with
 #   --resume      "continue from a checkpoint": when no documented train of the config ran
 #                 before, the same command without --resume runs first
-#   sample        when no documented train of the config ran before, a train of its --config
-#                 and --set runs first (sampling needs trained weights)
+#   sample        in docs/*.md, when no documented train of the config ran before, a train of
+#                 its --config and --set runs first (sampling needs trained weights); the
+#                 README's Commands block gets no such help: it must train before it samples,
+#                 as a fresh clone would
+# Every command calls build/bin/kiln, where the quick start builds it: a bare `kiln` is not on
+# PATH after it (cmake --install puts it there), and fails this test.
 #   --vocab, --merges FILE: a byte-level BPE vocab.json and merges.txt in GPT-2's format written
 #                 here, covering exactly the model's vocabulary (model.gpt.vocab_size)
 source "$(dirname "$0")/lib.sh"
@@ -281,13 +285,16 @@ def cpu_form(kiln_args, ranks):
     return [kiln, sub] + args
 
 
-def runnable(line):
+def runnable(line, where):
     words = shlex.split(line)
     env = dict(os.environ)
     while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
         name, value = words.pop(0).split("=", 1)
         env[name] = value
     k = next(i for i, w in enumerate(words) if is_kiln(w))
+    if words[k] != "build/bin/kiln":
+        return None, None, ("calls %s, which the quick start does not put on PATH: write "
+                            "build/bin/kiln" % words[k])
     launcher, kiln_args = words[:k], words[k + 1:]
     if kiln_args[0] not in SUBCOMMANDS:
         return None, None, "unknown subcommand '%s'" % kiln_args[0]
@@ -317,7 +324,8 @@ def runnable(line):
     resumes = kiln_args[0] == "train" and "--resume" in kiln_args
     resumes_own_run = resumes and config_stem(kiln_args) not in last_train_dir
     runs = []
-    if kiln_args[0] == "sample" and config_stem(kiln_args) not in last_train_dir:
+    if (kiln_args[0] == "sample" and config_stem(kiln_args) not in last_train_dir and
+            where != "README.md"):
         # Sampling needs trained weights: the experiment trains first (before the sample's CPU
         # form, which reads that run's directory).
         runs.append(launcher + cpu_form(["train"] + config_and_sets(kiln_args[1:]), ranks))
@@ -348,7 +356,7 @@ for where, line in commands:
             print("%-18s   --   same as above  %s" % (where, variant), flush=True)
             continue
         seen.add(key)
-        runs, env, problem = runnable(variant)
+        runs, env, problem = runnable(variant, where)
         if problem:
             failures.append((where, variant, problem))
             continue

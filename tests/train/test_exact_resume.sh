@@ -30,7 +30,7 @@ fi
 # kiln eval loads the checkpoint in one process, whatever world size wrote it.
 "$KILN" eval --config "$TINY" --set logging.dir="$WORK/b" --set data.eval_split=train --set train.eval_batches=2 \
   > "$WORK/eval.log" 2>&1 || { cat "$WORK/eval.log"; fail "kiln eval of the step-20 checkpoint"; }
-grep -q "^eval: loss" "$WORK/eval.log" || { cat "$WORK/eval.log"; fail "no eval result line"; }
+grep -q "^eval: .*step-000020: loss" "$WORK/eval.log" || { cat "$WORK/eval.log"; fail "no eval result line"; }
 # --checkpoint DIR picks an older checkpoint; --resume is its other name.
 step10="$WORK/b/checkpoints/step-000010"
 for flag in --checkpoint --resume; do

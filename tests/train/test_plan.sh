@@ -74,10 +74,36 @@ print(f"batch 16: predicted {predicted:.1f} MiB, measured {measured:.1f} MiB")
 assert abs(predicted - measured) <= 0.1 * measured
 PY
 
-# A limit below what anything needs: every row "does not fit", and the advice says so.
-"$KILN" plan "${BERT[@]}" --world-size 1 --memory-mb 1 > "$WORK/tiny" 2>&1 || { cat "$WORK/tiny"; fail "plan under 1 MiB failed"; }
+# A limit below what anything needs: every row "does not fit", the verdict says nothing fits and
+# what to change, and the exit is 1 (not 0 with "lower train.batch_per_gpu" and every largest 0).
+code=0
+"$KILN" plan "${BERT[@]}" --world-size 1 --memory-mb 1 > "$WORK/tiny" 2>&1 || code=$?
+[ "$code" = 1 ] || { cat "$WORK/tiny"; fail "plan under 1 MiB exited $code, expected 1"; }
 [ "$(grep -c 'does not fit' "$WORK/tiny")" = 6 ] || { cat "$WORK/tiny"; fail "1 MiB: expected 6 rows that do not fit"; }
-grep -q "fits in no combination" "$WORK/tiny" || fail "1 MiB: no advice"
+grep -q "^nothing fits under 1 MiB on 1 GPU: .*raise --memory-mb" "$WORK/tiny" || { cat "$WORK/tiny"; fail "1 MiB: no verdict naming what to change"; }
+! grep -q "lower train.batch_per_gpu" "$WORK/tiny" || fail "1 MiB: advises a lower batch while none fits"
+# The experiment's batch too large, a smaller one fitting: exit 1, naming the batch to set.
+code=0
+"$KILN" plan "${BERT[@]}" --world-size 1 --memory-mb 30 --set train.batch_per_gpu=64 --set train.global_batch=64 \
+  > "$WORK/large" 2>&1 || code=$?
+[ "$code" = 1 ] && grep -q "^batch 64 fits in no combination: lower train.batch_per_gpu to [0-9]" "$WORK/large" \
+  || { cat "$WORK/large"; fail "a batch too large: exit $code"; }
+# The largest batch divides train.global_batch / ranks: 24 / 2 = 12 has divisors 1, 2, 3, 4, 6, 12.
+"$KILN" plan "${BERT[@]}" --world-size 2 --memory-mb 6 --set train.global_batch=24 --json > "$WORK/div.json" 2>&1 \
+  || { cat "$WORK/div.json"; fail "plan with a global batch"; }
+python3 - "$WORK/div.json" <<'PY' || fail "a largest batch that does not divide train.global_batch"
+import json, sys
+plan = json.load(open(sys.argv[1]))
+largest = [r["largest_batch"] for r in plan["plans"]]
+assert all(b in (0, 1, 2, 3, 4, 6, 12) for b in largest), largest
+assert any(b > 0 for b in largest), largest
+print("largest batches dividing 24 / 2:", largest)
+PY
+# A login node: train.device CUDA without a GPU here plans the counted parts (nothing measured).
+"$KILN" plan "${BERT[@]}" --set train.device=CUDA --world-size 2 --memory-mb 24576 > "$WORK/login" 2>&1 \
+  || { cat "$WORK/login"; fail "a login node cannot plan a GPU job"; }
+grep -q "counted only: no GPU here" "$WORK/login" || { cat "$WORK/login"; fail "the counted-only plan does not say so"; }
+[ "$(grep -cE '^[012] +(NONE|BLOCKS) ' "$WORK/login")" = 6 ] || { cat "$WORK/login"; fail "no counted rows"; }
 
 expect_bad() {  # message-part args...
   local want=$1; shift
@@ -91,5 +117,7 @@ expect_bad "world-size" --config "$SRC/configs/bert_base.pbtxt"
 expect_bad "world-size must be at least 1" "${BERT[@]}" --world-size 0
 expect_bad "unrecognised\|unrecognized" "${BERT[@]}" --world-size 1 --no-such-flag
 expect_bad "memory-mb must be positive" "${BERT[@]}" --world-size 1 --memory-mb -5
+expect_bad "memory-mb inf: must be a finite number of MiB" "${BERT[@]}" --world-size 1 --memory-mb inf
+expect_bad "memory-mb must be positive" "${BERT[@]}" --world-size 1 --memory-mb nan
 expect_bad "no_such.pbtxt" --config "$WORK/no_such.pbtxt" --world-size 1
 pass "kiln plan: tables for GPT-2 and BERT on 1, 2, 4 GPUs, ZeRO sharding, limits, bad command lines"
