@@ -283,9 +283,12 @@ void CachingAllocator::throw_out_of_memory(std::size_t requested, const char* re
 AllocatorStats CachingAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   AllocatorStats stats = stats_;
-  // Free blocks are ordered by (stream, size): the last of each stream's run is its largest.
   for (const Block* block : free_blocks_) {
-    stats.largest_free_block_bytes = std::max(stats.largest_free_block_bytes, block->size);
+    if (pools_.count(block->stream) != 0) {
+      stats.graph_pool_bytes += block->size;
+    } else {
+      stats.largest_free_block_bytes = std::max(stats.largest_free_block_bytes, block->size);
+    }
   }
   return stats;
 }

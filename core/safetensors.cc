@@ -11,6 +11,7 @@
 
 #include "core/enum_names.h"
 #include "core/file_kind.h"
+#include "core/json_string.h"
 
 namespace kiln {
 namespace {
@@ -78,97 +79,13 @@ class JsonReader {
     if (peek() != c) fail(std::string("expected '") + c + "'");
     ++pos_;
   }
-  // A JSON string: escapes decoded (\uXXXX to UTF-8, surrogate pairs joined), control
-  // characters, unknown escapes and lone surrogates refused, so a name reads as the writer meant
-  // it or not at all (never "weigh\u00f4" as "weight").
+  // A JSON string, strictly (core/json_string.h).
   std::string string_literal() {
     expect('"');
-    std::string s;
-    while (true) {
-      if (pos_ >= text_.size()) fail("unterminated string");
-      const char c = text_[pos_++];
-      if (c == '"') break;
-      if (static_cast<unsigned char>(c) < 0x20) fail("a control character inside a string");
-      if (c != '\\') {
-        s += c;
-        continue;
-      }
-      if (pos_ >= text_.size()) fail("unterminated escape");
-      const char e = text_[pos_++];
-      switch (e) {
-        case '"':
-        case '\\':
-        case '/':
-          s += e;
-          break;
-        case 'b':
-          s += '\b';
-          break;
-        case 'f':
-          s += '\f';
-          break;
-        case 'n':
-          s += '\n';
-          break;
-        case 'r':
-          s += '\r';
-          break;
-        case 't':
-          s += '\t';
-          break;
-        case 'u': {
-          std::uint32_t cp = hex4();
-          if (cp >= 0xdc00 && cp <= 0xdfff) fail("a \\u escape of a lone low surrogate");
-          if (cp >= 0xd800 && cp <= 0xdbff) {
-            if (pos_ + 2 > text_.size() || text_[pos_] != '\\' || text_[pos_ + 1] != 'u') {
-              fail("a \\u escape of a high surrogate without its low surrogate");
-            }
-            pos_ += 2;
-            const std::uint32_t low = hex4();
-            if (low < 0xdc00 || low > 0xdfff) {
-              fail("a \\u escape of a high surrogate without its low surrogate");
-            }
-            cp = 0x10000 + ((cp - 0xd800) << 10) + (low - 0xdc00);
-          }
-          append_utf8(cp, &s);
-          break;
-        }
-        default:
-          fail(std::string("unknown escape '\\") + e + "' in a string");
-      }
-    }
-    return s;
-  }
-  std::uint32_t hex4() {
-    if (pos_ + 4 > text_.size()) fail("bad \\u escape");
-    std::uint32_t v = 0;
-    for (std::size_t k = 0; k < 4; ++k) {
-      const char h = text_[pos_ + k];
-      if (!std::isxdigit(static_cast<unsigned char>(h))) fail("bad \\u escape");
-      v = v * 16 +
-          static_cast<std::uint32_t>(std::isdigit(static_cast<unsigned char>(h))
-                                         ? h - '0'
-                                         : std::tolower(static_cast<unsigned char>(h)) - 'a' + 10);
-    }
-    pos_ += 4;
-    return v;
-  }
-  static void append_utf8(std::uint32_t cp, std::string* out) {
-    if (cp < 0x80) {
-      *out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      *out += static_cast<char>(0xc0 | (cp >> 6));
-      *out += static_cast<char>(0x80 | (cp & 0x3f));
-    } else if (cp < 0x10000) {
-      *out += static_cast<char>(0xe0 | (cp >> 12));
-      *out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-      *out += static_cast<char>(0x80 | (cp & 0x3f));
-    } else {
-      *out += static_cast<char>(0xf0 | (cp >> 18));
-      *out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
-      *out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-      *out += static_cast<char>(0x80 | (cp & 0x3f));
-    }
+    return read_json_string(text_, pos_, [this](std::size_t at, const std::string& what) {
+      pos_ = at;
+      fail(what);
+    });
   }
   JsonValue value() {
     if (++depth_ > 16) fail("nesting too deep");

@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "core/file_kind.h"
+#include "core/json_string.h"
 
 namespace kiln::infer {
 namespace {
@@ -81,24 +82,6 @@ std::size_t utf8_next(const std::string& s, std::size_t i, std::uint32_t* cp) {
   }
   *cp = value;
   return k;
-}
-
-void append_utf8(std::uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    *out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    *out += static_cast<char>(0xC0 | (cp >> 6));
-    *out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    *out += static_cast<char>(0xE0 | (cp >> 12));
-    *out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    *out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    *out += static_cast<char>(0xF0 | (cp >> 18));
-    *out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    *out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    *out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
 }
 
 // Bytes with every ill-formed sequence replaced by U+FFFD.
@@ -191,81 +174,10 @@ class JsonObjectReader {
     if (peek() != c) fail_at(pos_, std::string("expected ") + what);
     ++pos_;
   }
-  std::uint32_t hex4() {
-    if (pos_ + 4 > text_.size()) fail_at(pos_, "a \\u escape needs 4 hex digits");
-    std::uint32_t v = 0;
-    for (int k = 0; k < 4; ++k) {
-      const char c = text_[pos_];
-      v <<= 4;
-      if (c >= '0' && c <= '9') {
-        v |= static_cast<std::uint32_t>(c - '0');
-      } else if (c >= 'a' && c <= 'f') {
-        v |= static_cast<std::uint32_t>(c - 'a' + 10);
-      } else if (c >= 'A' && c <= 'F') {
-        v |= static_cast<std::uint32_t>(c - 'A' + 10);
-      } else {
-        fail_at(pos_, "a \\u escape needs 4 hex digits");
-      }
-      ++pos_;
-    }
-    return v;
-  }
   std::string string_literal() {
     expect('"', "a string");
-    std::string s;
-    while (true) {
-      if (pos_ >= text_.size()) fail_at(pos_, "unterminated string");
-      const char c = text_[pos_++];
-      if (c == '"') return s;
-      if (static_cast<unsigned char>(c) < 0x20)
-        fail_at(pos_ - 1, "a control character in a string");
-      if (c != '\\') {
-        s += c;
-        continue;
-      }
-      if (pos_ >= text_.size()) fail_at(pos_, "unterminated escape");
-      const char e = text_[pos_++];
-      switch (e) {
-        case '"':
-        case '\\':
-        case '/':
-          s += e;
-          break;
-        case 'b':
-          s += '\b';
-          break;
-        case 'f':
-          s += '\f';
-          break;
-        case 'n':
-          s += '\n';
-          break;
-        case 'r':
-          s += '\r';
-          break;
-        case 't':
-          s += '\t';
-          break;
-        case 'u': {
-          std::uint32_t cp = hex4();
-          if (cp >= 0xD800 && cp <= 0xDBFF) {  // a surrogate pair
-            if (pos_ + 2 > text_.size() || text_[pos_] != '\\' || text_[pos_ + 1] != 'u') {
-              fail_at(pos_, "a high surrogate without its low surrogate");
-            }
-            pos_ += 2;
-            const std::uint32_t low = hex4();
-            if (low < 0xDC00 || low > 0xDFFF) fail_at(pos_ - 4, "not a low surrogate");
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
-          } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
-            fail_at(pos_ - 4, "a low surrogate without its high surrogate");
-          }
-          append_utf8(cp, &s);
-          break;
-        }
-        default:
-          fail_at(pos_ - 1, std::string("unknown escape '\\") + e + "'");
-      }
-    }
+    return read_json_string(text_, pos_,
+                            [this](std::size_t at, const std::string& what) { fail_at(at, what); });
   }
   std::int64_t integer() {
     peek();  // skips space

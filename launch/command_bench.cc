@@ -119,6 +119,7 @@ int run_bench(const Arguments& args) {
         j.field("tflops_per_gpu", r.tflops_per_gpu);
         j.field("mfu", r.mfu);
         j.field("peak_allocated_bytes", static_cast<double>(r.peak_allocated_bytes));
+        j.field("graph_pool_bytes", static_cast<double>(r.graph_pool_bytes));
         j.field("peak_reserved_bytes", static_cast<double>(r.peak_reserved_bytes));
         j.field("fragmentation", r.fragmentation);
         j.field("raw_allocations_in_timed_steps",
@@ -174,10 +175,11 @@ int run_bench(const Arguments& args) {
         std::printf("  %.1f TFLOP/s per GPU (%.1f GFLOP/sample), MFU %.1f%%\n", r.tflops_per_gpu,
                     r.flops_per_sample / 1e9, 100 * r.mfu);
         std::printf(
-            "  peak memory %.2f GiB allocated, %.2f GiB reserved, fragmentation %.1f%%; "
-            "%llu device allocations in timed steps; data wait %.2f%%\n",
-            r.peak_allocated_bytes / 1073741824.0, r.peak_reserved_bytes / 1073741824.0,
-            100 * r.fragmentation,
+            "  peak memory %.2f GiB in use (%.2f GiB of it the CUDA graphs' pool), %.2f GiB "
+            "reserved, fragmentation %.1f%%; %llu device allocations in timed steps; data wait "
+            "%.2f%%\n",
+            r.peak_allocated_bytes / 1073741824.0, r.graph_pool_bytes / 1073741824.0,
+            r.peak_reserved_bytes / 1073741824.0, 100 * r.fragmentation,
             static_cast<unsigned long long>(r.raw_allocations_in_timed_steps),
             100 * r.data_wait_fraction);
         std::printf("  %s; host %.3f ms per step\n",

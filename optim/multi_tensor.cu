@@ -256,13 +256,29 @@ void cuda_scale_grads(MultiTensorTable& table, float factor, void* stream) {
   KILN_CUDA_LAUNCH_CHECK();
 }
 
-void cuda_lamb_moments_sumsq(MultiTensorTable& table, const LambRule& step, double* sums,
-                             void* stream) {
-  if (table.num_chunks() == 0) return;
+namespace {
+
+// LAMB's first stage (moments, per-chunk sums) and its last (the update by the trust ratios),
+// shared by the whole and the sharded (ZeRO) step.
+void launch_lamb_moments(MultiTensorTable& table, const LambRule& step, void* stream) {
   lamb_moments_kernel<<<table.num_chunks(), kThreads, 0, as_stream(stream)>>>(
       table.device_entries(), table.device_chunks(), step, table.chunk_partials(0),
       table.chunk_partials(1));
   KILN_CUDA_LAUNCH_CHECK();
+}
+
+void launch_lamb_apply(MultiTensorTable& table, const LambRule& step, void* stream) {
+  lamb_apply_kernel<<<table.num_chunks(), kThreads, 0, as_stream(stream)>>>(
+      table.device_entries(), table.device_chunks(), step, table.tensor_scalars());
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void cuda_lamb_moments_sumsq(MultiTensorTable& table, const LambRule& step, double* sums,
+                             void* stream) {
+  if (table.num_chunks() == 0) return;
+  launch_lamb_moments(table, step, stream);
   lamb_tensor_sums_kernel<<<table.num_tensors(), kThreads, 0, as_stream(stream)>>>(
       table.device_entries(), table.chunk_partials(0), table.chunk_partials(1), sums);
   KILN_CUDA_LAUNCH_CHECK();
@@ -275,9 +291,7 @@ void cuda_lamb_apply(MultiTensorTable& table, const LambRule& step, const double
   lamb_ratio_from_sums_kernel<<<blocks, kThreads, 0, as_stream(stream)>>>(
       table.device_entries(), table.num_tensors(), sums, table.tensor_scalars());
   KILN_CUDA_LAUNCH_CHECK();
-  lamb_apply_kernel<<<table.num_chunks(), kThreads, 0, as_stream(stream)>>>(
-      table.device_entries(), table.device_chunks(), step, table.tensor_scalars());
-  KILN_CUDA_LAUNCH_CHECK();
+  launch_lamb_apply(table, step, stream);
 }
 
 namespace {
@@ -293,17 +307,12 @@ void launch_rule_step(MultiTensorTable& table, const Rule& rule, void* stream) {
 // LAMB: moments and per-chunk sums, the per-tensor trust ratios, the update.
 void launch_rule_step(MultiTensorTable& table, const LambRule& step, void* stream) {
   if (table.num_chunks() == 0) return;
-  lamb_moments_kernel<<<table.num_chunks(), kThreads, 0, as_stream(stream)>>>(
-      table.device_entries(), table.device_chunks(), step, table.chunk_partials(0),
-      table.chunk_partials(1));
-  KILN_CUDA_LAUNCH_CHECK();
+  launch_lamb_moments(table, step, stream);
   lamb_ratio_kernel<<<table.num_tensors(), kThreads, 0, as_stream(stream)>>>(
       table.device_entries(), table.chunk_partials(0), table.chunk_partials(1),
       table.tensor_scalars());
   KILN_CUDA_LAUNCH_CHECK();
-  lamb_apply_kernel<<<table.num_chunks(), kThreads, 0, as_stream(stream)>>>(
-      table.device_entries(), table.device_chunks(), step, table.tensor_scalars());
-  KILN_CUDA_LAUNCH_CHECK();
+  launch_lamb_apply(table, step, stream);
 }
 
 }  // namespace

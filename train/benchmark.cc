@@ -130,7 +130,9 @@ BenchResult Trainer::benchmark(int warmup, int steps, bool profile) {
   r.mfu = s.peak_flops > 0 ? r.tflops_per_gpu * 1e12 / s.peak_flops : 0;
   if (gpu) {
     AllocatorStats a = gpu->stats();
-    r.peak_allocated_bytes = a.peak_allocated_bytes;
+    // A replayed graph works in its pool's free blocks besides what is allocated.
+    r.peak_allocated_bytes = a.peak_allocated_bytes + a.graph_pool_bytes;
+    r.graph_pool_bytes = a.graph_pool_bytes;
     r.peak_reserved_bytes = a.peak_reserved_bytes;
     r.fragmentation = a.fragmentation();
     r.raw_allocations_in_timed_steps = a.raw_allocations - raw_before;

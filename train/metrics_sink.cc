@@ -60,10 +60,12 @@ void MetricsSink::draw_bar(std::chrono::milliseconds unless_drawn_within) {
 std::string MetricsSink::device_readings(Record& record) const {
   if (!options_.device.is_cuda()) return "";
   const AllocatorStats a = cuda_allocator(options_.device.index).stats();
-  record.emplace_back("memory_allocated_bytes", static_cast<double>(a.allocated_bytes));
+  // In use: allocated, and the CUDA graphs' pools that every replay writes into.
+  record.emplace_back("memory_allocated_bytes", static_cast<double>(a.in_use_bytes()));
+  record.emplace_back("memory_graph_pool_bytes", static_cast<double>(a.graph_pool_bytes));
   record.emplace_back("memory_reserved_bytes", static_cast<double>(a.reserved_bytes));
   record.emplace_back("memory_fragmentation", a.fragmentation());
-  std::string text = " mem " + format_bytes(a.allocated_bytes) + "/" +
+  std::string text = " mem " + format_bytes(a.in_use_bytes()) + "/" +
                      format_bytes(a.reserved_bytes) + " frag " +
                      std::to_string(static_cast<int>(100 * a.fragmentation())) + "%";
   if (auto gpu = NvmlSampler::instance().sample(options_.device.index)) {

@@ -52,7 +52,8 @@ struct BenchResult {
   double mfu = 0;               // against the GPU's dense half-precision peak (0 if unknown)
   double flops_per_sample = 0;  // forward + backward
   double data_wait_fraction = 0;
-  std::size_t peak_allocated_bytes = 0;
+  std::size_t peak_allocated_bytes = 0;  // the CUDA graphs' pool included (graph_pool_bytes)
+  std::size_t graph_pool_bytes = 0;      // free blocks of the graphs' pool: their working memory
   std::size_t peak_reserved_bytes = 0;
   double fragmentation = 0;
   std::uint64_t raw_allocations_in_timed_steps = 0;  // cudaMalloc calls after warm-up

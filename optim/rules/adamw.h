@@ -30,10 +30,7 @@ struct AdamWRule {
     return {"exp_avg", "exp_avg_sq"};
   }
   static AdamWRule from_options(const OptimizerOptions& o) {
-    AdamWRule r;
-    r.beta1 = o.beta1;
-    r.beta2 = o.beta2;
-    r.eps = o.eps;
+    AdamWRule r = with_betas<AdamWRule>(o);
     r.amsgrad = o.amsgrad;
     return r;
   }

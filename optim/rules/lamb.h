@@ -30,10 +30,7 @@ struct LambRule {
     return {"exp_avg", "exp_avg_sq"};
   }
   static LambRule from_options(const OptimizerOptions& o) {
-    LambRule r;
-    r.beta1 = o.beta1;
-    r.beta2 = o.beta2;
-    r.eps = o.eps;
+    LambRule r = with_betas<LambRule>(o);
     r.bias_correction = o.bias_correction;
     return r;
   }

@@ -152,6 +152,13 @@ TEST(CachingAllocator, CapturedStreamAllocatesFromItsPrivatePool) {
   f.allocator.end_pool_capture();
   EXPECT_EQ(f.allocator.pool_reserved_bytes(&pool), 2 * kMiB);
   EXPECT_EQ(f.allocator.stats().allocated_bytes, 1024u);  // `before`, held for the graph
+  // The pool's free blocks are the graph's working memory: in use, not free cache (issue 32:
+  // kiln bench's peak under CUDA graphs counted the eager allocations only).
+  AllocatorStats held = f.allocator.stats();
+  EXPECT_EQ(held.graph_pool_bytes, 2 * kMiB);
+  EXPECT_EQ(held.in_use_bytes(), 1024u + 2 * kMiB);
+  EXPECT_EQ(held.free_cached_bytes(), held.reserved_bytes - 1024u - 2 * kMiB);
+  EXPECT_LE(held.largest_free_block_bytes, 2 * kMiB - 1024u);  // the eager segment's rest only
   // After the capture, eager requests on the stream never get the pool's memory or `before`.
   void* eager = f.allocator.allocate(1000, &stream);
   EXPECT_NE(eager, before);
@@ -169,6 +176,7 @@ TEST(CachingAllocator, CapturedStreamAllocatesFromItsPrivatePool) {
   EXPECT_EQ(f.source->allocations, 2);
   f.allocator.release_pool(&pool);  // the graphs are gone: `before` is freed, the pool releasable
   EXPECT_EQ(f.allocator.stats().allocated_bytes, 0u);
+  EXPECT_EQ(f.allocator.stats().graph_pool_bytes, 0u);
   f.allocator.empty_cache();
   EXPECT_EQ(f.allocator.stats().reserved_bytes, 0u);
 }

@@ -17,8 +17,8 @@ mounted=()
 trap 'for m in "${mounted[@]}"; do umount "$m" 2>/dev/null; done; rm -rf "$WORK"' EXIT
 ARGS=(--config "$TINY" --set train.steps=40 --set checkpoint.every_steps=20 --set train.log_every=1)
 
-# metrics.jsonl: the lock file takes one page, the records fill the other.
-full_disk "$WORK/logs" 2
+# metrics.jsonl: the lock file and experiment.pbtxt take a page each, the records fill the third.
+full_disk "$WORK/logs" 3
 code=0
 timeout 120 "$KILN" train "${ARGS[@]}" --set logging.dir="$WORK/logs" --set logging.tensorboard=false \
   --set checkpoint.dir="$WORK/ckpt" > "$WORK/jsonl.log" 2> "$WORK/jsonl.err" || code=$?
@@ -31,17 +31,17 @@ grep -qF "exit code 74" "$WORK/jsonl.err" || fail "the end does not give the exi
 python3 - "$WORK/logs/metrics.jsonl" <<'PY' || fail "metrics.jsonl is not whole records"
 import json, sys
 data = open(sys.argv[1]).read()
-assert data.endswith("\n"), data[-80:]
+assert data.endswith("\n"), ("no newline at the end", data[-80:])
 steps = [json.loads(l)["step"] for l in data.splitlines()]
-assert steps == list(range(1, len(steps) + 1)) and 0 < len(steps) < 40, steps
+assert steps == list(range(1, len(steps) + 1)) and 0 < len(steps) < 40, (steps, data[:300])
 print(f"metrics.jsonl kept {len(steps)} whole records")
 PY
 [ -d "$WORK/ckpt/step-000040" ] || fail "the run did not finish its checkpoints"
 grep -q "^step 40/40" "$WORK/jsonl.log" || fail "training stopped with the log"
 pass "full logging.dir: $(head -1 "$WORK/jsonl.err" | cut -c1-150)... exit 74, whole records kept"
 
-# The TensorBoard file as well (one page left for the lock file and both logs).
-full_disk "$WORK/tb" 3
+# The TensorBoard file as well (pages for the lock file, experiment.pbtxt and both logs).
+full_disk "$WORK/tb" 4
 code=0
 timeout 120 "$KILN" train "${ARGS[@]}" --set logging.dir="$WORK/tb" --set logging.tensorboard=true \
   --set checkpoint.dir="$WORK/ckpt2" > "$WORK/tb.log" 2> "$WORK/tb.err" || code=$?
