@@ -8,9 +8,16 @@
 
 namespace kiln::data {
 
+std::int64_t LoaderState::epoch_sample() const {
+  return samples_per_batch > 0 ? next_batch * samples_per_batch : -1;
+}
+
 std::string LoaderState::str() const {
   return "epoch " + std::to_string(epoch) + ", batch " + std::to_string(next_batch) + " of " +
-         std::to_string(batches_per_epoch) + ", seed " + std::to_string(seed);
+         std::to_string(batches_per_epoch) +
+         (samples_per_batch > 0 ? " (sample " + std::to_string(epoch_sample()) + " of the epoch)"
+                                : "") +
+         ", seed " + std::to_string(seed);
 }
 
 DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
@@ -309,6 +316,8 @@ LoaderState DataLoader::state() const {
   state.epoch = global / batches_per_epoch_;
   state.next_batch = global % batches_per_epoch_;
   state.batches_per_epoch = batches_per_epoch_;
+  state.samples_per_batch = options_.batch_size * options_.world_size;
+  state.dataset_size = dataset_->size();
   return state;
 }
 
@@ -327,8 +336,31 @@ void DataLoader::jump_to(std::int64_t global) {
   work_cv_.notify_all();
 }
 
-void DataLoader::restore(const LoaderState& state) {
-  if (state.batches_per_epoch != 0 && state.batches_per_epoch != batches_per_epoch_) {
+void DataLoader::restore(const LoaderState& saved) {
+  LoaderState state = saved;
+  const std::int64_t per_batch = options_.batch_size * options_.world_size;
+  if (state.dataset_size != 0 && state.dataset_size != dataset_->size()) {
+    throw InputError("data position (" + state.str() + ") was saved for a data set of " +
+                     std::to_string(state.dataset_size) + " samples, this loader reads " +
+                     std::to_string(dataset_->size()) + " (" + dataset_->describe() +
+                     "): the data set changed");
+  }
+  if (state.samples_per_batch > 0 && state.samples_per_batch != per_batch) {
+    // Another batch size × world size: the same global sample of the same epoch's order.
+    const std::int64_t sample = state.epoch_sample();
+    if (sample % per_batch != 0) {
+      throw InputError(
+          "data position (" + state.str() + ") lies inside a batch of this loader (" +
+          std::to_string(options_.batch_size) + " × " + std::to_string(options_.world_size) +
+          " ranks = " + std::to_string(per_batch) + " samples per batch): sample " +
+          std::to_string(sample) + " is not a multiple of " + std::to_string(per_batch));
+    }
+    state.next_batch = sample / per_batch;
+    if (state.next_batch >= batches_per_epoch_) {  // the rest of the epoch is a dropped tail
+      ++state.epoch;
+      state.next_batch = 0;
+    }
+  } else if (state.batches_per_epoch != 0 && state.batches_per_epoch != batches_per_epoch_) {
     throw InputError("data position (" + state.str() + ") was saved with " +
                      std::to_string(state.batches_per_epoch) +
                      " batches per epoch, this loader has " + std::to_string(batches_per_epoch_) +

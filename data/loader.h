@@ -52,13 +52,21 @@ struct Batch {
   std::int64_t size() const { return static_cast<std::int64_t>(sample_indices.size()); }
 };
 
-// The data position for checkpoints.
+// The data position for checkpoints. Every rank's batches of one step are one contiguous run of
+// the epoch's global order (rank r reads its positions r, r + W, ...), so the position is also a
+// count of global samples, next_batch × samples_per_batch, which means the same thing on any
+// world size: a loader with another batch size × world size continues at that sample of the same
+// epoch's order (restore()).
 struct LoaderState {
   std::uint64_t seed = 0;
   std::int64_t epoch = 0;
   std::int64_t next_batch = 0;         // batch index within `epoch`
-  std::int64_t batches_per_epoch = 0;  // checked on restore (batch or world size changed?)
-  std::string str() const;             // "epoch 3, batch 17 of 390, seed 42"
+  std::int64_t batches_per_epoch = 0;  // checked on restore when the batch layout is the same
+  std::int64_t samples_per_batch = 0;  // batch_size × world_size; 0: unknown (an old checkpoint)
+  std::int64_t dataset_size = 0;       // the samples the order permutes; 0: unknown
+  // Global samples of the epoch's order before next_batch (-1 when samples_per_batch is unknown).
+  std::int64_t epoch_sample() const;
+  std::string str() const;  // "epoch 3, batch 17 of 390 (sample 1088 of the epoch), seed 42"
 };
 
 struct LoaderStats {
@@ -83,8 +91,11 @@ class DataLoader {
   std::int64_t batches_per_epoch() const { return batches_per_epoch_; }
   std::int64_t samples_per_epoch() const { return shard_size_; }  // on this rank
   LoaderState state() const;
-  void restore(const LoaderState& state);  // InputError if the state does not fit
-  void set_epoch(std::int64_t epoch);      // start of `epoch`
+  // Continues at `state`; a state of another batch size × world size (samples_per_batch) at the
+  // same global sample of the same epoch's order. InputError if the state does not fit: another
+  // data set, or a sample inside one of this loader's batches.
+  void restore(const LoaderState& state);
+  void set_epoch(std::int64_t epoch);  // start of `epoch`
 
   double wait_time() const;  // LoaderStats::wait_seconds
   LoaderStats stats() const;

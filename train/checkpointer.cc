@@ -1,5 +1,7 @@
 #include "train/checkpointer.h"
 
+#include <algorithm>
+
 #include "configs/experiment.h"
 #include "core/system_info.h"
 #include "train/parameter_loader.h"
@@ -100,38 +102,93 @@ void Checkpointer::restore(const std::string& path) {
   Checkpoint c = load_model_checkpoint(path, e.model().name(), p_.net);
   restored_from_ = path;
   const config::CheckpointState& st = c.state;
+  if (!options_.evaluate_only) check_resumable(path, st);
   // One whole optimizer file, or the shards of a ZeRO run on any number of ranks (resharded).
   std::vector<const SafetensorsFile*> optimizer_files;
   if (c.optimizer_shards.empty()) optimizer_files.push_back(&c.optimizer);
   for (const SafetensorsFile& f : c.optimizer_shards) optimizer_files.push_back(&f);
   p_.optimizer.load_state(optimizer_files, path);
   p_.optimizer.load_scaler_state(st.loss_scaler());
-  // A sharded checkpoint carries the whole optimizer state, so another world size may resume it
-  // when the data position means the same (the same batches per epoch: a fixed global batch).
-  const bool reshardable = !c.optimizer_shards.empty() || e.parallel().zero_stage() > 0;
   const int world_size = p_.world.size;
-  if (!options_.evaluate_only && ((st.world_size() != world_size && !reshardable) ||
-                                  st.data().batches_per_epoch() != p_.loader.batches_per_epoch())) {
-    throw InputError(path + "/state.pbtxt: written by " + std::to_string(st.world_size()) +
-                     " rank(s) with " + std::to_string(st.data().batches_per_epoch()) +
-                     " batches per epoch; this run has " + std::to_string(world_size) +
-                     " rank(s) and " + std::to_string(p_.loader.batches_per_epoch()) +
-                     ": resume with the same world size and batch size (a ZeRO checkpoint, "
-                     "parallel.zero_stage > 0, resumes on any world size with the same "
-                     "train.global_batch)");
-  }
+  const bool resized = st.world_size() != world_size;
   data::LoaderState ls;
   ls.seed = st.data().seed();
   ls.epoch = st.data().epoch();
   ls.next_batch = st.data().next_batch();
   ls.batches_per_epoch = st.data().batches_per_epoch();
-  if (!options_.evaluate_only) p_.loader.restore(ls);
+  ls.samples_per_batch = st.data().samples_per_batch();
+  ls.dataset_size = st.data().dataset_size();
+  if (!options_.evaluate_only) {
+    try {
+      p_.loader.restore(ls);
+    } catch (const InputError& e) {
+      throw InputError(path + "/state.pbtxt: " + e.what());
+    }
+  }
   p_.counters.step = st.step();
   p_.counters.micro_step = st.micro_step();
+  // Dropout is keyed by the micro-step: on another world size (another accumulation) it counts on
+  // as a run of this size would have counted.
+  if (resized) p_.counters.micro_step = st.step() * accumulation();
   p_.counters.skipped = st.loss_scaler().skipped_steps();
   if (world_size > 1 && !options_.evaluate_only) restore_reducer_state(c);
   p_.metrics.print("resumed from " + path + " at step " + std::to_string(p_.counters.step) + " (" +
-                   ls.str() + ")");
+                   (options_.evaluate_only ? ls : p_.loader.state()).str() + ")" +
+                   (resized && !options_.evaluate_only
+                        ? ", written by " + std::to_string(st.world_size()) + " rank(s), now " +
+                              std::to_string(world_size) + ": the same global order and sample"
+                        : ""));
+}
+
+int Checkpointer::accumulation() const {
+  const std::int64_t per_step = p_.loader.options().batch_size * p_.world.size;
+  return static_cast<int>(std::max<std::int64_t>(1, p_.global_batch / per_step));
+}
+
+// The data position and the optimizer's steps count in global batches: a checkpoint resumes on any
+// world size with the same train.global_batch, and is refused with another.
+void Checkpointer::check_resumable(const std::string& path, const config::CheckpointState& st) {
+  const std::int64_t written = st.global_batch() > 0 ? st.global_batch()
+                               : st.step() > 0       ? st.samples_seen() / st.step()
+                                                     : 0;
+  const int world_size = p_.world.size;
+  if (written > 0 && written != p_.global_batch) {
+    throw InputError(
+        path + "/state.pbtxt: written with train.global_batch " + std::to_string(written) + " (" +
+        std::to_string(st.world_size()) + " rank(s)); this run's is " +
+        std::to_string(p_.global_batch) + " (" + std::to_string(p_.loader.options().batch_size) +
+        " per rank x " + std::to_string(accumulation()) + " accumulation x " +
+        std::to_string(world_size) +
+        " rank(s)): a resumed run keeps the global batch (the data "
+        "position, the schedule and the optimizer's steps count in it); resume with --set "
+        "train.global_batch=" +
+        std::to_string(written) + " and a train.batch_per_gpu that divides it by " +
+        std::to_string(world_size));
+  }
+  if (st.world_size() == world_size) return;
+  const std::string written_by = path + "/state.pbtxt: written by " +
+                                 std::to_string(st.world_size()) + " rank(s), this run has " +
+                                 std::to_string(world_size) + "; ";
+  const std::int64_t per_batch = p_.loader.options().batch_size * world_size;
+  const config::DataPosition& d = st.data();
+  if (d.samples_per_batch() == 0) {
+    throw InputError(written_by +
+                     "the checkpoint is older than data positions in global samples: resume it "
+                     "on " +
+                     std::to_string(st.world_size()) + " rank(s)");
+  }
+  const std::int64_t sample = d.next_batch() * d.samples_per_batch();
+  if (sample % per_batch != 0) {
+    // The writer's step straddled an epoch's end, so the new epoch began inside one of its steps.
+    throw InputError(written_by + "its data position, sample " + std::to_string(sample) +
+                     " of epoch " + std::to_string(d.epoch()) + ", lies inside a batch of " +
+                     std::to_string(p_.loader.options().batch_size) + " x " +
+                     std::to_string(world_size) + " ranks = " + std::to_string(per_batch) +
+                     " samples (an epoch ended inside one of the writer's steps): resume on " +
+                     std::to_string(st.world_size()) +
+                     " rank(s), or on a world size whose batch_per_gpu x ranks divides " +
+                     std::to_string(sample));
+  }
 }
 
 // The step count PowerSGD starts by, and this rank's error feedback and Q. A checkpoint without
@@ -144,6 +201,17 @@ void Checkpointer::restore_reducer_state(const Checkpoint& c) {
       p_.metrics.print("checkpoint " + c.path +
                        " holds no PowerSGD state: error feedback starts from zero");
     }
+    return;
+  }
+  if (c.state.world_size() != p_.world.size) {
+    // Error feedback and Q belong to a rank's share of the batch: they cannot move to another
+    // world size. As PyTorch's PowerSGD hook without its state, they start afresh.
+    p_.metrics.print("warning: " + c.path +
+                     "/compression.safetensors holds the PowerSGD state "
+                     "(parallel.compression POWERSGD) of " +
+                     std::to_string(c.state.world_size()) + " rank(s); it cannot move to " +
+                     std::to_string(p_.world.size) +
+                     ": error feedback starts from zero and Q is drawn afresh");
     return;
   }
   const std::string prefix = "rank" + std::to_string(p_.world.rank) + ".";
@@ -184,6 +252,9 @@ config::CheckpointState Checkpointer::state_record(const data::LoaderState* posi
   st.mutable_data()->set_epoch(ls.epoch);
   st.mutable_data()->set_next_batch(ls.next_batch);
   st.mutable_data()->set_batches_per_epoch(ls.batches_per_epoch);
+  st.mutable_data()->set_samples_per_batch(ls.samples_per_batch);
+  st.mutable_data()->set_dataset_size(ls.dataset_size);
+  st.set_global_batch(p_.global_batch);
   *st.mutable_loss_scaler() = p_.optimizer.scaler_state();
   st.mutable_loss_scaler()->set_skipped_steps(n.skipped);
   st.set_seed(e.train().seed());

@@ -93,6 +93,8 @@ class Checkpointer {
   void restore_reducer_state(const Checkpoint& c);
   NamedTensors gather_reducer_state();
   config::CheckpointState state_record(const data::LoaderState* position);
+  int accumulation() const;  // this run's micro-steps per optimizer step
+  void check_resumable(const std::string& path, const config::CheckpointState& state);
 
   CheckpointerOptions options_;
   Parts p_;

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <memory>
 #include <set>
 #include <thread>
 
@@ -232,6 +233,79 @@ TEST(DataLoader, RestoredPositionGivesTheIdenticalSequence) {
   LoaderState beyond = saved;
   beyond.next_batch = 8;
   expect_input_error([&] { resumed.restore(beyond); }, {"out of range"});
+}
+
+// One loader per rank of a world of `world`, each at `state` (or at the start).
+std::vector<std::unique_ptr<DataLoader>> world_of(std::shared_ptr<const Dataset> dataset, int world,
+                                                  std::int64_t batch_size,
+                                                  const LoaderState* state = nullptr) {
+  std::vector<std::unique_ptr<DataLoader>> ranks;
+  for (int r = 0; r < world; ++r) {
+    LoaderOptions options;
+    options.batch_size = batch_size;
+    options.workers = 1;
+    options.seed = 99;
+    options.rank = r;
+    options.world_size = world;
+    ranks.push_back(std::make_unique<DataLoader>(dataset, options));
+    if (state != nullptr) ranks.back()->restore(*state);
+  }
+  return ranks;
+}
+
+// The samples of each of `steps` optimizer steps of `accumulation` batches, over every rank.
+std::vector<std::multiset<std::int64_t>> step_samples(
+    std::vector<std::unique_ptr<DataLoader>>& ranks, int steps, int accumulation) {
+  std::vector<std::multiset<std::int64_t>> out(static_cast<std::size_t>(steps));
+  for (auto& rank : ranks) {
+    for (int s = 0; s < steps; ++s) {
+      for (const Batch& b : take(*rank, accumulation)) {
+        out[static_cast<std::size_t>(s)].insert(b.sample_indices.begin(), b.sample_indices.end());
+      }
+    }
+  }
+  return out;
+}
+
+TEST(DataLoader, APositionContinuesOnAnotherWorldSize) {
+  // A global batch of 24 (4 per rank, accumulated 3 times on 2 ranks, twice on 3, 6 times on 1)
+  // over 120 samples: 5 steps per epoch. 7 steps on 2 ranks end at sample 48 of epoch 1.
+  auto dataset = std::make_shared<IndexDataset>(120);
+  auto two = world_of(dataset, 2, 4);
+  for (auto& rank : two) take(*rank, 7 * 3);
+  const LoaderState saved = two[0]->state();
+  EXPECT_EQ(saved.epoch, 1);
+  EXPECT_EQ(saved.epoch_sample(), 48);
+  EXPECT_EQ(saved.samples_per_batch, 8);
+  EXPECT_EQ(saved.dataset_size, 120);
+  const auto expected = step_samples(two, 6, 3);  // into epoch 2
+  for (int world : {1, 3}) {
+    SCOPED_TRACE("world size " + std::to_string(world));
+    const int accumulation = 24 / (4 * world);
+    auto resumed = world_of(dataset, world, 4, &saved);
+    EXPECT_EQ(resumed[0]->state().epoch_sample(), 48);
+    EXPECT_EQ(step_samples(resumed, 6, accumulation), expected);
+    // Rank for rank the batches of an uninterrupted run of this world size.
+    auto fresh = world_of(dataset, world, 4);
+    auto again = world_of(dataset, world, 4, &saved);
+    for (int r = 0; r < world; ++r) {
+      take(*fresh[static_cast<std::size_t>(r)], 7 * accumulation);
+      expect_same_batches(take(*fresh[static_cast<std::size_t>(r)], 6 * accumulation),
+                          take(*again[static_cast<std::size_t>(r)], 6 * accumulation));
+    }
+  }
+
+  // 100 samples: an epoch of 2 ranks is 13 batches of 8 samples (the last padded), so epoch 1's
+  // batch 2 starts at sample 16, inside a batch of 3 ranks (12 samples).
+  auto small = std::make_shared<IndexDataset>(100);
+  auto writer = world_of(small, 2, 4);
+  take(*writer[0], 15);
+  const LoaderState inside = writer[0]->state();
+  EXPECT_EQ(inside.epoch_sample(), 16);
+  auto three = world_of(small, 3, 4);
+  expect_input_error([&] { three[0]->restore(inside); }, {"sample 16 is not a multiple of 12"});
+  auto other = world_of(dataset, 3, 4);
+  expect_input_error([&] { other[0]->restore(inside); }, {"data set of 100 samples", "reads 120"});
 }
 
 TEST(DataLoader, AugmentationIsDeterministicAcrossWorkerCounts) {
