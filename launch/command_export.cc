@@ -120,7 +120,9 @@ int run_export(const Arguments& args) {
     std::string path = vm["checkpoint"].as<std::string>();
     if (path == "latest") {
       train::CheckpointStore store(e.checkpoint().dir(), e.checkpoint().keep_last());
-      auto latest = store.latest();
+      std::string note;
+      auto latest = store.latest_for_reading("--checkpoint", &note);
+      if (!note.empty()) std::cerr << "kiln export: " << note << "\n";
       if (!latest) {
         throw InputError("--checkpoint latest: no complete checkpoint in " + store.dir() +
                          " (checkpoint.dir); train first, name one with --checkpoint DIR, or "

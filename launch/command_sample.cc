@@ -56,7 +56,10 @@ std::string load_weights(const config::Experiment& e, const po::variables_map& v
   std::string path = vm.count("checkpoint") ? vm["checkpoint"].as<std::string>() : "";
   train::CheckpointStore store(e.checkpoint().dir(), e.checkpoint().keep_last());
   if (path.empty() || path == "latest") {
-    if (auto latest = store.latest()) {
+    std::string note;
+    auto latest = store.latest_for_reading("--checkpoint", &note);
+    if (!note.empty()) std::cerr << "kiln sample: " << note << "\n";
+    if (latest) {
       path = *latest;
     } else if (path == "latest") {
       throw InputError("--checkpoint latest: no complete checkpoint in " + store.dir() +

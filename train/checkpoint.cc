@@ -238,6 +238,22 @@ std::optional<std::string> CheckpointStore::latest() const {
   return all.back();
 }
 
+std::optional<std::string> CheckpointStore::latest_for_reading(const std::string& option,
+                                                               std::string* note) const {
+  std::optional<std::string> newest = latest();
+  const std::vector<std::string> skipped = unmanifested();
+  if (!skipped.empty()) {
+    std::string names;
+    for (const std::string& p : skipped) names += (names.empty() ? "" : ", ") + p;
+    *note = "warning: " + option + " latest skips " + std::to_string(skipped.size()) +
+            " checkpoint director" + (skipped.size() == 1 ? "y" : "ies") + " in " + dir_ + ": " +
+            names +
+            " (no MANIFEST: an incomplete copy, or a checkpoint whose manifest was removed; " +
+            "Kiln never loads such a directory)" + (newest ? "; reading " + *newest : "");
+  }
+  return newest;
+}
+
 void CheckpointStore::remove_partial() const {
   for (const std::string& e : entries(dir_)) {
     if (e.rfind(".tmp-", 0) == 0) remove_tree(dir_ + "/" + e);

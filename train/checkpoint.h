@@ -56,6 +56,9 @@ class CheckpointStore {
   // step-N directories without a MANIFEST (never written completely by Kiln: copied in part, or
   // their manifest deleted), oldest first. Never loaded, never pruned: resume names them.
   std::vector<std::string> unmanifested() const;
+  // "latest" for a command that only reads (kiln sample, kiln export): latest(), and in *note a
+  // warning naming the unmanifested directories it skips ("" when none); `option` names the flag.
+  std::optional<std::string> latest_for_reading(const std::string& option, std::string* note) const;
   // Removes leftovers of interrupted writes (temporary directories of dead processes).
   void remove_partial() const;
 

@@ -70,6 +70,11 @@ rm "$WORK/m/checkpoints/step-000004/MANIFEST"
 "$KILN" train --config "$TINY" --set train.steps=4 --set checkpoint.every_steps=2 --set logging.dir="$WORK/m" --resume latest > "$WORK/out" 2>&1 || { cat "$WORK/out"; fail "resume beside a directory without a MANIFEST"; }
 grep -qF "warning: --resume latest skips 1 checkpoint directory in $WORK/m/checkpoints: $WORK/m/checkpoints/step-000004 (no MANIFEST" "$WORK/out" || { cat "$WORK/out"; fail "the skipped directory is not named"; }
 grep -qF "resumed from $WORK/m/checkpoints/step-000002 at step 2" "$WORK/out" || { cat "$WORK/out"; fail "did not resume from step 2"; }
+# The readers of "latest" say the same (kiln export; kiln sample shares the store's rule).
+rm "$WORK/m/checkpoints/step-000004/MANIFEST"
+"$KILN" export --config "$TINY" --set logging.dir="$WORK/m" --onnx "$WORK/m.onnx" > "$WORK/out" 2>&1 || { cat "$WORK/out"; fail "export beside a directory without a MANIFEST"; }
+grep -qF "kiln export: warning: --checkpoint latest skips 1 checkpoint directory in $WORK/m/checkpoints: $WORK/m/checkpoints/step-000004 (no MANIFEST" "$WORK/out" || { cat "$WORK/out"; fail "export: the skipped directory is not named"; }
+grep -qF "; reading $WORK/m/checkpoints/step-000002" "$WORK/out" || { cat "$WORK/out"; fail "export: not the newest complete checkpoint"; }
 rm "$WORK"/m/checkpoints/step-*/MANIFEST
 expect 2 "--resume latest: no complete checkpoint in $WORK/m/checkpoints, only $WORK/m/checkpoints/step-000002, $WORK/m/checkpoints/step-000004 (no MANIFEST" -- "$KILN" train --config "$TINY" --set logging.dir="$WORK/m" --resume latest
 expect 2 "checkpoint.resume latest: no complete checkpoint" -- "$KILN" train --config "$TINY" --set logging.dir="$WORK/m" --set checkpoint.resume=latest
