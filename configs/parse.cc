@@ -5,8 +5,13 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/util/json_util.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
-#include <fstream>
+#include <cerrno>
+#include <cstring>
 #include <sstream>
 
 #include "configs/experiment.h"
@@ -30,13 +35,25 @@ std::string read_file(const std::string& path) {
       throw ConfigError(path + ": cannot read the experiment: it is " + kind +
                         ", not a .pbtxt file");
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw ConfigError(path + ": cannot read the experiment: permission denied or unreadable");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw ConfigError(path + ": cannot read the experiment: read error");
-  return text.str();
+  // Checked again on the open file: a FIFO or device swapped in after the check above would
+  // block or never end (O_NONBLOCK keeps the open itself from waiting for a FIFO's writer).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    throw ConfigError(path + ": cannot read the experiment: " + std::strerror(errno));
+  }
+  struct stat st {};
+  std::string text;
+  bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  if (ok) {
+    char buf[1 << 16];
+    ssize_t got = 0;
+    while ((got = ::read(fd, buf, sizeof buf)) > 0) text.append(buf, static_cast<std::size_t>(got));
+    ok = got == 0;
+  }
+  ::close(fd);
+  if (!ok)
+    throw ConfigError(path + ": cannot read the experiment: not a regular file, or a read error");
+  return text;
 }
 
 // Where a parse error sits in text-format input: the field names of the messages open at
