@@ -238,18 +238,28 @@ std::optional<std::string> CheckpointStore::latest() const {
   return all.back();
 }
 
+std::string CheckpointStore::skipped_list(const std::vector<std::string>& skipped) {
+  std::string names;
+  for (const std::string& p : skipped) names += (names.empty() ? "" : ", ") + p;
+  return names +
+         " (no MANIFEST: an incomplete copy, or a checkpoint whose manifest was removed; Kiln "
+         "never "
+         "loads such a directory, nor prunes it)";
+}
+
+std::string CheckpointStore::skipped_note(const std::string& option, const std::string& dir,
+                                          const std::vector<std::string>& skipped) {
+  return "warning: " + option + " latest skips " + std::to_string(skipped.size()) +
+         " checkpoint director" + (skipped.size() == 1 ? "y" : "ies") + " in " + dir + ": " +
+         skipped_list(skipped);
+}
+
 std::optional<std::string> CheckpointStore::latest_for_reading(const std::string& option,
                                                                std::string* note) const {
   std::optional<std::string> newest = latest();
   const std::vector<std::string> skipped = unmanifested();
   if (!skipped.empty()) {
-    std::string names;
-    for (const std::string& p : skipped) names += (names.empty() ? "" : ", ") + p;
-    *note = "warning: " + option + " latest skips " + std::to_string(skipped.size()) +
-            " checkpoint director" + (skipped.size() == 1 ? "y" : "ies") + " in " + dir_ + ": " +
-            names +
-            " (no MANIFEST: an incomplete copy, or a checkpoint whose manifest was removed; " +
-            "Kiln never loads such a directory)" + (newest ? "; reading " + *newest : "");
+    *note = skipped_note(option, dir_, skipped) + (newest ? "; reading " + *newest : "");
   }
   return newest;
 }

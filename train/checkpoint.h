@@ -56,9 +56,14 @@ class CheckpointStore {
   // step-N directories without a MANIFEST (never written completely by Kiln: copied in part, or
   // their manifest deleted), oldest first. Never loaded, never pruned: resume names them.
   std::vector<std::string> unmanifested() const;
-  // "latest" for a command that only reads (kiln sample, kiln export): latest(), and in *note a
-  // warning naming the unmanifested directories it skips ("" when none); `option` names the flag.
+  // "latest" for a command that only reads (kiln sample, kiln export): latest(), and in *note
+  // skipped_note() for the unmanifested directories it skips ("" when none).
   std::optional<std::string> latest_for_reading(const std::string& option, std::string* note) const;
+  // "warning: OPTION latest skips N checkpoint directories in DIR: ... (no MANIFEST: ...)".
+  static std::string skipped_note(const std::string& option, const std::string& dir,
+                                  const std::vector<std::string>& skipped);
+  // The skipped directories and why they are skipped: " a, b (no MANIFEST: ...)".
+  static std::string skipped_list(const std::vector<std::string>& skipped);
   // Removes leftovers of interrupted writes (temporary directories of dead processes).
   void remove_partial() const;
 

@@ -12,41 +12,25 @@ bool checkpoint_due(const CheckpointerOptions& options, std::int64_t step) {
   return options.every_steps > 0 && step % options.every_steps == 0 && step < options.total_steps;
 }
 
-namespace {
-
-std::string list_of(const std::vector<std::string>& paths) {
-  std::string out;
-  for (const std::string& p : paths) out += (out.empty() ? "" : ", ") + p;
-  return out;
-}
-
-}  // namespace
-
 std::string choose_resume(const CheckpointerOptions& options,
                           const std::optional<std::string>& latest,
                           const std::vector<std::string>& skipped, std::string* note) {
   if (options.resume != "latest") return options.resume;
-  const std::string why =
-      " (no MANIFEST: an incomplete copy, or a checkpoint whose manifest was removed; Kiln never "
-      "loads such a directory, nor prunes it)";
+  const std::string option =
+      options.resume_from_command_line ? options.resume_flag : std::string("checkpoint.resume");
   if (latest) {
     if (!skipped.empty()) {
-      *note = std::string("warning: ") +
-              (options.resume_from_command_line ? options.resume_flag : "checkpoint.resume") +
-              " latest skips " + std::to_string(skipped.size()) + " checkpoint director" +
-              (skipped.size() == 1 ? "y" : "ies") + " in " + options.dir + ": " + list_of(skipped) +
-              why + "; resuming from " + *latest;
+      *note = CheckpointStore::skipped_note(option, options.dir, skipped) + "; resuming from " +
+              *latest;
     }
     return *latest;
   }
   if (!skipped.empty()) {
-    throw InputError(
-        (options.resume_from_command_line ? options.resume_flag + " latest"
-                                          : std::string("checkpoint.resume latest")) +
-        std::string(": no complete checkpoint in ") + options.dir + ", only " + list_of(skipped) +
-        why +
-        ". Restore their MANIFEST (copy the whole directory again), resume from one "
-        "explicitly with --resume DIR after checking it, or move them away to start fresh");
+    throw InputError(option + " latest: no complete checkpoint in " + options.dir + ", only " +
+                     CheckpointStore::skipped_list(skipped) +
+                     ". Restore their MANIFEST (copy the whole directory again), resume from one "
+                     "explicitly with --resume DIR after checking it, or move them away to start "
+                     "fresh");
   }
   if (options.init_from_fallback) {
     if (!options.init_from.empty()) {
