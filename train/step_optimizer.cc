@@ -39,9 +39,6 @@ StepOptimizer::StepOptimizer(const std::vector<Parameter*>& parameters,
 
 StepOptimizer::~StepOptimizer() = default;
 
-double StepOptimizer::loss_scale() const {
-  return impl_->optimizer.scale();
-}
 std::uint64_t StepOptimizer::weights_version() const {
   return impl_->optimizer.weights_version();
 }

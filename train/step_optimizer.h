@@ -45,7 +45,6 @@ class StepOptimizer {
                 optim::ShardGroup* shards = nullptr);
   ~StepOptimizer();
 
-  double loss_scale() const;              // multiply the loss by this before backward
   std::uint64_t weights_version() const;  // for Context::weights_version (O1 weight casts)
   // Schedules the LR for optimizer step `step` (0-based), checks the gradients (all ranks agree
   // through `comm` when given), clips, updates, adjusts the loss scale.
