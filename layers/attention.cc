@@ -194,6 +194,20 @@ void project(const Context& ctx, const Tensor& x, const Tensor& w, const Paramet
   transformer_ops::add_bias(y, bias.value);
 }
 
+// project's backward: weight.grad += dy^T x, bias.grad += column sums of dy, dx = dy w. On CUDA
+// Linear's backward: the bias gradient in the weight-gradient GEMM's epilogue (BGRADB).
+void project_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Parameter& weight,
+                      Parameter& bias, Tensor& dx) {
+  if (dy.device().is_cuda()) {
+    DeviceGuard guard(dy.device());
+    cuda::linear_backward(x, w, dy, Activation::None, Tensor(), 0, weight.grad, &bias.grad, dx);
+    return;
+  }
+  transformer_ops::accumulate_bias_grad(dy, bias.grad);
+  ops::gemm_accumulate(true, false, dy, x, weight.grad);
+  ops::gemm(false, false, 1.0, dy, w, 0.0, dx);
+}
+
 }  // namespace
 
 MultiHeadSelfAttention::MultiHeadSelfAttention(std::int64_t hidden, std::int64_t heads,
@@ -381,11 +395,9 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
   Tensor dy_mm = dy2.to(mm);
 
   // Output projection.
-  transformer_ops::accumulate_bias_grad(dy2, out_bias_->grad);
-  ops::gemm_accumulate(true, false, dy_mm, context_, out_weight_->grad);
   Tensor dcontext = Tensor::empty({n, e}, mm, dev);
-  ops::gemm(false, false, 1.0, dy_mm, out_cache_.get(out_weight_->value, mm, ctx.weights_version),
-            0.0, dcontext);
+  project_backward(context_, out_cache_.get(out_weight_->value, mm, ctx.weights_version), dy_mm,
+                   *out_weight_, *out_bias_, dcontext);
   double p = dropout_active_ ? dropout_ : 0.0;
   Tensor dqkv;  // (N, 3E)
   if (lse_.defined()) {
@@ -408,10 +420,8 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
   // Input projections.
   Tensor dx = Tensor::empty({n, e}, activation_, dev);
   if (layout_ != QkvLayout::SeparateQKV) {
-    transformer_ops::accumulate_bias_grad(dqkv, qkv_biases_[0]->grad);
-    ops::gemm_accumulate(true, false, dqkv, x_mm_, qkv_weights_[0]->grad);
-    ops::gemm(false, false, 1.0, dqkv,
-              qkv_cache_[0].get(qkv_weights_[0]->value, mm, ctx.weights_version), 0.0, dx);
+    project_backward(x_mm_, qkv_cache_[0].get(qkv_weights_[0]->value, mm, ctx.weights_version),
+                     dqkv, *qkv_weights_[0], *qkv_biases_[0], dx);
   } else {
     Tensor bias_sums = Tensor::zeros({3 * e}, sd, dev);  // (3E)
     transformer_ops::accumulate_bias_grad(dqkv, bias_sums);

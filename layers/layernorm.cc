@@ -1,6 +1,7 @@
 #include "layers/layernorm.h"
 
 #include <cmath>
+#include <utility>
 
 #include "core/cpu/element.h"
 #include "core/ops.h"
@@ -52,7 +53,8 @@ void forward_rows(const T* x, const C* w, const C* b, double eps, std::int64_t r
 
 template <typename T, typename C>
 void backward_rows(const T* dy, const T* x, const C* w, const C* mean, const C* rstd,
-                   std::int64_t rows, std::int64_t cols, T* dx, C* dw, C* db) {
+                   const T* residual_grad, std::int64_t rows, std::int64_t cols, T* dx, C* dw,
+                   C* db) {
   using cpu::load;
   for (std::int64_t c = 0; c < cols; ++c) dw[c] = db[c] = 0;
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -72,7 +74,9 @@ void backward_rows(const T* dy, const T* x, const C* w, const C* mean, const C* 
     for (std::int64_t c = 0; c < cols; ++c) {
       C xhat = (load(xr[c]) - mean[r]) * rstd[r];
       C g = load(dyr[c]) * w[c];
-      dx[r * cols + c] = cpu::store<T>(rstd[r] * (g - mean_g - xhat * mean_g_xhat));
+      C v = rstd[r] * (g - mean_g - xhat * mean_g_xhat);
+      if (residual_grad) v += load(residual_grad[r * cols + c]);
+      dx[r * cols + c] = cpu::store<T>(v);
     }
   }
 }
@@ -88,21 +92,36 @@ Tensor LayerNorm::forward_impl(Context& ctx, const Tensor& x) {
   std::int64_t rows = x.numel() / size_;
   DType sd = stats_dtype(x.dtype());
   Tensor xc = x.contiguous().view({rows, size_});
+  Tensor delta;
+  std::swap(delta, pending_delta_);
+  residual_sum_ = Tensor();
+  if (delta.defined()) {
+    KILN_CHECK(delta.numel() == x.numel(), "LayerNorm " + name() + ": residual delta " +
+                                               delta.str() + " does not match the input " +
+                                               x.str());
+    delta = delta.to(x.device(), x.dtype()).contiguous().view({rows, size_});
+    residual_sum_ = Tensor::empty({rows, size_}, x.dtype(), x.device());
+  }
   Tensor w = weight_->value.to(x.device(), sd), b = bias_->value.to(x.device(), sd);
   Tensor y = Tensor::empty({rows, size_}, x.dtype(), x.device());
   saved_mean_ = Tensor::empty({rows}, sd, x.device());
   saved_rstd_ = Tensor::empty({rows}, sd, x.device());
   if (x.device().is_cuda()) {
     DeviceGuard guard(x.device());
-    cuda::layernorm_forward(xc, w, b, eps_, y, saved_mean_, saved_rstd_);
+    cuda::layernorm_forward(xc, delta, w, b, eps_, y, residual_sum_, saved_mean_, saved_rstd_);
   } else {
+    if (delta.defined()) {
+      ops::add(xc, delta, residual_sum_);  // rounded to x's dtype, then normalised
+      xc = residual_sum_;
+    }
     KILN_DISPATCH_FLOATING(x.dtype(), T, {
       using C = typename cpu::Compute<T>::type;
       forward_rows<T, C>(xc.data<T>(), w.data<C>(), b.data<C>(), eps_, rows, size_, y.data<T>(),
                          saved_mean_.data<C>(), saved_rstd_.data<C>());
     });
   }
-  saved_x_ = xc;
+  saved_x_ = delta.defined() ? residual_sum_ : xc;
+  if (residual_sum_.defined()) residual_sum_ = residual_sum_.view(x.shape());
   return y.view(x.shape());
 }
 
@@ -114,20 +133,44 @@ Tensor LayerNorm::backward_impl(Context& ctx, const Tensor& dy) {
   std::int64_t rows = saved_x_.size(0);
   DType sd = saved_mean_.dtype();
   Tensor dyc = dy.to(saved_x_.dtype()).contiguous().view({rows, size_});
+  Tensor residual_grad;
+  std::swap(residual_grad, pending_residual_grad_);
+  if (residual_grad.defined()) {
+    KILN_CHECK(residual_grad.numel() == dy.numel(), "LayerNorm " + name() + ": residual gradient " +
+                                                        residual_grad.str() +
+                                                        " does not match dy " + dy.str());
+    residual_grad =
+        residual_grad.to(dy.device(), saved_x_.dtype()).contiguous().view({rows, size_});
+  }
   Tensor w = weight_->value.to(dy.device(), sd);
   Tensor dx = Tensor::empty({rows, size_}, saved_x_.dtype(), dy.device());
-  Tensor dw = Tensor::empty({size_}, sd, dy.device()), db = Tensor::empty({size_}, sd, dy.device());
   if (dy.device().is_cuda()) {
     DeviceGuard guard(dy.device());
-    cuda::layernorm_backward(dyc, saved_x_, w, saved_mean_, saved_rstd_, dx, dw, db);
-  } else {
-    KILN_DISPATCH_FLOATING(saved_x_.dtype(), T, {
-      using C = typename cpu::Compute<T>::type;
-      backward_rows<T, C>(dyc.data<T>(), saved_x_.data<T>(), w.data<C>(), saved_mean_.data<C>(),
-                          saved_rstd_.data<C>(), rows, size_, dx.data<T>(), dw.data<C>(),
-                          db.data<C>());
-    });
+    // Straight into the parameters' gradients when they have the statistics' type.
+    auto direct = [&](const Tensor& grad) {
+      return grad.dtype() == sd && grad.is_contiguous() && grad.device() == dy.device();
+    };
+    if (direct(weight_->grad) && direct(bias_->grad)) {
+      cuda::layernorm_backward(dyc, saved_x_, w, saved_mean_, saved_rstd_, residual_grad, dx,
+                               weight_->grad, bias_->grad, /*accumulate=*/true);
+      return dx.view(dy.shape());
+    }
+    Tensor dw = Tensor::empty({size_}, sd, dy.device()),
+           db = Tensor::empty({size_}, sd, dy.device());
+    cuda::layernorm_backward(dyc, saved_x_, w, saved_mean_, saved_rstd_, residual_grad, dx, dw, db,
+                             /*accumulate=*/false);
+    ops::accumulate(weight_->grad, dw);
+    ops::accumulate(bias_->grad, db);
+    return dx.view(dy.shape());
   }
+  Tensor dw = Tensor::empty({size_}, sd, dy.device()), db = Tensor::empty({size_}, sd, dy.device());
+  KILN_DISPATCH_FLOATING(saved_x_.dtype(), T, {
+    using C = typename cpu::Compute<T>::type;
+    backward_rows<T, C>(dyc.data<T>(), saved_x_.data<T>(), w.data<C>(), saved_mean_.data<C>(),
+                        saved_rstd_.data<C>(),
+                        residual_grad.defined() ? residual_grad.data<T>() : nullptr, rows, size_,
+                        dx.data<T>(), dw.data<C>(), db.data<C>());
+  });
   ops::accumulate(weight_->grad, dw);
   ops::accumulate(bias_->grad, db);
   return dx.view(dy.shape());

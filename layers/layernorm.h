@@ -3,7 +3,8 @@
 //   x (..., C) -> y (..., C), same dtype. weight, bias (C), fp32 (f64 for f64 inputs) even when
 //   activations are half; mean and rstd (rows) are kept in fp32 (f64) for backward.
 // Gradient contract: weight.grad and bias.grad are accumulated (+=); dx is written (=).
-// CUDA: one warp per row forward; backward is one kernel writing dx and per-chunk partial sums of
+// CUDA: one warp per row forward (rows held in registers as 16-byte packs for half rows of up to
+// 2048 columns); backward is one kernel writing dx and per-chunk partial sums of
 // dweight/dbias, then a second kernel that adds the partials in a fixed order (no atomics), so
 // the gradients are the same bit for bit on every run.
 
@@ -25,6 +26,15 @@ class LayerNorm : public Layer {
   Parameter& weight() { return *weight_; }
   Parameter& bias() { return *bias_; }
 
+  // Pre-norm residual streams (GPT-2, ViT): h = x + delta; y = LN(h) in one pass instead of an
+  // addition and a LayerNorm (llm.c's fused_residual_forward). add_to_next_input(delta) makes the
+  // next forward(x) normalise x + delta (rounded to x's dtype, as the addition would store it);
+  // residual_sum() then hands out h. add_to_next_dx(g) makes the next backward return
+  // dx = LN'(dy) + g, the residual's gradient added in the same pass. Each applies to one call.
+  void add_to_next_input(const Tensor& delta) { pending_delta_ = delta; }
+  const Tensor& residual_sum() const { return residual_sum_; }
+  void add_to_next_dx(const Tensor& residual_grad) { pending_residual_grad_ = residual_grad; }
+
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& x) override;
   Tensor backward_impl(Context& ctx, const Tensor& dy) override;
@@ -42,6 +52,7 @@ class LayerNorm : public Layer {
   Tensor saved_x_;     // (rows, C)
   Tensor saved_mean_;  // (rows) fp32 (f64)
   Tensor saved_rstd_;  // (rows)
+  Tensor pending_delta_, residual_sum_, pending_residual_grad_;
 };
 
 }  // namespace kiln

@@ -1,6 +1,7 @@
 #include "layers/linear.h"
 
 #include <cmath>
+#include <utility>
 
 #include "core/cpu/element.h"
 #include "core/ops.h"
@@ -79,16 +80,25 @@ Tensor Linear::forward_impl(Context& ctx, const Tensor& x) {  // (N..., in) -> (
                                                         x.device().str() + " but weights on " +
                                                         weight_->value.device().str());
   input_shape_ = x.shape();
+  dy_is_preactivation_ = false;
   std::int64_t rows = x.numel() / in_features_;
   DType out_dtype = ctx.run.precision.activation;
   output_dtype_ = out_dtype;
+  Tensor residual;
+  std::swap(residual, pending_residual_);
+  if (residual.defined()) {
+    KILN_CHECK(residual.numel() == rows * out_features_, "Linear " + name() + ": residual " +
+                                                             residual.str() + " for output " +
+                                                             shape_str(out_shape));
+    residual = residual.to(x.device(), out_dtype).contiguous().view({rows, out_features_});
+  }
   if (x.device().is_cuda()) {
     DType mm = ctx.run.precision.matmul;
     saved_input_ = x.to(mm).contiguous().view({rows, in_features_});         // (M, in)
     Tensor y = Tensor::empty({rows, out_features_}, out_dtype, x.device());  // (M, out)
     Tensor bias = bias_ ? bias_as(ctx, out_dtype) : Tensor();
     cuda::linear_forward(saved_input_, weight_as(ctx, mm), bias, activation_, y, saved_activation_,
-                         saved_ld_);
+                         saved_ld_, residual);
     return y.view(out_shape);
   }
   // CPU: f64 when asked for, f32 otherwise (halves convert).
@@ -110,7 +120,19 @@ Tensor Linear::forward_impl(Context& ctx, const Tensor& x) {  // (N..., in) -> (
   }
   if (activation_ == Activation::ReLU) saved_activation_ = y;
   if (activation_ == Activation::GELU || activation_ == Activation::GELUErf) saved_activation_ = z;
-  return y.to(out_dtype).view(out_shape);
+  y = y.to(out_dtype);
+  if (residual.defined()) {
+    Tensor sum = Tensor::empty(y.shape(), out_dtype);
+    ops::add(y, residual, sum);  // rounded to the output dtype, then added, as the block did
+    y = sum;
+  }
+  return y.view(out_shape);
+}
+
+bool Linear::can_take_preactivation_grad() const {
+  return activation_ == Activation::GELU && saved_activation_.defined() &&
+         saved_activation_.device().is_cuda() && is_half(saved_input_.dtype()) &&
+         saved_activation_.dtype() == saved_input_.dtype();
 }
 
 bool Linear::can_recompute_output() const {
@@ -137,9 +159,20 @@ Tensor Linear::backward_impl(Context& ctx, const Tensor& dy) {
   if (dy.device().is_cuda()) {
     Tensor g = dy.contiguous().view({rows, out_features_});                    // (M, out)
     Tensor dx = Tensor::empty({rows, in_features_}, dy.dtype(), dy.device());  // (M, in)
-    cuda::linear_backward(saved_input_, weight_as(ctx, saved_input_.dtype()), g, activation_,
-                          saved_activation_, saved_ld_, weight_->grad,
-                          bias_ ? &bias_->grad : nullptr, dx);
+    // dy already went through this layer's activation when the consumer's epilogue applied it.
+    const Activation act = dy_is_preactivation_ ? Activation::None : activation_;
+    dy_is_preactivation_ = false;
+    cuda::InputActivation input;
+    const bool fuse_input = producer_ != nullptr && producer_->can_take_preactivation_grad();
+    if (fuse_input) {
+      input.act = producer_->activation_;
+      input.saved = producer_->saved_activation_;
+      input.saved_ld = producer_->saved_ld_;
+    }
+    if (cuda::linear_backward(saved_input_, weight_as(ctx, saved_input_.dtype()), g, act,
+                              saved_activation_, saved_ld_, weight_->grad,
+                              bias_ ? &bias_->grad : nullptr, dx, fuse_input ? &input : nullptr))
+      producer_->dy_is_preactivation_ = true;
     return dx.view(input_shape_);
   }
   DType compute = saved_input_.dtype();

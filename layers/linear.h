@@ -7,10 +7,11 @@
 // made once per ctx.weights_version and cached. On the CPU halves compute in f32, f64 in f64.
 // Gradients: weight.grad and bias.grad are ACCUMULATED (+=, in the grads' dtype); dx is written
 // (=), in dy's dtype.
-// CUDA: cuBLASLt with the BIAS / RELU_BIAS / GELU_AUX_BIAS epilogues forward and BGRADB (bias
-// gradient fused into the weight-gradient GEMM) backward; where cuBLASLt reports an epilogue
-// unsupported for the dtypes, a plain GEMM plus Kiln's own bias/activation kernels. ReLU's
-// backward uses y > 0 as the mask (no aux buffer); GELU keeps the pre-activation.
+// CUDA: cuBLASLt with the BIAS / RELU_BIAS / GELU_AUX_BIAS epilogues forward; backward takes the
+// bias gradient from a deterministic column-sum kernel (faster than the BGRADB epilogue, which
+// KILN_BIAS_GRAD_EPILOGUE=1 selects); where cuBLASLt reports an epilogue unsupported for the
+// dtypes, a plain GEMM plus Kiln's own bias/activation kernels. ReLU's backward uses y > 0 as the
+// mask (no aux buffer); GELU keeps the pre-activation.
 
 #include <cstdint>
 #include <string>
@@ -49,6 +50,17 @@ class Linear : public Layer {
   void drop_saved_input() { saved_input_ = Tensor(); }
   void restore_saved_input(const Tensor& x) { saved_input_ = x; }  // (M, in) in the GEMM dtype
 
+  // The GELU layer whose output is this layer's input (GPT-2's mlp.c_fc for mlp.c_proj): on CUDA
+  // with half GEMMs this layer's backward applies that layer's activation derivative in the
+  // epilogue of its input-gradient GEMM (cuBLASLt's DGELU, from the pre-activation `producer`
+  // kept) and hands `producer` a pre-activation gradient, so neither runs an activation pass.
+  // Anything else between the two (a dropout) forbids it. KILN_DGELU_UNFUSED=1 turns it off.
+  void take_input_from(Linear* producer) { producer_ = producer; }
+  // The next forward returns act(x W^T + b) + residual, the addition in the GEMM's epilogue on
+  // CUDA (a residual connection with nothing between this layer and the addition: GPT-2's
+  // mlp.c_proj). Backward is unchanged: the residual's gradient is the caller's.
+  void add_to_next_output(const Tensor& residual) { pending_residual_ = residual; }
+
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& x) override;
   Tensor backward_impl(Context& ctx, const Tensor& dy) override;
@@ -79,6 +91,11 @@ class Linear : public Layer {
   Tensor saved_activation_;    // ReLU: y (M, out); GELU: z = x W^T + b (M, ld >= out); else empty
   std::int64_t saved_ld_ = 0;  // leading dimension of saved_activation_
   DType output_dtype_ = DType::F32;
+
+  Tensor pending_residual_;           // see add_to_next_output
+  Linear* producer_ = nullptr;        // see take_input_from
+  bool dy_is_preactivation_ = false;  // the consumer's backward applied this layer's derivative
+  bool can_take_preactivation_grad() const;
 };
 
 }  // namespace kiln

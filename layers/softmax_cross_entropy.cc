@@ -16,8 +16,7 @@ SoftmaxCrossEntropy::SoftmaxCrossEntropy(double label_smoothing, std::int64_t ig
   }
 }
 
-Tensor SoftmaxCrossEntropy::forward(Context& ctx, const Tensor& logits, const Tensor& targets) {
-  (void)ctx;
+void SoftmaxCrossEntropy::take_inputs(const Tensor& logits, const Tensor& targets) {
   KILN_CHECK(logits.dim() >= 2 && is_floating(logits.dtype()),
              "SoftmaxCrossEntropy: logits must be floating (N, C), got " + logits.str());
   std::int64_t classes = logits.size(-1),
@@ -31,14 +30,47 @@ Tensor SoftmaxCrossEntropy::forward(Context& ctx, const Tensor& logits, const Te
   logits_ = logits.reshape({rows, classes});
   if (classes > 1 && logits_.stride(1) != 1) logits_ = logits_.contiguous();
   targets_ = targets.to(device, DType::I64).contiguous().view({rows});  // (N)
+  gradient_in_logits_ = false;
   if (device.is_cuda()) {
     row_lse_ = Tensor::empty({rows}, DType::F32, device);
-    Tensor loss = Tensor::empty({}, DType::F32, device);
     counted_ = Tensor::empty({}, DType::F32, device);
     correct_ = Tensor::empty({}, DType::F32, device);
     if (!invalid_.defined() || invalid_.device() != device) {
       invalid_ = Tensor::zeros({}, DType::I32, device);
     }
+  }
+}
+
+Tensor SoftmaxCrossEntropy::forward_with_gradient(Context& ctx, const Tensor& logits,
+                                                  const Tensor& targets) {
+  take_inputs(logits, targets);
+  if (logits_.device().is_cuda()) {
+    check_scale_divisor(ctx.step);
+    Tensor loss = Tensor::empty({}, DType::F32, logits_.device());
+    gradient_in_logits_ = cuda::softmax_cross_entropy_fused(
+        logits_, targets_, label_smoothing_, ignore_index_, ctx.step.loss_scale,
+        ctx.step.loss_scale_divisor, row_lse_, loss, counted_, correct_, invalid_, logits_);
+    if (gradient_in_logits_) return loss;
+  }
+  return compute_loss();
+}
+
+Tensor SoftmaxCrossEntropy::forward(Context& ctx, const Tensor& logits, const Tensor& targets) {
+  (void)ctx;
+  take_inputs(logits, targets);
+  return compute_loss();
+}
+
+void SoftmaxCrossEntropy::check_scale_divisor(const StepScalars& step) const {
+  KILN_CHECK(step.loss_scale_divisor > 0, "SoftmaxCrossEntropy: loss_scale_divisor " +
+                                              std::to_string(step.loss_scale_divisor) +
+                                              " must be positive");
+}
+
+Tensor SoftmaxCrossEntropy::compute_loss() {
+  const std::int64_t rows = logits_.size(0), classes = logits_.size(1);
+  if (logits_.device().is_cuda()) {
+    Tensor loss = Tensor::empty({}, DType::F32, logits_.device());
     cuda::softmax_cross_entropy_forward(logits_, targets_, label_smoothing_, ignore_index_,
                                         row_lse_, loss, counted_, correct_, invalid_);
     return loss;
@@ -88,9 +120,15 @@ Tensor SoftmaxCrossEntropy::forward(Context& ctx, const Tensor& logits, const Te
 Tensor SoftmaxCrossEntropy::backward(Context& ctx, bool reuse_logits) {
   KILN_CHECK(logits_.defined(), "SoftmaxCrossEntropy: backward without forward");
   const StepScalars& step = ctx.step;
-  KILN_CHECK(step.loss_scale_divisor > 0, "SoftmaxCrossEntropy: loss_scale_divisor " +
-                                              std::to_string(step.loss_scale_divisor) +
-                                              " must be positive");
+  check_scale_divisor(step);
+  if (gradient_in_logits_) {
+    KILN_CHECK(reuse_logits,
+               "SoftmaxCrossEntropy: the gradient of forward_with_gradient is in "
+               "the logits; backward must reuse them");
+    Tensor dlogits = logits_.reshape(logits_shape_);
+    release_saved();
+    return dlogits;
+  }
   // Without a loss scale in memory the scale is 1 (the same division, so the same bits).
   double scale = 1.0 / static_cast<double>(step.loss_scale_divisor);
   std::int64_t rows = logits_.size(0), classes = logits_.size(1);

@@ -29,6 +29,11 @@ class SoftmaxCrossEntropy {
 
   // A one-element F32 tensor on the logits' device.
   Tensor forward(Context& ctx, const Tensor& logits, const Tensor& targets);
+  // Training: forward, and on CUDA the gradient too, in the same pass over each row (the logits
+  // are read once from memory instead of three times), written over the logits, which the caller
+  // must be done with; backward(ctx, true) then returns it. Where the fused pass does not apply
+  // (the CPU, f64, unaligned rows) this is forward, and backward computes the gradient.
+  Tensor forward_with_gradient(Context& ctx, const Tensor& logits, const Tensor& targets);
   // dlogits = scale * dloss/dlogits for the last forward, in the logits' dtype and shape, where
   // scale = (*ctx.step.loss_scale) / ctx.step.loss_scale_divisor, read (in double) when the kernel
   // runs: a captured CUDA graph follows the dynamic loss scale without a host read (no loss scale
@@ -60,7 +65,11 @@ class SoftmaxCrossEntropy {
     targets_ = Tensor();
     row_lse_ = Tensor();
   }
-  Tensor logits_;  // (N, C), contiguous
+  void take_inputs(const Tensor& logits, const Tensor& targets);
+  Tensor compute_loss();  // the loss of the inputs taken
+  void check_scale_divisor(const StepScalars& step) const;
+  bool gradient_in_logits_ = false;  // forward_with_gradient's fused pass wrote it over logits_
+  Tensor logits_;                    // (N, C), contiguous
   Shape logits_shape_;
   Tensor targets_;  // (N) I64
   Tensor row_lse_;  // (N) F32 (F64 on the CPU for f64 logits): log-sum-exp of each row

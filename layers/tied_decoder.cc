@@ -66,16 +66,12 @@ Tensor TiedDecoder::backward_impl(Context& ctx, const Tensor& dy) {
   const bool padded = padded_gradient(dy2, dy_mm);
   if (padded) {
     // dW over the padded rows as well (50304 output rows run at the padded GEMM's speed, 50257 at
-    // half of it): through an fp32 copy of the gradient with zero rows below it, accumulated there
-    // and written back, so it is rounded once, as gemm_accumulate rounds it.
+    // half of it): into an fp32 buffer of the padded rows, then added to the gradient (the sum of
+    // the fp32 product and the gradient, as gemm_accumulate's epilogue forms it).
     const std::int64_t ld = padded_.size(1);
     Tensor dw = Tensor::empty({ld, hidden_}, is_half(mm) ? DType::F32 : mm, dy.device());
-    Tensor head = dw.slice(0, 0, vocab_);
-    head.copy_from(weight_->grad);
-    Tensor tail = dw.slice(0, vocab_, ld);
-    tail.zero();
-    ops::gemm(true, false, 1.0, padded_, x_mm_, 1.0, dw);
-    weight_->grad.copy_from(head);
+    ops::gemm(true, false, 1.0, padded_, x_mm_, 0.0, dw);
+    ops::accumulate(weight_->grad, dw.slice(0, 0, vocab_));
   } else {
     ops::gemm_accumulate(true, false, dy_mm, x_mm_, weight_->grad);
   }

@@ -1,5 +1,8 @@
 #include "layers/transformer_block.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "core/ops.h"
 
 namespace kiln {
@@ -67,6 +70,7 @@ TransformerBlock::TransformerBlock(const TransformerBlockConfig& config) : confi
     mlp_out_->weight().stored_transposed = true;
   }
   if (!c.pre_norm) norm2_ = &add_child(c.mlp_norm_name, norm());
+  if (!c.mlp_inner_dropout) mlp_out_->take_input_from(mlp_in_);
   attention_output_dropout_ =
       &add_child("attention_output_dropout", std::make_unique<Dropout>(c.dropout));
   if (c.mlp_inner_dropout)
@@ -100,16 +104,28 @@ Tensor TransformerBlock::forward_impl(Context& ctx, const Tensor& x) {
     Tensor f = mlp_in_->forward(ctx, h);
     if (mlp_inner_dropout_) f = mlp_inner_dropout_->forward(ctx, f);
     Tensor y = mlp_out_->forward(ctx, f);
-    recomputed_mlp_ = config_.recompute_mlp_activation && !mlp_inner_dropout_ && ctx.training &&
-                      mlp_in_->can_recompute_output();
+    static const bool keep_gelu = [] {
+      const char* v = std::getenv("KILN_GELU_RECOMPUTE");
+      return v != nullptr && std::strcmp(v, "0") == 0;
+    }();
+    recomputed_mlp_ = config_.recompute_mlp_activation && !keep_gelu && !mlp_inner_dropout_ &&
+                      ctx.training && mlp_in_->can_recompute_output();
     if (recomputed_mlp_) mlp_out_->drop_saved_input();
     return mlp_output_dropout_->forward(ctx, y);
   };
   if (config_.pre_norm) {
     Tensor a =
         attention_output_dropout_->forward(ctx, attention_->forward(ctx, norm1_->forward(ctx, x)));
-    Tensor h = sum(x, a);                         // (B, T, E)
-    return sum(h, mlp(norm2_->forward(ctx, h)));  // (B, T, E)
+    // h = x + a and LN2(h) in one pass; y = h + mlp(LN2(h)) in c_proj's GEMM epilogue when no
+    // dropout stands between them.
+    norm2_->add_to_next_input(a);
+    Tensor n = norm2_->forward(ctx, x);
+    const Tensor& h = norm2_->residual_sum();
+    if (!ctx.training || mlp_output_dropout_->p() == 0.0) {
+      mlp_out_->add_to_next_output(h);
+      return mlp(n);  // (B, T, E)
+    }
+    return sum(h, mlp(n));  // (B, T, E)
   }
   Tensor a = attention_output_dropout_->forward(ctx, attention_->forward(ctx, x));
   Tensor h = norm1_->forward(ctx, sum(x, a));   // (B, T, E)
@@ -127,8 +143,13 @@ Tensor TransformerBlock::backward_impl(Context& ctx, const Tensor& dy) {
     return attention_->backward(ctx, attention_output_dropout_->backward(ctx, d));
   };
   if (config_.pre_norm) {
-    Tensor dh = sum(dy, norm2_->backward(ctx, mlp_backward(dy)));
-    return sum(dh, norm1_->backward(ctx, attention_backward(dh)));
+    // Each LayerNorm's backward adds the residual path's gradient to its dx.
+    Tensor dm = mlp_backward(dy);
+    norm2_->add_to_next_dx(dy);
+    Tensor dh = norm2_->backward(ctx, dm);
+    Tensor da = attention_backward(dh);
+    norm1_->add_to_next_dx(dh);
+    return norm1_->backward(ctx, da);
   }
   Tensor ds2 = norm2_->backward(ctx, dy);
   Tensor dh = sum(ds2, mlp_backward(ds2));

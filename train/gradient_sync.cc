@@ -1,14 +1,45 @@
 #include "train/gradient_sync.h"
 
+#include <map>
+#include <string>
+#include <utility>
+
 namespace kiln::train {
 namespace {
 
+// One process: the gradients live in one buffer per dtype and device (views into it, each
+// 256-byte aligned), so zeroing them before a step is one memset instead of one per parameter
+// (GPT-2 124M: 148 launches in the step's graph).
 class LocalGradients final : public GradientSync {
  public:
-  explicit LocalGradients(std::vector<Parameter*> parameters)
-      : parameters_(std::move(parameters)) {}
+  explicit LocalGradients(std::vector<Parameter*> parameters) : parameters_(std::move(parameters)) {
+    constexpr std::int64_t kAlignBytes = 256;
+    std::map<std::pair<DType, std::string>, std::vector<Parameter*>> groups;
+    for (Parameter* p : parameters_) {
+      if (p->grad.defined() && p->grad.is_contiguous())
+        groups[{p->grad.dtype(), p->grad.device().str()}].push_back(p);
+    }
+    for (auto& [key, members] : groups) {
+      const std::int64_t align = kAlignBytes / static_cast<std::int64_t>(dtype_size(key.first));
+      std::int64_t total = 0;
+      for (Parameter* p : members) total += (p->grad.numel() + align - 1) / align * align;
+      Tensor arena = Tensor::zeros({total}, key.first, members.front()->grad.device());
+      std::int64_t offset = 0;
+      for (Parameter* p : members) {
+        const std::int64_t n = p->grad.numel();
+        Tensor view = arena.slice(0, offset, offset + n).view(p->grad.shape());
+        view.copy_from(p->grad);
+        p->grad = view;
+        offset += (n + align - 1) / align * align;
+      }
+      arenas_.push_back(arena);
+    }
+  }
   void zero_gradients() override {
-    for (Parameter* p : parameters_) p->grad.zero();
+    for (Tensor& arena : arenas_) arena.zero();
+    for (Parameter* p : parameters_) {
+      if (!in_arena(*p)) p->grad.zero();
+    }
   }
   void set_accumulating(bool) override {}
   void install_hooks(Context&) override {}
@@ -25,7 +56,17 @@ class LocalGradients final : public GradientSync {
   DataParallel* data_parallel() override { return nullptr; }
 
  private:
+  bool in_arena(const Parameter& p) const {
+    if (!p.grad.defined()) return true;  // nothing to zero
+    const char* at = static_cast<const char*>(p.grad.data());
+    for (const Tensor& arena : arenas_) {
+      const char* base = static_cast<const char*>(arena.data());
+      if (at >= base && at < base + arena.nbytes()) return true;
+    }
+    return false;
+  }
   std::vector<Parameter*> parameters_;
+  std::vector<Tensor> arenas_;  // the gradients' storage, one per dtype and device
 };
 
 // ZeRO's ranks as the sharded optimizer sees them: DataParallel's shard pieces and collectives.

@@ -50,10 +50,11 @@ StepOutcome Trainer::State::micro_step_work(Context& ctx, const Tensor& inputs,
   Tensor logits = model.net->forward(ctx, inputs);
   Tensor flat_targets = targets;
   flatten_for_loss(logits, flat_targets);
-  Tensor loss = loss_fn.forward(ctx, logits, flat_targets);
+  // The loss and its gradient in one pass where it can, the gradient written over the logits;
+  // the loss scale over the micro-steps is read where it lives (ctx.step) when the kernel runs.
+  Tensor loss = loss_fn.forward_with_gradient(ctx, logits, flat_targets);
   ops::axpy(1.0, loss, loss_sum);
   logits = Tensor();  // the loss is done with it: its gradient overwrites it
-  // The loss scale over the micro-steps is read where it lives (ctx.step) when the kernel runs.
   Tensor dlogits = loss_fn.backward(ctx, /*reuse_logits=*/true);
   model.net->backward(ctx, dlogits);
   graphs->advance_counter();

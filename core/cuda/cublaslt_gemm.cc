@@ -68,16 +68,17 @@ void set_epilogue_pointers(const LtGemm& g, cublasLtMatmulDesc_t op) {
 
 constexpr int kAutotuneCandidates = 8;
 
-// One cublasLtMatmul of `g` with `algo`, writing D to `d` (g.d, or scratch when timing).
+// One cublasLtMatmul of `g` with `algo`, writing D to `d` (g.d, or scratch when timing) and
+// reading C from `c`.
 cublasStatus_t run_matmul(const LtGemm& g, const LtPlan& plan, const cublasLtMatmulAlgo_t& algo,
-                          void* d, void* workspace, std::size_t workspace_bytes,
+                          const void* c, void* d, void* workspace, std::size_t workspace_bytes,
                           cudaStream_t stream) {
   const bool wide = g.ab_type == DType::F64;
   float alpha32 = static_cast<float>(g.alpha), beta32 = static_cast<float>(g.beta);
   double alpha64 = g.alpha, beta64 = g.beta;
   const void* alpha = wide ? static_cast<const void*>(&alpha64) : &alpha32;
   const void* beta = wide ? static_cast<const void*>(&beta64) : &beta32;
-  return cublasLtMatmul(cublaslt_handle(), plan.op, alpha, g.a, plan.a, g.b, plan.b, beta, d,
+  return cublasLtMatmul(cublaslt_handle(), plan.op, alpha, g.a, plan.a, g.b, plan.b, beta, c,
                         plan.d, d, plan.d, &algo, workspace, workspace_bytes, stream);
 }
 
@@ -117,8 +118,8 @@ int fastest(const LtGemm& g, const LtPlan& plan, const cublasLtMatmulHeuristicRe
     float ms = 1e30f;
     for (int rep = 0; rep < 3; ++rep) {
       start.record(stream);
-      cublasStatus_t status =
-          run_matmul(g, plan, results[i].algo, d_out, ws.data(), results[i].workspaceSize, stream);
+      cublasStatus_t status = run_matmul(g, plan, results[i].algo, d_out, d_out, ws.data(),
+                                         results[i].workspaceSize, stream);
       stop.record(stream);
       stop.synchronize();
       if (status != CUBLAS_STATUS_SUCCESS) break;
@@ -206,7 +207,8 @@ bool lt_matmul(const LtGemm& g, Device device) {
   if (g.m == 0 || g.n == 0) return true;
   cudaStream_t stream = static_cast<cudaStream_t>(current_stream(device));
   std::uint32_t align_a = alignment_of(g.a), align_b = alignment_of(g.b),
-                align_d = alignment_of(g.d), align_bias = g.bias ? alignment_of(g.bias) : 0;
+                align_d = std::min(alignment_of(g.d), g.c ? alignment_of(g.c) : 256u),
+                align_bias = g.bias ? alignment_of(g.bias) : 0;
   LtPlanKey key{device.index,
                 g.trans_a,
                 g.trans_b,
@@ -239,8 +241,8 @@ bool lt_matmul(const LtGemm& g, Device device) {
   set_epilogue_pointers(g, plan.op);
   Tensor workspace =
       Tensor::empty({static_cast<std::int64_t>(plan.heuristic.workspaceSize)}, DType::U8, device);
-  cublasStatus_t status = run_matmul(g, plan, plan.heuristic.algo, g.d, workspace.data(),
-                                     plan.heuristic.workspaceSize, stream);
+  cublasStatus_t status = run_matmul(g, plan, plan.heuristic.algo, g.c ? g.c : g.d, g.d,
+                                     workspace.data(), plan.heuristic.workspaceSize, stream);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;
   KILN_CUBLAS_CHECK(status);
   return true;

@@ -17,7 +17,7 @@
 namespace kiln::cuda {
 
 struct LtGemm {
-  // Column-major D (m, n) = alpha op(A) op(B) + beta * D.
+  // Column-major D (m, n) = alpha op(A) op(B) + beta * C, C = D unless `c` is set.
   bool trans_a = false, trans_b = false;
   std::int64_t m = 0, n = 0, k = 0;
   const void* a = nullptr;
@@ -27,6 +27,7 @@ struct LtGemm {
   DType ab_type = DType::F32;
   void* d = nullptr;
   std::int64_t ldd = 0;
+  const void* c = nullptr;  // C of beta * C, laid out as D; null: D itself (accumulate in place)
   DType d_type = DType::F32;
   double alpha = 1, beta = 0;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;

@@ -12,10 +12,12 @@ namespace kiln::cuda {
 
 constexpr int kColumnSumColumns = 32, kColumnSumThreads = 32;
 
-// out[c] = (accumulate ? out[c] : 0) + sum over k of partial[k * cols + c].
+// out[c] = (accumulate ? out[c] : 0) + (sum over k of partial[k * cols + c]), for this block's
+// columns: the sum is formed first, so accumulating it adds one rounded number.
 template <typename C, typename G>
-__global__ void column_sums_kernel(const C* __restrict__ partial, std::int64_t chunks,
-                                   std::int64_t cols, bool accumulate, G* __restrict__ out) {
+__device__ __forceinline__ void sum_columns(const C* __restrict__ partial,
+                                                  std::int64_t chunks, std::int64_t cols,
+                                                  bool accumulate, G* __restrict__ out) {
   __shared__ C sums[kColumnSumThreads][kColumnSumColumns + 1];
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kColumnSumColumns + threadIdx.x;
   C sum = 0;
@@ -27,10 +29,16 @@ __global__ void column_sums_kernel(const C* __restrict__ partial, std::int64_t c
   sums[threadIdx.y][threadIdx.x] = sum;
   __syncthreads();
   if (threadIdx.y == 0 && c < cols) {
-    C total = accumulate ? static_cast<C>(load(out[c])) : C(0);
+    C total = 0;
     for (int k = 0; k < kColumnSumThreads; ++k) total += sums[k][threadIdx.x];
-    out[c] = store<G>(total);
+    out[c] = store<G>(accumulate ? static_cast<C>(load(out[c])) + total : total);
   }
+}
+
+template <typename C, typename G>
+__global__ void column_sums_kernel(const C* __restrict__ partial, std::int64_t chunks,
+                                   std::int64_t cols, bool accumulate, G* __restrict__ out) {
+  sum_columns(partial, chunks, cols, accumulate, out);
 }
 
 inline dim3 column_sums_grid(std::int64_t cols) {

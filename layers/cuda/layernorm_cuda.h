@@ -10,14 +10,20 @@ namespace kiln {
 
 namespace cuda {
 // Launchers (layers/cuda/layernorm.cu). x, y, dy, dx (rows, C) contiguous, one dtype; weight,
-// bias, mean, rstd fp32 (f64 when x is f64); dweight/dbias (C) in that type, overwritten.
+// bias, mean, rstd fp32 (f64 when x is f64).
+// Forward: with `delta` defined, the row normalised is x + delta, rounded to x's dtype and
+// written to `sum` (rows, C).
 KILN_CUDA_OP("LayerNorm",
-             void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                    double eps, Tensor& y, Tensor& mean, Tensor& rstd));
+             void layernorm_forward(const Tensor& x, const Tensor& delta, const Tensor& weight,
+                                    const Tensor& bias, double eps, Tensor& y, Tensor& sum,
+                                    Tensor& mean, Tensor& rstd));
+// Backward: dx = LN'(dy) (+ residual_grad when defined); dweight/dbias (C) in the statistics'
+// type, overwritten or, with `accumulate`, added to.
 KILN_CUDA_OP("LayerNorm",
              void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                                     const Tensor& mean, const Tensor& rstd, Tensor& dx,
-                                     Tensor& dweight, Tensor& dbias));
+                                     const Tensor& mean, const Tensor& rstd,
+                                     const Tensor& residual_grad, Tensor& dx, Tensor& dweight,
+                                     Tensor& dbias, bool accumulate));
 }  // namespace cuda
 
 }  // namespace kiln

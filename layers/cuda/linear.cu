@@ -7,6 +7,8 @@
 // column-major terms: y^T (out, M) = W (out, in) [row-major] ^T-view x^T.
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "core/cuda/cublaslt_gemm.h"
@@ -15,6 +17,7 @@
 #include "core/ops.h"
 #include "core/stream.h"
 #include "layers/cuda/activations_cuda.h"
+#include "layers/cuda/attention_cuda.h"
 #include "layers/cuda/linear_cuda.h"
 
 namespace kiln::cuda {
@@ -108,10 +111,59 @@ void launch_bias_grad(const Tensor& dz, Tensor& grad) {
   });
 }
 
+// The input activation's derivative in the dx GEMM's epilogue: cuBLASLt's DGELU is GELU's tanh
+// form, read from a pre-activation of the GEMM's half dtype.
+bool dgelu_epilogue_applies(const InputActivation* input, DType mm, const Tensor& dx) {
+  if (input == nullptr || input->act != Activation::GELU || !is_half(mm) || dx.dtype() != mm ||
+      input->saved.dtype() != mm || input->saved.size(0) != dx.size(0))
+    return false;
+  const char* off = std::getenv("KILN_DGELU_UNFUSED");
+  return off == nullptr || std::strcmp(off, "0") == 0;
+}
+
+// The bias gradient from the column-sum kernels (transformer_ops::accumulate_bias_grad): on the
+// H200 they beat the weight-gradient GEMM's BGRADB epilogue, which slows the GEMM more than
+// their one read of dz costs (GPT-2 124M x16: 0.12 ms a step). KILN_BIAS_GRAD_EPILOGUE=1 asks for
+// the epilogue.
+bool bias_grad_epilogue() {
+  const char* v = std::getenv("KILN_BIAS_GRAD_EPILOGUE");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
 }  // namespace
 
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act, Tensor& y,
-                    Tensor& saved, std::int64_t& saved_ld) {
+                    Tensor& saved, std::int64_t& saved_ld, const Tensor& residual) {
+  if (residual.defined()) {
+    KILN_CHECK(
+        residual.dtype() == y.dtype() && residual.numel() == y.numel() && residual.is_contiguous(),
+        "Linear: residual " + residual.str() + " for output " + y.str());
+    if (act == Activation::None) {
+      LtGemm g;  // y^T (out, M) = W^T-view (out, in) x^T (in, M) + bias + residual^T
+      g.trans_a = true;
+      g.m = w.size(0);
+      g.n = x.size(0);
+      g.k = x.size(1);
+      g.a = w.data();
+      g.lda = g.k;
+      g.b = x.data();
+      g.ldb = g.k;
+      g.ab_type = x.dtype();
+      g.d = y.data();
+      g.ldd = g.m;
+      g.d_type = y.dtype();
+      g.c = residual.data();
+      g.beta = 1.0;
+      g.bias = bias.defined() ? bias.data() : nullptr;
+      g.epilogue = bias.defined() ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+      saved = Tensor();
+      saved_ld = g.m;
+      if (lt_matmul(g, x.device())) return;
+    }
+    linear_forward(x, w, bias, act, y, saved, saved_ld);
+    ops::add(y, residual, y);
+    return;
+  }
   std::int64_t rows = x.size(0), in = x.size(1), out = w.size(0);  // x (M, in), w (out, in)
   Device device = x.device();
   saved = Tensor();
@@ -190,11 +242,11 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Activa
   if (act == Activation::GELU || act == Activation::GELUErf) saved = z;
 }
 
-void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Activation act,
+bool linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Activation act,
                      const Tensor& saved, std::int64_t saved_ld, Tensor& weight_grad,
-                     Tensor* bias_grad, Tensor& dx) {
+                     Tensor* bias_grad, Tensor& dx, const InputActivation* input_activation) {
   std::int64_t rows = x.size(0), in = x.size(1), out = w.size(0);
-  if (rows == 0) return;  // nothing to add, dx is empty
+  if (rows == 0) return false;  // nothing to add, dx is empty
   Device device = x.device();
   DType mm = x.dtype();
   auto stream = static_cast<cudaStream_t>(current_stream(device));
@@ -242,23 +294,27 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Activat
       direct ? weight_grad : Tensor::zeros({out, in}, is_half(mm) ? DType::F32 : mm, device);
   gw.d = wg.data();
   gw.d_type = wg.dtype();
-  bool bias_done = false;
-  if (bias_grad) {
+  bool bias_done = false, weight_done = false;
+  if (bias_grad && !bias_grad_epilogue()) {
+    accumulate_bias_grad(dz, *bias_grad);
+    bias_done = true;
+  }
+  if (bias_grad && !bias_done) {
     // BGRADB writes (not accumulates) the column sums of dz: into a temporary, then added.
     Tensor db = Tensor::empty({out}, wg.dtype(), device);
     gw.epilogue = CUBLASLT_EPILOGUE_BGRADB;
     gw.bias = db.data();
     if (lt_matmul(gw, device)) {
       ops::axpy(1.0, db.dtype() == bias_grad->dtype() ? db : db.to(bias_grad->dtype()), *bias_grad);
-      bias_done = true;
+      bias_done = weight_done = true;
     }
     gw.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     gw.bias = nullptr;
   }
-  if (!bias_done) {
+  if (!weight_done) {
     KILN_CHECK(lt_matmul(gw, device),
                "Linear: cuBLASLt has no weight-gradient GEMM for " + std::string(dtype_name(mm)));
-    if (bias_grad) launch_bias_grad(dz, *bias_grad);
+    if (bias_grad && !bias_done) launch_bias_grad(dz, *bias_grad);
   }
   if (!direct) ops::axpy(1.0, wg.to(weight_grad.dtype()), weight_grad);
 
@@ -276,6 +332,15 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Activat
     gx.d = dx.data();
     gx.ldd = in;
     gx.d_type = dx.dtype();
+    if (dgelu_epilogue_applies(input_activation, mm, dx)) {
+      gx.epilogue = CUBLASLT_EPILOGUE_DGELU;
+      gx.aux = const_cast<void*>(input_activation->saved.data());
+      gx.aux_ld = input_activation->saved_ld;
+      if (lt_matmul(gx, device)) return true;
+      gx.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+      gx.aux = nullptr;
+      gx.aux_ld = 0;
+    }
     if (!lt_matmul(gx, device)) {
       // Half output from a different half input type (or similar): compute in fp32, then cast.
       Tensor dx32 = Tensor::empty({rows, in}, is_half(mm) ? DType::F32 : mm, device);
@@ -286,6 +351,7 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Activat
       dx.copy_from(dx32);
     }
   }
+  return false;
 }
 
 }  // namespace kiln::cuda

@@ -12,15 +12,28 @@ namespace cuda {
 // Forward on CUDA: y (M, out) = act(x W^T + b). x (M, in) and w (out, in) share a dtype; bias
 // may be undefined. Returns what backward needs (y for ReLU, z for GELU, empty otherwise) and
 // its leading dimension.
+// With `residual` (M, out) in y's dtype: y = act(x W^T + b) + residual, the addition in the GEMM's
+// epilogue (beta = 1 over residual as C) where it can.
 KILN_CUDA_OP("Linear",
              void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
-                                 Activation act, Tensor& y, Tensor& saved, std::int64_t& saved_ld));
+                                 Activation act, Tensor& y, Tensor& saved, std::int64_t& saved_ld,
+                                 const Tensor& residual = Tensor()));
+// The activation of the layer that produced x, its pre-activation kept as `saved` (leading
+// dimension saved_ld): backward can apply its derivative to dx in the GEMM's epilogue.
+struct InputActivation {
+  Activation act = Activation::None;
+  Tensor saved;
+  std::int64_t saved_ld = 0;
+};
 // Backward on CUDA: dz = dy * act'(saved); weight_grad += dz^T x; bias_grad += sum_rows dz
-// (undefined: none); dx (M, in) = dz W (undefined: not computed).
+// (undefined: none); dx (M, in) = dz W (undefined: not computed). With input_activation (GELU,
+// half GEMMs) dx is multiplied by its derivative in the dx GEMM's epilogue where cuBLASLt can:
+// true when it was.
 KILN_CUDA_OP("Linear",
-             void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
+             bool linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
                                   Activation act, const Tensor& saved, std::int64_t saved_ld,
-                                  Tensor& weight_grad, Tensor* bias_grad, Tensor& dx));
+                                  Tensor& weight_grad, Tensor* bias_grad, Tensor& dx,
+                                  const InputActivation* input_activation = nullptr));
 }  // namespace cuda
 
 }  // namespace kiln

@@ -25,6 +25,38 @@ __device__ __forceinline__ void max_merge(float& v, std::int64_t& i, float ov, s
   }
 }
 
+// A row's smoothed loss and flags from its log-sum-exp, its sum of logits and its argmax.
+template <typename T>
+__device__ __forceinline__ void write_row_loss(const T* x, std::int64_t t, std::int64_t classes,
+                                               float smoothing, std::int64_t ignore_index,
+                                               float lse, float sum_x, std::int64_t argmax,
+                                               float* row_loss, int* row_flags) {
+  float loss = 0;
+  int flags = 0;
+  if (t != ignore_index) {
+    if (t < 0 || t >= classes) {
+      flags = kInvalid;
+    } else {
+      const float nll = lse - static_cast<float>(load(x[t]));
+      const float smooth = lse - sum_x / static_cast<float>(classes);
+      loss = (1.0f - smoothing) * nll + smoothing * smooth;
+      flags = kCounted | (argmax == t ? kCorrect : 0);
+    }
+  }
+  *row_loss = loss;
+  *row_flags = flags;
+}
+
+// Lane 0 ends with the warp's (first) maximum and its index, and the warp's sum of sum_x.
+__device__ __forceinline__ void warp_max_and_sum(float& max, std::int64_t& arg, float& sum_x) {
+  for (int off = 16; off > 0; off /= 2) {
+    const float ov = __shfl_down_sync(0xffffffffu, max, off);
+    const std::int64_t oi = __shfl_down_sync(0xffffffffu, arg, off);
+    max_merge(max, arg, ov, oi);
+    sum_x += __shfl_down_sync(0xffffffffu, sum_x, off);
+  }
+}
+
 template <typename T>
 __global__ void cross_entropy_forward_kernel(const T* logits, std::int64_t ld,
                                              const std::int64_t* targets, std::int64_t classes,
@@ -46,12 +78,7 @@ __global__ void cross_entropy_forward_kernel(const T* logits, std::int64_t ld,
     max_merge(max, arg, v, c);
     sum_x += v;
   }
-  for (int off = 16; off > 0; off /= 2) {
-    float ov = __shfl_down_sync(0xffffffffu, max, off);
-    std::int64_t oi = __shfl_down_sync(0xffffffffu, arg, off);
-    max_merge(max, arg, ov, oi);
-    sum_x += __shfl_down_sync(0xffffffffu, sum_x, off);
-  }
+  warp_max_and_sum(max, arg, sum_x);
   if (lane == 0) {
     s_max[warp] = max;
     s_arg[warp] = arg;
@@ -86,21 +113,8 @@ __global__ void cross_entropy_forward_kernel(const T* logits, std::int64_t ld,
     for (int w = 0; w < kRowThreads / 32; ++w) total += s_sum[w];
     float lse = row_max + logf(total);
     row_lse[row] = lse;
-    std::int64_t t = targets[row];
-    float loss = 0;
-    int flags = 0;
-    if (t != ignore_index) {
-      if (t < 0 || t >= classes) {
-        flags = kInvalid;
-      } else {
-        float nll = lse - static_cast<float>(load(x[t]));
-        float smooth = lse - s_row_sum_x / static_cast<float>(classes);
-        loss = (1.0f - smoothing) * nll + smoothing * smooth;
-        flags = kCounted | (s_row_arg == t ? kCorrect : 0);
-      }
-    }
-    row_loss[row] = loss;
-    row_flags[row] = flags;
+    write_row_loss(x, targets[row], classes, smoothing, ignore_index, lse, s_row_sum_x, s_row_arg,
+                   &row_loss[row], &row_flags[row]);
   }
 }
 
@@ -173,6 +187,156 @@ __global__ void cross_entropy_backward_kernel(const T* logits, std::int64_t ld,
   }
 }
 
+// The rows whose gradient the fused pass scales by 1 / counted: targets neither ignored nor out of
+// range, counted before the rows are (one block).
+__global__ void cross_entropy_count_kernel(const std::int64_t* targets, std::int64_t rows,
+                                           std::int64_t classes, std::int64_t ignore_index,
+                                           float* counted) {
+  __shared__ int s_count[kFinalThreads];
+  int n = 0;
+  for (std::int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    std::int64_t t = targets[r];
+    n += (t != ignore_index && t >= 0 && t < classes) ? 1 : 0;
+  }
+  s_count[threadIdx.x] = n;
+  __syncthreads();
+  for (int half = kFinalThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) s_count[threadIdx.x] += s_count[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *counted = static_cast<float>(s_count[0]);
+}
+
+// exp in the precision the logits deserve: the fast one for half logits.
+template <typename T>
+__device__ __forceinline__ float exp_for(float x) {
+  if constexpr (sizeof(T) == 2) {
+    return __expf(x);
+  } else {
+    return expf(x);
+  }
+}
+
+// (max, sum of exp(x - max)) of two disjoint sets of logits, as one.
+template <typename T>
+__device__ __forceinline__ void softmax_merge(float& m, float& s, float om, float os) {
+  const float nm = fmaxf(m, om);
+  if (nm == -INFINITY) return;  // both empty
+  s = s * exp_for<T>(m - nm) + os * exp_for<T>(om - nm);
+  m = nm;
+}
+
+constexpr int kFusedThreads = 1024;
+
+// One block per row, the row read as 16-byte packs: the maximum, its first index, the sum of the
+// logits and the sum of exp(x - max) in one pass (online softmax); then, with a gradient, a second
+// pass (the row is still in L2) writes dlogits, which may be the logits themselves: each element
+// is read before it is written, by the same thread.
+template <typename T>
+__global__ void __launch_bounds__(kFusedThreads)
+    cross_entropy_fused_kernel(const T* logits, std::int64_t ld, const std::int64_t* targets,
+                               std::int64_t classes, float smoothing, std::int64_t ignore_index,
+                               const float* counted, float scale_value, const double* scale_source,
+                               std::int64_t scale_divisor, T* dlogits, std::int64_t ld_out,
+                               float* row_lse, float* row_loss, int* row_flags) {
+  constexpr int kPack = Pack<T>::kSize;
+  constexpr int kWarps = kFusedThreads / 32;
+  __shared__ float s_max[kWarps], s_sum[kWarps], s_sum_x[kWarps], s_best[kWarps];
+  __shared__ std::int64_t s_arg[kWarps];
+  __shared__ float s_lse;
+  const std::int64_t row = blockIdx.x;
+  const T* x = logits + row * ld;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const std::int64_t packs = classes / kPack;
+  const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(x);
+  float m = -INFINITY, s = 0, sum_x = 0, best = -INFINITY;
+  std::int64_t arg = classes;
+  auto visit = [&](float v, std::int64_t c) {
+    if (v > best) {  // this thread sees its columns in increasing order: the first maximum wins
+      best = v;
+      arg = c;
+    }
+    sum_x += v;
+  };
+  for (std::int64_t p = threadIdx.x; p < packs; p += kFusedThreads) {
+    const Pack<T> pack = xp[p];
+    float v[kPack];
+    float local = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) {
+      v[k] = load(pack.v[k]);
+      visit(v[k], p * kPack + k);
+      local = fmaxf(local, v[k]);
+    }
+    if (local > m) {
+      s *= exp_for<T>(m - local);
+      m = local;
+    }
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) s += exp_for<T>(v[k] - m);
+  }
+  for (std::int64_t c = packs * kPack + threadIdx.x; c < classes; c += kFusedThreads) {
+    const float v = load(x[c]);
+    visit(v, c);
+    softmax_merge<T>(m, s, v, 1.0f);
+  }
+  for (int off = 16; off > 0; off /= 2) {
+    const float om = __shfl_down_sync(0xffffffffu, m, off);
+    const float os = __shfl_down_sync(0xffffffffu, s, off);
+    softmax_merge<T>(m, s, om, os);
+  }
+  warp_max_and_sum(best, arg, sum_x);
+  if (lane == 0) {
+    s_max[warp] = m;
+    s_sum[warp] = s;
+    s_sum_x[warp] = sum_x;
+    s_arg[warp] = arg;
+    s_best[warp] = best;
+  }
+  __syncthreads();
+  const std::int64_t t = targets[row];
+  const bool skip = t == ignore_index || t < 0 || t >= classes;
+  if (threadIdx.x == 0) {
+    float rm = s_max[0], rs = s_sum[0], rx = s_sum_x[0], rb = s_best[0];
+    std::int64_t ra = s_arg[0];
+    for (int w = 1; w < kWarps; ++w) {
+      softmax_merge<T>(rm, rs, s_max[w], s_sum[w]);
+      max_merge(rb, ra, s_best[w], s_arg[w]);
+      rx += s_sum_x[w];
+    }
+    const float lse = rm + logf(rs);
+    row_lse[row] = lse;
+    s_lse = lse;
+    write_row_loss(x, t, classes, smoothing, ignore_index, lse, rx, ra, &row_loss[row],
+                   &row_flags[row]);
+  }
+  if (dlogits == nullptr) return;
+  __syncthreads();
+  const float lse = s_lse;
+  const float n = *counted;
+  // The host path's order: the double quotient, rounded to float, then over the counted rows.
+  const float scale = scale_source != nullptr
+                          ? static_cast<float>(*scale_source / static_cast<double>(scale_divisor))
+                          : scale_value;
+  const float factor = skip ? 0.0f : scale / (n > 0.0f ? n : 1.0f);
+  const float uniform = smoothing / static_cast<float>(classes);
+  auto grad = [&](float v, std::int64_t c) {
+    if (skip) return 0.0f;
+    return factor * (exp_for<T>(v - lse) - (c == t ? 1.0f - smoothing : 0.0f) - uniform);
+  };
+  T* dx = dlogits + row * ld_out;
+  Pack<T>* dp = reinterpret_cast<Pack<T>*>(dx);
+  for (std::int64_t p = threadIdx.x; p < packs; p += kFusedThreads) {
+    const Pack<T> pack = xp[p];
+    Pack<T> out;
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) out.v[k] = store<T>(grad(load(pack.v[k]), p * kPack + k));
+    dp[p] = out;
+  }
+  for (std::int64_t c = packs * kPack + threadIdx.x; c < classes; c += kFusedThreads)
+    dx[c] = store<T>(grad(load(x[c]), c));
+}
+
 }  // namespace
 
 void softmax_cross_entropy_forward(const Tensor& logits, const Tensor& targets, double smoothing,
@@ -216,6 +380,57 @@ void softmax_cross_entropy_backward(const Tensor& logits, const Tensor& targets,
         scale_divisor, static_cast<T*>(dlogits.data()), dlogits.stride(0));
     KILN_CUDA_LAUNCH_CHECK();
   });
+}
+
+bool softmax_cross_entropy_fused(const Tensor& logits, const Tensor& targets, double smoothing,
+                                 std::int64_t ignore_index, const double* scale_source,
+                                 std::int64_t scale_divisor, Tensor& row_lse, Tensor& loss,
+                                 Tensor& counted, Tensor& correct, Tensor& invalid,
+                                 Tensor& dlogits) {
+  std::int64_t rows = logits.size(0), classes = logits.size(1);
+  const DType dtype = logits.dtype();
+  if ((dtype != DType::F32 && dtype != DType::F16 && dtype != DType::BF16) ||
+      dlogits.dtype() != dtype)
+    return false;
+  const std::int64_t pack = 16 / static_cast<std::int64_t>(dtype_size(logits.dtype()));
+  if (logits.stride(0) % pack != 0 || dlogits.stride(0) % pack != 0 ||
+      !aligned16({logits.data(), dlogits.data()}))
+    return false;
+  Device device = logits.device();
+  auto stream = static_cast<cudaStream_t>(current_stream(device));
+  Tensor row_loss = Tensor::empty({rows}, DType::F32, device);   // (N)
+  Tensor row_flags = Tensor::empty({rows}, DType::I32, device);  // (N)
+  cross_entropy_count_kernel<<<1, kFinalThreads, 0, stream>>>(
+      static_cast<const std::int64_t*>(targets.data()), rows, classes, ignore_index,
+      static_cast<float*>(counted.data()));
+  KILN_CUDA_LAUNCH_CHECK();
+  const float scale_value = static_cast<float>(1.0 / static_cast<double>(scale_divisor));
+  auto launch = [&](auto type) {
+    using T = decltype(type);
+    cross_entropy_fused_kernel<T><<<static_cast<unsigned>(rows), kFusedThreads, 0, stream>>>(
+        static_cast<const T*>(logits.data()), logits.stride(0),
+        static_cast<const std::int64_t*>(targets.data()), classes, static_cast<float>(smoothing),
+        ignore_index, static_cast<const float*>(counted.data()), scale_value, scale_source,
+        scale_divisor, static_cast<T*>(dlogits.data()), dlogits.stride(0),
+        static_cast<float*>(row_lse.data()), static_cast<float*>(row_loss.data()),
+        static_cast<int*>(row_flags.data()));
+    KILN_CUDA_LAUNCH_CHECK();
+  };
+  if (rows > 0) {
+    if (logits.dtype() == DType::BF16) {
+      launch(__nv_bfloat16());
+    } else if (logits.dtype() == DType::F16) {
+      launch(__half());
+    } else {
+      launch(float());
+    }
+  }
+  cross_entropy_finish_kernel<<<1, kFinalThreads, 0, stream>>>(
+      static_cast<const float*>(row_loss.data()), static_cast<const int*>(row_flags.data()), rows,
+      static_cast<float*>(loss.data()), static_cast<float*>(counted.data()),
+      static_cast<float*>(correct.data()), static_cast<int*>(invalid.data()));
+  KILN_CUDA_LAUNCH_CHECK();
+  return true;
 }
 
 }  // namespace kiln::cuda

@@ -27,6 +27,17 @@ KILN_CUDA_OP("SoftmaxCrossEntropy",
                                                  const Tensor& row_lse, const Tensor& counted,
                                                  double scale, const double* scale_source,
                                                  std::int64_t scale_divisor, Tensor& dlogits));
+// Forward and backward in one pass over each row (training, half or fp32 logits whose rows are
+// 16-byte aligned; false, with nothing launched, otherwise): what the two calls above compute, the
+// gradient written into dlogits (which may be the logits: in place), scaled as backward's with
+// scale_source (null: 1 / scale_divisor). The counted rows are counted from the targets first.
+KILN_CUDA_OP("SoftmaxCrossEntropy",
+             bool softmax_cross_entropy_fused(const Tensor& logits, const Tensor& targets,
+                                              double smoothing, std::int64_t ignore_index,
+                                              const double* scale_source,
+                                              std::int64_t scale_divisor, Tensor& row_lse,
+                                              Tensor& loss, Tensor& counted, Tensor& correct,
+                                              Tensor& invalid, Tensor& dlogits));
 }  // namespace cuda
 
 }  // namespace kiln

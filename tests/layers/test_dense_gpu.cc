@@ -283,8 +283,59 @@ TEST_F(DenseGpu, SoftmaxCrossEntropyMatchesCpu) {
         EXPECT_EQ(reused.data(), own.data());
         EXPECT_EQ(reused.to(Device::cpu()).to_vector<float>(),
                   dg.to(Device::cpu()).to_vector<float>());
+        // The loss and the gradient in one pass (the fused kernel where the rows are 16-byte
+        // aligned: 1000 columns; the two kernels otherwise): the same figures as the CPU's.
+        Tensor fused = logits.clone();
+        Tensor lf = gpu_loss.forward_with_gradient(gctx, fused, targets.to(kGpu));
+        Tensor df = gpu_loss.backward(gctx, /*reuse_logits=*/true);
+        EXPECT_EQ(df.data(), fused.data());
+        expect_close(lf, lc, DType::F32, name + "_fused_loss", 64);
+        EXPECT_EQ(gpu_loss.counted_rows().item(), cpu_loss.counted_rows().item());
+        EXPECT_EQ(gpu_loss.correct_count().item(), cpu_loss.correct_count().item());
+        expect_close(df, dc, dtype, name + "_fused_dlogits", 8);
       }
     }
+  }
+}
+
+TEST_F(DenseGpu, SoftmaxCrossEntropyFusedOnPaddedRowsMatchesCpu) {
+  // GPT-2's LM head: 50257 logits in rows of 50304 (the padding holds zeros, left untouched), the
+  // loss scale in device memory over 3 micro-steps, a row ignored and a tie for the maximum.
+  for (DType dtype : {DType::BF16, DType::F16, DType::F32}) {
+    std::uint64_t seed = fresh_seed();
+    SCOPED_TRACE(std::string(dtype_name(dtype)) + " seed " + std::to_string(seed));
+    const std::int64_t rows = 37, classes = 50257, ld = 50304;
+    Tensor padded = Tensor::zeros({rows, ld}, dtype, kGpu);
+    Tensor logits = padded.slice(1, 0, classes);
+    Tensor values = random_cpu({rows, classes}, seed, -6, 6);
+    values.data<float>()[classes + 7] = 9.0f;  // row 1: a tie at columns 7 and 9
+    values.data<float>()[classes + 9] = 9.0f;
+    logits.copy_from(values.to(kGpu, dtype));
+    std::vector<std::int64_t> t(static_cast<std::size_t>(rows));
+    for (std::int64_t r = 0; r < rows; ++r)
+      t[r] = r == 4 ? -100 : static_cast<std::int64_t>((seed / 3 + 1361 * r) % classes);
+    t[1] = 7;
+    Tensor targets = Tensor::from_vector<std::int64_t>(t, {rows});
+    const double loss_scale = 4096.0;
+    Tensor source = Tensor::from_vector<double>({loss_scale}, {1}).to(kGpu);
+    Context gctx, cctx;
+    gctx.run.device = kGpu;
+    gctx.step.loss_scale = static_cast<const double*>(source.data());
+    gctx.step.loss_scale_divisor = 3;
+    cctx.step.loss_scale = &loss_scale;
+    cctx.step.loss_scale_divisor = 3;
+    SoftmaxCrossEntropy gpu_loss(0.0), cpu_loss(0.0);
+    Tensor lc = cpu_loss.forward(cctx, logits.to(Device::cpu(), DType::F32), targets);
+    Tensor dc = cpu_loss.backward(cctx);
+    Tensor lf = gpu_loss.forward_with_gradient(gctx, logits, targets.to(kGpu));
+    Tensor df = gpu_loss.backward(gctx, /*reuse_logits=*/true);
+    EXPECT_EQ(df.data(), padded.data());
+    expect_close(lf, lc, DType::F32, "padded_fused_loss", 64);
+    EXPECT_EQ(gpu_loss.counted_rows().item(), static_cast<double>(rows - 1));
+    EXPECT_EQ(gpu_loss.correct_count().item(), cpu_loss.correct_count().item());
+    expect_close(df, dc, dtype, "padded_fused_dlogits", 8);
+    for (float v : padded.slice(1, classes, ld).to(Device::cpu(), DType::F32).to_vector<float>())
+      ASSERT_EQ(v, 0.0f);
   }
 }
 

@@ -82,6 +82,78 @@ TEST(LayerNorm, GradientCheckF64) {
   }
 }
 
+// The fused residual LayerNorm as a pre-norm block uses it: out = LN(x + delta) + (x + delta) / 2,
+// delta a parameter; backward hands LN the residual path's gradient. The f64 check covers d/dx,
+// d/ddelta and LN's parameters.
+class ResidualNormProbe : public Layer {
+ public:
+  explicit ResidualNormProbe(std::int64_t cols, const Shape& shape) {
+    norm_ = &add_child("norm", std::make_unique<LayerNorm>(cols, 1e-5));
+    delta_ = &add_parameter("delta", shape);
+  }
+  std::string type() const override { return "ResidualNormProbe"; }
+  Shape output_shape(const Shape& input) const override { return input; }
+
+ protected:
+  Tensor forward_impl(Context& ctx, const Tensor& x) override {
+    norm_->add_to_next_input(delta_->value);
+    Tensor y = norm_->forward(ctx, x);
+    Tensor h = norm_->residual_sum();
+    EXPECT_EQ(h.shape(), x.shape());
+    Tensor out = h.clone();
+    ops::scale(out, 0.5);
+    ops::axpy(1.0, y, out);
+    return out;
+  }
+  Tensor backward_impl(Context& ctx, const Tensor& dy) override {
+    Tensor half = dy.clone();
+    ops::scale(half, 0.5);
+    norm_->add_to_next_dx(half);
+    Tensor dh = norm_->backward(ctx, dy);
+    ops::accumulate(delta_->grad, dh);
+    return dh;
+  }
+
+ private:
+  LayerNorm* norm_;
+  Parameter* delta_;
+};
+
+TEST(LayerNorm, ResidualFusionGradientCheckF64) {
+  ResidualNormProbe probe(7, {3, 5, 7});
+  probe.to(Device::cpu(), DType::F64);
+  randomize_parameters(probe, 11);
+  Context ctx = f64_context();
+  expect_gradients_ok(probe, ctx, random_tensor({3, 5, 7}, 12));
+}
+
+TEST(LayerNorm, ResidualFusionEqualsTheAdditionThenTheNorm) {
+  // f32: the sum rounded, then normalised; dx = LN'(dy) + g, as the unfused block computes it.
+  LayerNorm fused(33), plain(33);
+  randomize_parameters(fused, 7);
+  randomize_parameters(plain, 7);
+  Context c;
+  Tensor x = random_tensor({5, 33}, 3, DType::F32), delta = random_tensor({5, 33}, 4, DType::F32);
+  Tensor dy = random_tensor({5, 33}, 5, DType::F32), g = random_tensor({5, 33}, 6, DType::F32);
+  Tensor h = Tensor::empty({5, 33}, DType::F32);
+  ops::add(x, delta, h);
+  Tensor y_plain = plain.forward(c, h);
+  Tensor dx_plain = Tensor::empty({5, 33}, DType::F32);
+  ops::add(plain.backward(c, dy), g, dx_plain);
+  fused.add_to_next_input(delta);
+  Tensor y_fused = fused.forward(c, x);
+  fused.add_to_next_dx(g);
+  Tensor dx_fused = fused.backward(c, dy);
+  EXPECT_EQ(fused.residual_sum().to_vector<float>(), h.to_vector<float>());
+  EXPECT_EQ(y_fused.to_vector<float>(), y_plain.to_vector<float>());
+  EXPECT_EQ(dx_fused.to_vector<float>(), dx_plain.to_vector<float>());
+  EXPECT_EQ(fused.weight().grad.to_vector<float>(), plain.weight().grad.to_vector<float>());
+  // Each applies to one call: the next pair is a plain LayerNorm.
+  Tensor y_next = fused.forward(c, x);
+  EXPECT_FALSE(fused.residual_sum().defined());
+  EXPECT_EQ(y_next.to_vector<float>(), plain.forward(c, x).to_vector<float>());
+}
+
 TEST(LayerNorm, F32MatchesF64AndAccumulates) {
   LayerNorm a(33), b(33);
   randomize_parameters(a, 7);

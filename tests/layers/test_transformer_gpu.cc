@@ -180,34 +180,57 @@ Tensor padding_mask(std::int64_t b, std::int64_t t) {
 TEST_P(TransformerGpu, LayerNormLaunchersMatchCpu) {
   DType dt = GetParam();
   std::uint64_t seed = fresh_seed();
-  for (std::int64_t cols : {50, 256, 768}) {  // 256 and 768 in half: the packed backward
-    const std::int64_t rows = 203;            // several 32- and 64-row chunks and a partial one
-    LayerNorm ln(cols, 1e-5);
-    ops::fill_uniform(ln.weight().value, 0.5, 1.5, seed + 1);
-    ops::fill_uniform(ln.bias().value, -0.5, 0.5, seed + 2);
-    Tensor x = random_cpu({rows, cols}, dt, seed + 3, 2.0),
-           dy = random_cpu({rows, cols}, dt, seed + 4);
-    Context cpu;
-    Tensor y_ref = ln.forward(cpu, x);
-    Tensor dx_ref = ln.backward(cpu, dy);
-    Tensor gx = x.to(kGpu, dt), gdy = dy.to(kGpu, dt);
-    Tensor w = ln.weight().value.to(kGpu), b = ln.bias().value.to(kGpu);
-    Tensor y = poisoned({rows, cols}, dt), mean = poisoned({rows}, DType::F32),
-           rstd = poisoned({rows}, DType::F32);
-    cuda::layernorm_forward(gx, w, b, 1e-5, y, mean, rstd);
-    expect_close(y, y_ref, dt, "layernorm y", 8);
-    Tensor dx = poisoned({rows, cols}, dt), dw = poisoned({cols}, DType::F32),
-           db = poisoned({cols}, DType::F32);
-    cuda::layernorm_backward(gdy, gx, w, mean, rstd, dx, dw, db);
-    expect_close(dx, dx_ref, dt, "layernorm dx", 16);
-    expect_close(dw, ln.weight().grad, dt, "layernorm dweight", 16);
-    expect_close(db, ln.bias().grad, dt, "layernorm dbias", 16);
-    // Deterministic: a second backward gives the same bits.
-    Tensor dw2 = poisoned({cols}, DType::F32), db2 = poisoned({cols}, DType::F32);
-    Tensor dx2 = poisoned({rows, cols}, dt);
-    cuda::layernorm_backward(gdy, gx, w, mean, rstd, dx2, dw2, db2);
-    EXPECT_EQ(dw.to_vector<float>(), dw2.to_vector<float>());
-    EXPECT_EQ(db.to_vector<float>(), db2.to_vector<float>());
+  // 256 and 768 in half: the packed backward; every multiple of 8 up to 2048 in half: the packed
+  // forward (1600: GPT-2 XL, lanes with fewer packs than others). With a residual: the sum x +
+  // delta normalised and written, and the residual's gradient added to dx.
+  for (std::int64_t cols : {50, 256, 768, 1600}) {
+    for (bool residual : {false, true}) {
+      SCOPED_TRACE("cols " + std::to_string(cols) + (residual ? " with a residual" : ""));
+      const std::int64_t rows = 203;  // several 32- and 64-row chunks and a partial one
+      LayerNorm ln(cols, 1e-5);
+      ops::fill_uniform(ln.weight().value, 0.5, 1.5, seed + 1);
+      ops::fill_uniform(ln.bias().value, -0.5, 0.5, seed + 2);
+      Tensor x = random_cpu({rows, cols}, dt, seed + 3, 2.0),
+             dy = random_cpu({rows, cols}, dt, seed + 4),
+             delta = random_cpu({rows, cols}, dt, seed + 5),
+             rg = random_cpu({rows, cols}, dt, seed + 6);
+      Context cpu;
+      if (residual) ln.add_to_next_input(delta);
+      Tensor y_ref = ln.forward(cpu, x);
+      Tensor sum_ref = ln.residual_sum();
+      if (residual) ln.add_to_next_dx(rg);
+      Tensor dx_ref = ln.backward(cpu, dy);
+      Tensor gx = x.to(kGpu, dt), gdy = dy.to(kGpu, dt);
+      Tensor gdelta = residual ? delta.to(kGpu, dt) : Tensor();
+      Tensor grg = residual ? rg.to(kGpu, dt) : Tensor();
+      Tensor w = ln.weight().value.to(kGpu), b = ln.bias().value.to(kGpu);
+      Tensor y = poisoned({rows, cols}, dt), mean = poisoned({rows}, DType::F32),
+             rstd = poisoned({rows}, DType::F32);
+      Tensor sum = residual ? poisoned({rows, cols}, dt) : Tensor();
+      cuda::layernorm_forward(gx, gdelta, w, b, 1e-5, y, sum, mean, rstd);
+      expect_close(y, y_ref, dt, "layernorm y", 8);
+      if (residual) {
+        // The CPU's reference runs in f32: its sum rounded once to dt is the kernel's.
+        EXPECT_EQ(sum.to(Device::cpu(), DType::F32).to_vector<float>(),
+                  sum_ref.to(Device::cpu(), dt).to(DType::F32).to_vector<float>());
+      }
+      Tensor normalised = residual ? sum : gx;
+      Tensor dx = poisoned({rows, cols}, dt), dw = poisoned({cols}, DType::F32),
+             db = poisoned({cols}, DType::F32);
+      cuda::layernorm_backward(gdy, normalised, w, mean, rstd, grg, dx, dw, db, false);
+      expect_close(dx, dx_ref, dt, "layernorm dx", 16);
+      expect_close(dw, ln.weight().grad, dt, "layernorm dweight", 16);
+      expect_close(db, ln.bias().grad, dt, "layernorm dbias", 16);
+      // Deterministic: a second backward gives the same bits; accumulating adds them.
+      Tensor dw2 = poisoned({cols}, DType::F32), db2 = poisoned({cols}, DType::F32);
+      Tensor dx2 = poisoned({rows, cols}, dt);
+      cuda::layernorm_backward(gdy, normalised, w, mean, rstd, grg, dx2, dw2, db2, false);
+      EXPECT_EQ(dw.to_vector<float>(), dw2.to_vector<float>());
+      EXPECT_EQ(db.to_vector<float>(), db2.to_vector<float>());
+      cuda::layernorm_backward(gdy, normalised, w, mean, rstd, grg, dx2, dw2, db2, true);
+      std::vector<float> once = dw.to_vector<float>(), twice = dw2.to_vector<float>();
+      for (std::size_t i = 0; i < once.size(); ++i) ASSERT_EQ(twice[i], once[i] + once[i]) << i;
+    }
   }
 }
 
@@ -571,13 +594,18 @@ TEST_P(TransformerGpu, TransformerBlocksMatchCpu) {
     compare_layer(block, random_cpu({2, 17, 64}, dt, seed + 2), {2, 17, 64}, dt,
                   training_context(seed), factor, seed + 3, "pre-LN block");
   }
-  {
-    // GPT-2's: causal, GELU tanh, the MLP activation recomputed in backward (half).
+  // GPT-2's: causal, GELU tanh, the MLP activation recomputed in backward (half), its derivative
+  // in the epilogue of c_proj's input-gradient GEMM and, forced, in its own pass (the path for
+  // GPUs where cuBLASLt has no DGELU epilogue for the types).
+  for (const char* unfused : {"0", "1"}) {
+    ASSERT_EQ(setenv("KILN_DGELU_UNFUSED", unfused, 1), 0);
     TransformerBlock block(TransformerBlockConfig::gpt2(128, 2, 256, 0.1));
     block.set_name("transformer.h.0");
     compare_layer(block, random_cpu({2, 70, 128}, dt, seed + 4), {2, 70, 128}, dt,
-                  training_context(seed), factor, seed + 5, "GPT-2 block");
+                  training_context(seed), factor, seed + 5,
+                  std::string("GPT-2 block, KILN_DGELU_UNFUSED=") + unfused);
   }
+  ASSERT_EQ(unsetenv("KILN_DGELU_UNFUSED"), 0);
 }
 
 TEST_P(TransformerGpu, TinyModelsMatchCpu) {
