@@ -33,25 +33,30 @@ LlmcShard::LlmcShard(const std::string& path, std::int64_t vocab_size)
   std::uint8_t header[12];
   file_.read_at(0, header, sizeof(header));
   const std::int32_t magic = read_le32(header);
-  if (magic != kLlmcShardMagic) {
+  if (magic != kLlmcShardMagic && magic != kLlmcShard32Magic) {
     throw_file_error(path, 0,
                      "wrong magic " + std::to_string(magic) +
                          ", not an llm.c token shard (expected " + std::to_string(kLlmcShardMagic) +
-                         ")");
+                         " for uint16 tokens or " + std::to_string(kLlmcShard32Magic) +
+                         " for uint32 tokens)");
   }
+  const bool wide = magic == kLlmcShard32Magic;
+  const std::int32_t known = wide ? kLlmcShard32Version : kLlmcShardVersion;
   const std::int32_t version = read_le32(header + 4);
-  if (version != kLlmcShardVersion) {
+  if (version != known) {
     throw_file_error(path, 4,
-                     "unsupported version " + std::to_string(version) +
-                         " (this reader knows version " + std::to_string(kLlmcShardVersion) +
-                         ": uint16 tokens)");
+                     "unsupported version " + std::to_string(version) + " for magic " +
+                         std::to_string(magic) + " (this reader knows version " +
+                         std::to_string(known) + (wide ? ": uint32 tokens)" : ": uint16 tokens)"));
   }
+  token_bytes_ = wide ? 4 : 2;
   const std::int32_t count = read_le32(header + 8);
   if (count <= 0) {
     throw_file_error(path, 8, "the header claims " + std::to_string(count) + " tokens");
   }
   count_ = count;
-  const std::uint64_t expected = kLlmcShardHeaderBytes + 2 * static_cast<std::uint64_t>(count);
+  const std::uint64_t expected =
+      kLlmcShardHeaderBytes + static_cast<std::uint64_t>(token_bytes_) * count;
   if (size < expected) {
     throw_file_error(path, size,
                      "truncated: the header claims " + std::to_string(count) + " tokens (" +
@@ -65,7 +70,7 @@ LlmcShard::LlmcShard(const std::string& path, std::int64_t vocab_size)
                          std::to_string(count) + " tokens)");
   }
   // Every uint16 id is below a vocabulary of 65536 or more: nothing to scan then.
-  if (vocab_size >= 65536) return;
+  if (!wide && vocab_size >= 65536) return;
   std::vector<std::int64_t> chunk(std::size_t{1} << 18);
   for (std::int64_t first = 0; first < count_; first += static_cast<std::int64_t>(chunk.size())) {
     const std::int64_t n = std::min<std::int64_t>(count_ - first, chunk.size());
@@ -75,16 +80,19 @@ LlmcShard::LlmcShard(const std::string& path, std::int64_t vocab_size)
 
 void LlmcShard::read_tokens(std::int64_t first, std::int64_t n, std::int64_t* out) const {
   KILN_CHECK(first >= 0 && n >= 0 && first + n <= count_, "llmc_shards: token range out of range");
-  // One read per window: 2 bytes per token, staged in this thread's buffer.
+  // One read per window: 2 or 4 bytes per token, staged in this thread's buffer.
+  const std::uint64_t width = static_cast<std::uint64_t>(token_bytes_);
   thread_local std::vector<std::uint8_t> bytes;
-  bytes.resize(2 * static_cast<std::size_t>(n));
-  const std::uint64_t offset = kLlmcShardHeaderBytes + 2 * static_cast<std::uint64_t>(first);
+  bytes.resize(width * static_cast<std::size_t>(n));
+  const std::uint64_t offset = kLlmcShardHeaderBytes + width * static_cast<std::uint64_t>(first);
   file_.read_at(offset, bytes.data(), bytes.size());
   for (std::int64_t i = 0; i < n; ++i) {
-    const std::uint8_t* p = bytes.data() + 2 * i;
-    const std::int64_t id = static_cast<std::int64_t>(p[0] | (p[1] << 8));
+    const std::uint8_t* p = bytes.data() + width * static_cast<std::uint64_t>(i);
+    const std::int64_t id =
+        token_bytes_ == 2 ? static_cast<std::int64_t>(p[0] | (p[1] << 8))
+                          : static_cast<std::int64_t>(static_cast<std::uint32_t>(read_le32(p)));
     if (id >= vocab_size_) {
-      throw_file_error(path(), offset + 2 * static_cast<std::uint64_t>(i),
+      throw_file_error(path(), offset + width * static_cast<std::uint64_t>(i),
                        "token " + std::to_string(first + i) + " has id " + std::to_string(id) +
                            ", not below the model's vocabulary size " +
                            std::to_string(vocab_size_));
@@ -93,16 +101,31 @@ void LlmcShard::read_tokens(std::int64_t first, std::int64_t n, std::int64_t* ou
   }
 }
 
-void write_llmc_shard(const std::string& path, const std::vector<std::uint16_t>& tokens) {
+namespace {
+
+template <typename Token>
+void write_shard(const std::string& path, const std::vector<Token>& tokens, std::int32_t magic,
+                 std::int32_t version) {
   KILN_CHECK(tokens.size() <= 0x7fffffffu, "write_llmc_shard: more tokens than an int32 counts");
+  constexpr int kWidth = static_cast<int>(sizeof(Token));
   std::vector<std::uint8_t> out;
-  out.reserve(kLlmcShardHeaderBytes + 2 * tokens.size());
-  put_le(&out, static_cast<std::uint32_t>(kLlmcShardMagic), 4);
-  put_le(&out, static_cast<std::uint32_t>(kLlmcShardVersion), 4);
+  out.reserve(kLlmcShardHeaderBytes + kWidth * tokens.size());
+  put_le(&out, static_cast<std::uint32_t>(magic), 4);
+  put_le(&out, static_cast<std::uint32_t>(version), 4);
   put_le(&out, static_cast<std::uint32_t>(tokens.size()), 4);
   out.resize(kLlmcShardHeaderBytes, 0);
-  for (std::uint16_t t : tokens) put_le(&out, t, 2);
+  for (Token t : tokens) put_le(&out, t, kWidth);
   write_file(path, out.data(), out.size());
+}
+
+}  // namespace
+
+void write_llmc_shard(const std::string& path, const std::vector<std::uint16_t>& tokens) {
+  write_shard(path, tokens, kLlmcShardMagic, kLlmcShardVersion);
+}
+
+void write_llmc_shard(const std::string& path, const std::vector<std::uint32_t>& tokens) {
+  write_shard(path, tokens, kLlmcShard32Magic, kLlmcShard32Version);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -3,9 +3,11 @@
 // write_datafile: fineweb.py, tinystories.py, tinyshakespeare.py) as a next-token dataset.
 //
 // File format (little-endian):
-//   offset    0  int32[256]  header: [0] magic 20240520, [1] version 1 (uint16 tokens),
-//                            [2] token count; the rest is not read
-//   offset 1024  uint16[count] the tokens, nothing after them
+//   offset    0  int32[256]  header: [0] magic, [1] version, [2] token count; the rest is not
+//                            read. GPT-2's shards: magic 20240520, version 1, uint16 tokens;
+//                            large vocabularies (llm.c's llama3 branch, Llama 3 and Qwen2.5):
+//                            magic 20240801, version 7, uint32 tokens
+//   offset 1024  uint16 or uint32[count] the tokens, nothing after them
 // Training shards are named like /data/fineweb10B/fineweb_train_000001.bin, validation shards
 // ..._val_000000.bin; a dataset is the sorted set of files one glob matches.
 //
@@ -23,20 +25,23 @@
 
 namespace kiln::data {
 
-constexpr std::int32_t kLlmcShardMagic = 20240520;
+constexpr std::int32_t kLlmcShardMagic = 20240520;  // uint16 tokens
 constexpr std::int32_t kLlmcShardVersion = 1;
+constexpr std::int32_t kLlmcShard32Magic = 20240801;  // uint32 tokens
+constexpr std::int32_t kLlmcShard32Version = 7;
 constexpr std::size_t kLlmcShardHeaderBytes = 256 * sizeof(std::int32_t);
 
 // One validated shard, read by offset.
 class LlmcShard {
  public:
-  // Throws InputError naming the file: a header shorter than 1024 bytes, the wrong magic or
-  // version, a size other than 1024 + 2 × count, or a token id >= vocab_size (naming the
-  // token's index and byte offset).
+  // Throws InputError naming the file: a header shorter than 1024 bytes, an unknown magic or a
+  // version other than its magic's, a size other than 1024 + (2 or 4) × count, or a token id >=
+  // vocab_size (naming the token's index and byte offset).
   LlmcShard(const std::string& path, std::int64_t vocab_size);
 
   const std::string& path() const { return file_.path(); }
   std::int64_t token_count() const { return count_; }
+  int token_bytes() const { return token_bytes_; }  // 2 (uint16) or 4 (uint32)
   // Tokens [first, first + n) into `out`, each checked against the vocabulary again. InputError
   // naming the file when it has been truncated or rewritten since it was opened.
   void read_tokens(std::int64_t first, std::int64_t n, std::int64_t* out) const;
@@ -51,10 +56,13 @@ class LlmcShard {
   PositionalFile file_;
   std::int64_t count_ = 0;
   std::int64_t vocab_size_ = 0;
+  int token_bytes_ = 2;
 };
 
-// Writes `tokens` as an llm.c shard (for tests and benchmarks). Throws InputError on failure.
+// Writes `tokens` as an llm.c shard (for tests and benchmarks): uint16 tokens in GPT-2's format,
+// uint32 ones in the large-vocabulary format. Throws InputError on failure.
 void write_llmc_shard(const std::string& path, const std::vector<std::uint16_t>& tokens);
+void write_llmc_shard(const std::string& path, const std::vector<std::uint32_t>& tokens);
 
 // Next-token windows over every shard a glob matches. Shard s (in sorted path order) holding n
 // tokens gives floor((n - 1) / T) windows that do not overlap (stride T, as llm.c's loader):

@@ -83,11 +83,64 @@ TEST(LlmcShard, WriterAndReaderAgreeOnTheFormat) {
   ASSERT_EQ(shard.token_count(), 300);
   for (std::int64_t i = 0; i < 300; ++i) ASSERT_EQ(shard.token(i), token_of(2, i));
   // Ids up to 65535 read back whole (both bytes).
-  write_llmc_shard(path, {0, 255, 256, 65535});
+  write_llmc_shard(path, std::vector<std::uint16_t>{0, 255, 256, 65535});
   LlmcShard wide(path, 65536);
   EXPECT_EQ(wide.token(1), 255);
   EXPECT_EQ(wide.token(2), 256);
   EXPECT_EQ(wide.token(3), 65535);
+}
+
+TEST(LlmcShard, Uint32ShardsOfLargeVocabulariesReadBack) {
+  // llm.c's llama3-branch format: magic 20240801, version 7, uint32 tokens (Qwen2.5's vocabulary
+  // of 152064, Llama 3's of 128256).
+  ScratchDir dir;
+  const std::string path = dir.file("qwen_train_000001.bin");
+  std::vector<std::uint32_t> tokens;
+  for (std::uint32_t i = 0; i < 500; ++i) tokens.push_back((i * 7919u) % 152064u);
+  tokens[3] = 152063;
+  tokens[4] = 65536;  // past uint16
+  write_llmc_shard(path, tokens);
+  EXPECT_EQ(std::filesystem::file_size(path), 1024u + 4u * 500u);
+  const std::vector<std::uint8_t> bytes = read_file(path);
+  std::int32_t header[3];
+  std::memcpy(header, bytes.data(), sizeof(header));
+  EXPECT_EQ(header[0], 20240801);
+  EXPECT_EQ(header[1], 7);
+  EXPECT_EQ(header[2], 500);
+  LlmcShard shard(path, 152064);
+  EXPECT_EQ(shard.token_bytes(), 4);
+  ASSERT_EQ(shard.token_count(), 500);
+  for (std::int64_t i = 0; i < 500; ++i) ASSERT_EQ(shard.token(i), tokens[i]) << i;
+  // Windows over a glob of them, as over uint16 shards.
+  write_llmc_shard(dir.file("qwen_train_000002.bin"), std::vector<std::uint32_t>(65, 151643));
+  LlmcShardDataset dataset(dir.file("qwen_train_*.bin"), 64, 152064);
+  EXPECT_EQ(dataset.size(), 499 / 64 + 1);
+  std::vector<std::int64_t> input(64), target(64);
+  ASSERT_TRUE(dataset.get(0, SampleContext{}, input.data(), target.data()));
+  EXPECT_EQ(input[3], 152063);
+  EXPECT_EQ(target[3], 65536);
+  ASSERT_TRUE(dataset.get(dataset.size() - 1, SampleContext{}, input.data(), target.data()));
+  EXPECT_EQ(input[0], 151643);
+}
+
+TEST(LlmcShardErrors, BadUint32ShardsNameTheFile) {
+  ScratchDir dir;
+  const std::string path = dir.file("bad_train_000001.bin");
+  auto open = [&] { LlmcShard shard(path, 128256); };
+  std::vector<std::uint32_t> tokens(64, 128000);
+  tokens[9] = 128256;  // one past Llama 3's vocabulary
+  write_llmc_shard(path, tokens);
+  expect_input_error(open, {path, "token 9 has id 128256", "vocabulary size 128256",
+                            "at byte " + std::to_string(1024 + 4 * 9)});
+  // The uint16 format's version under the uint32 magic, and a size of 2-byte tokens.
+  std::vector<std::uint8_t> bytes = read_file(path);
+  bytes[4] = 1;
+  write_bytes(path, bytes);
+  expect_input_error(open, {path, "unsupported version 1 for magic 20240801", "uint32 tokens"});
+  bytes[4] = 7;
+  bytes.resize(1024 + 2 * 64);
+  write_bytes(path, bytes);
+  expect_input_error(open, {path, "truncated: the header claims 64 tokens", "1280 bytes"});
 }
 
 TEST(LlmcShardDataset, WindowsAreNextTokenPairsOverTheSortedShards) {
