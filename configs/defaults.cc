@@ -12,6 +12,64 @@ bool is_gpt_model(const std::string& model_name) {
   return model_name.rfind("gpt2", 0) == 0;
 }
 
+bool is_llama_model(const std::string& model_name) {
+  return model_name == "llama" || model_name == "qwen2" || model_name.rfind("qwen2_5_", 0) == 0 ||
+         model_name.rfind("llama3_", 0) == 0;
+}
+
+bool is_causal_lm(const std::string& model_name) {
+  return is_gpt_model(model_name) || is_llama_model(model_name);
+}
+
+namespace {
+
+// The presets' shapes, from their config.json on the Hugging Face Hub.
+struct LlamaPreset {
+  const char* name;
+  int vocab, hidden, layers, heads, kv_heads, intermediate, max_positions;
+  double theta, eps;
+  bool tied, qkv_bias;
+  double llama3_factor;  // 0: no rope_scaling
+};
+constexpr LlamaPreset kLlamaPresets[] = {
+    {"qwen2", 151936, 896, 24, 14, 2, 4864, 32768, 1e6, 1e-6, true, true, 0},
+    {"qwen2_5_0_5b", 151936, 896, 24, 14, 2, 4864, 32768, 1e6, 1e-6, true, true, 0},
+    {"qwen2_5_1_5b", 151936, 1536, 28, 12, 2, 8960, 32768, 1e6, 1e-6, true, true, 0},
+    {"qwen2_5_3b", 151936, 2048, 36, 16, 2, 11008, 32768, 1e6, 1e-6, true, true, 0},
+    {"qwen2_5_7b", 152064, 3584, 28, 28, 4, 18944, 32768, 1e6, 1e-6, false, true, 0},
+    {"llama", 128256, 2048, 16, 32, 8, 8192, 131072, 5e5, 1e-5, true, false, 32},
+    {"llama3_2_1b", 128256, 2048, 16, 32, 8, 8192, 131072, 5e5, 1e-5, true, false, 32},
+    {"llama3_2_3b", 128256, 3072, 28, 24, 8, 8192, 131072, 5e5, 1e-5, true, false, 32},
+    {"llama3_1_8b", 128256, 4096, 32, 32, 8, 14336, 131072, 5e5, 1e-5, false, false, 8},
+};
+
+void fill_llama_shape(const std::string& name, LlamaShape& shape) {
+  fill_declared_defaults(shape);
+  for (const LlamaPreset& p : kLlamaPresets) {
+    if (name != p.name) continue;
+    if (!shape.has_vocab_size()) shape.set_vocab_size(p.vocab);
+    if (!shape.has_hidden_size()) shape.set_hidden_size(p.hidden);
+    if (!shape.has_num_layers()) shape.set_num_layers(p.layers);
+    if (!shape.has_num_heads()) shape.set_num_heads(p.heads);
+    if (!shape.has_num_kv_heads()) shape.set_num_kv_heads(p.kv_heads);
+    if (!shape.has_intermediate_size()) shape.set_intermediate_size(p.intermediate);
+    if (!shape.has_max_positions()) shape.set_max_positions(p.max_positions);
+    if (!shape.has_rope_theta()) shape.set_rope_theta(p.theta);
+    if (!shape.has_rms_norm_eps()) shape.set_rms_norm_eps(p.eps);
+    if (!shape.has_tie_embeddings()) shape.set_tie_embeddings(p.tied);
+    if (!shape.has_qkv_bias()) shape.set_qkv_bias(p.qkv_bias);
+    if (p.llama3_factor > 0 && !shape.rope_scaling().has_factor())
+      shape.mutable_rope_scaling()->set_factor(p.llama3_factor);
+  }
+  // Unset and not a whole hidden_size / num_heads: left for validate() to name hidden_size.
+  if (!shape.has_head_dim() && shape.num_heads() > 0 &&
+      shape.hidden_size() % shape.num_heads() == 0)
+    shape.set_head_dim(shape.hidden_size() / shape.num_heads());
+  if (!shape.has_num_kv_heads()) shape.set_num_kv_heads(shape.num_heads());
+}
+
+}  // namespace
+
 void fill_defaults(Experiment& experiment, const std::string& config_path) {
   if (!experiment.has_name()) {
     const std::string stem = std::filesystem::path(config_path).stem().string();
@@ -50,6 +108,7 @@ void fill_defaults(Experiment& experiment, const std::string& config_path) {
     }
     if (!gpt.has_intermediate_size()) gpt.set_intermediate_size(4 * gpt.hidden_size());
   }
+  if (is_llama_model(model.name())) fill_llama_shape(model.name(), *model.mutable_llama());
   if (model.name() == "bert_base") {
     BertShape& bert = *model.mutable_bert();
     fill_declared_defaults(bert);

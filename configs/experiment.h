@@ -55,6 +55,10 @@ void apply_override(Experiment& experiment, const std::string& assignment);
 
 // The GPT-2 family: gpt2, gpt2_medium, gpt2_large, gpt2_xl (causal language models).
 bool is_gpt_model(const std::string& model_name);
+// The llama family: llama, qwen2 and the presets qwen2_5_*, llama3_*.
+bool is_llama_model(const std::string& model_name);
+// GPT-2 or the llama family: next-token models on token data.
+bool is_causal_lm(const std::string& model_name);
 
 // Writes the default into every field left unset: the defaults kiln.proto declares (one walk,
 // configs/schema.h) and the rules that depend on other fields (configs/defaults.cc).

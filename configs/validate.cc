@@ -204,9 +204,10 @@ class Validator {
   void check_model() const {
     const ModelConfig& model = experiment_.model();
     const DataConfig::Kind kind = experiment_.data().kind();
-    check(kind != DataConfig::LLMC_SHARDS || is_gpt_model(model.name()), "data.kind", "LLMC_SHARDS",
+    check(kind != DataConfig::LLMC_SHARDS || is_causal_lm(model.name()), "data.kind", "LLMC_SHARDS",
           "llm.c token shards are next-token data for the GPT-2 models (gpt2, gpt2_medium, "
-          "gpt2_large, gpt2_xl); model.name is " +
+          "gpt2_large, gpt2_xl) and the llama family (llama, qwen2, qwen2_5_*, llama3_*); "
+          "model.name is " +
               quote(model.name()));
     if (model.name() == "bert_base") {
       const BertShape& bert = model.bert();
@@ -227,6 +228,23 @@ class Validator {
                 kind == DataConfig::SYNTHETIC,
             "data.kind", DataConfig::Kind_Name(kind),
             model.name() + " needs TOKENS, LLMC_SHARDS or SYNTHETIC data");
+    } else if (is_llama_model(model.name())) {
+      const LlamaShape& l = model.llama();
+      check(l.num_heads() % l.num_kv_heads() == 0, "model.llama.num_heads",
+            std::to_string(l.num_heads()),
+            "must be a multiple of model.llama.num_kv_heads = " + std::to_string(l.num_kv_heads()));
+      check(l.head_dim() % 2 == 0, "model.llama.head_dim", std::to_string(l.head_dim()),
+            "must be even (rotary positions rotate pairs of columns)");
+      check(l.has_head_dim() || l.hidden_size() % l.num_heads() == 0, "model.llama.hidden_size",
+            std::to_string(l.hidden_size()),
+            "must be a multiple of model.llama.num_heads = " + std::to_string(l.num_heads()) +
+                " unless model.llama.head_dim is given");
+      check(l.seq_len() <= l.max_positions(), "model.llama.seq_len", std::to_string(l.seq_len()),
+            "must be at most model.llama.max_positions = " + std::to_string(l.max_positions()));
+      check(kind == DataConfig::TOKENS || kind == DataConfig::LLMC_SHARDS ||
+                kind == DataConfig::SYNTHETIC,
+            "data.kind", DataConfig::Kind_Name(kind),
+            model.name() + " needs TOKENS, LLMC_SHARDS or SYNTHETIC data");
     } else {
       if (model.name() == "vit_b16") {
         check(model.image_size() % 16 == 0, "model.image_size", std::to_string(model.image_size()),
@@ -234,7 +252,8 @@ class Validator {
       }
       check(kind != DataConfig::TOKENS, "data.kind", "TOKENS",
             "model " + model.name() +
-                " takes images; TOKENS data needs a language model (bert_base, gpt2*)");
+                " takes images; TOKENS data needs a language model (bert_base, gpt2*, the llama "
+                "family)");
     }
     if (!model.init_from().empty()) {
       const std::string problem =

@@ -84,15 +84,16 @@ int run_bench(const Arguments& args) {
             ? "fp32"
             : (e.precision().half() == config::PrecisionConfig::BF16 ? "bf16" : "fp16");
     std::string input;
-    if (e.model().has_image_size() && !config::is_gpt_model(e.model().name()) &&
-        e.model().name() != "bert_base") {
+    const std::string& name = e.model().name();
+    if (e.model().has_image_size() && !config::is_causal_lm(name) && name != "bert_base") {
       input = std::to_string(e.model().image_channels()) + "x" +
               std::to_string(e.model().image_size()) + "x" +
               std::to_string(e.model().image_size()) + " images";
     } else {
-      input = std::to_string(config::is_gpt_model(e.model().name()) ? e.model().gpt().seq_len()
-                                                                    : e.model().bert().seq_len()) +
-              " tokens";
+      const int seq_len = config::is_gpt_model(name)     ? e.model().gpt().seq_len()
+                          : config::is_llama_model(name) ? e.model().llama().seq_len()
+                                                         : e.model().bert().seq_len();
+      input = std::to_string(seq_len) + " tokens";
     }
     train::TrainerOptions to;
     to.quiet = true;

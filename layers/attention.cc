@@ -156,28 +156,6 @@ bool use_fused_attention(Device dev, DType mm, std::int64_t bh, std::int64_t d, 
          cuda::flash_attention_supported(mm, bh, d, t);
 }
 
-// probs (and dropped, when defined) (BH, Tq, Tk) in the matmul dtype from scores (BH, Tq, Tk)
-// fp32 (f64), on the scores' device; see softmax_forward_rows for the masks.
-// stream_source, when set, holds the dropout stream instead of `stream` (on the scores' device).
-void attention_softmax(const Tensor& scores, const Tensor& mask, std::int64_t heads, bool causal,
-                       double p, std::uint64_t key, std::uint64_t stream,
-                       const std::uint64_t* stream_source, Tensor& probs, Tensor& dropped) {
-  if (scores.device().is_cuda()) {
-    DeviceGuard guard(scores.device());
-    cuda::attention_softmax_forward(scores, mask, heads, causal, p, key, stream, stream_source,
-                                    probs, dropped);
-    return;
-  }
-  if (stream_source != nullptr) stream = *stream_source;
-  const std::int64_t tq = scores.size(1), tk = scores.size(2);
-  KILN_DISPATCH_FLOATING(probs.dtype(), T, {
-    using S = typename cpu::Compute<T>::type;
-    softmax_forward_rows<S, T>(scores.data<S>(), mask.defined() ? mask.data<float>() : nullptr,
-                               scores.size(0) * tq, tq, tk, heads, causal, p, key, stream,
-                               probs.data<T>(), dropped.defined() ? dropped.data<T>() : nullptr);
-  });
-}
-
 // y (rows, out) = x w^T + bias: on CUDA one cuBLASLt GEMM with the bias in its epilogue (the bias
 // cast to y's dtype once per weights version), elsewhere a GEMM and a bias pass.
 void project(const Context& ctx, const Tensor& x, const Tensor& w, const Parameter& bias,
@@ -209,6 +187,47 @@ void project_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Parame
 }
 
 }  // namespace
+
+namespace transformer_ops {
+
+void attention_softmax(const Tensor& scores, const Tensor& mask, std::int64_t heads, bool causal,
+                       double p, std::uint64_t key, std::uint64_t stream,
+                       const std::uint64_t* stream_source, Tensor& probs, Tensor& dropped) {
+  if (scores.device().is_cuda()) {
+    DeviceGuard guard(scores.device());
+    cuda::attention_softmax_forward(scores, mask, heads, causal, p, key, stream, stream_source,
+                                    probs, dropped);
+    return;
+  }
+  if (stream_source != nullptr) stream = *stream_source;
+  const std::int64_t tq = scores.size(1), tk = scores.size(2);
+  KILN_DISPATCH_FLOATING(probs.dtype(), T, {
+    using S = typename cpu::Compute<T>::type;
+    softmax_forward_rows<S, T>(scores.data<S>(), mask.defined() ? mask.data<float>() : nullptr,
+                               scores.size(0) * tq, tq, tk, heads, causal, p, key, stream,
+                               probs.data<T>(), dropped.defined() ? dropped.data<T>() : nullptr);
+  });
+}
+
+void attention_softmax_backward(const Tensor& d_dropped, const Tensor& probs, double p,
+                                std::uint64_t key, const std::uint64_t* stream_source,
+                                Tensor& dscores) {
+  if (d_dropped.device().is_cuda()) {
+    DeviceGuard guard(d_dropped.device());
+    cuda::attention_softmax_backward(d_dropped, probs, p, key, 0, stream_source, dscores);
+    return;
+  }
+  const bool dropout = p > 0.0;
+  const std::uint64_t stream = dropout ? *stream_source : 0;
+  const std::int64_t t = probs.size(-1);
+  KILN_DISPATCH_FLOATING(probs.dtype(), T, {
+    using S = typename cpu::Compute<T>::type;
+    softmax_backward_rows<S, T>(d_dropped.data<S>(), probs.data<T>(), probs.numel() / t, t, p,
+                                dropout, key, stream, dscores.data<T>());
+  });
+}
+
+}  // namespace transformer_ops
 
 MultiHeadSelfAttention::MultiHeadSelfAttention(std::int64_t hidden, std::int64_t heads,
                                                double attention_dropout, QkvLayout layout,
@@ -342,7 +361,7 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
     lse_ = Tensor::empty({b * h, t}, DType::F32, dev);
     mask_ = mask;
     cudnn_fused_ = !mask.defined() && p == 0.0 &&
-                   cuda::cudnn_attention_forward(qkv_, b, h, causal_, context_, lse_);
+                   cuda::cudnn_attention_forward(qkv_, b, h, h, causal_, context_, lse_);
     if (!cudnn_fused_)
       cuda::flash_attention_forward(qkv_, b, h, mask, causal_, p, dropout_key_, dropout_stream_,
                                     dropout_stream_source_, context_, lse_);
@@ -372,8 +391,8 @@ Tensor MultiHeadSelfAttention::unfused_forward(const Tensor& mask, double p) {
   ops::gemm_batched(false, true, 1.0 / std::sqrt(static_cast<double>(d)), q_, k_, 0.0, scores);
   probs_ = Tensor::empty({b * h, t, t}, mm, dev);
   dropped_probs_ = dropout_active_ ? Tensor::empty({b * h, t, t}, mm, dev) : Tensor();
-  attention_softmax(scores, mask, h, causal_, p, dropout_key_, dropout_stream_,
-                    dropout_stream_source_, probs_, dropped_probs_);
+  transformer_ops::attention_softmax(scores, mask, h, causal_, p, dropout_key_, dropout_stream_,
+                                     dropout_stream_source_, probs_, dropped_probs_);
   if (!dropout_active_) dropped_probs_ = probs_;
 
   // ctx = P' v  (BH, T, d)
@@ -404,7 +423,7 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
     DeviceGuard guard(dev);
     dqkv = Tensor::empty({n, 3 * e}, mm, dev);
     if (cudnn_fused_) {
-      cuda::cudnn_attention_backward(qkv_, context_, dcontext, lse_, b, h, causal_, dqkv);
+      cuda::cudnn_attention_backward(qkv_, context_, dcontext, lse_, b, h, h, causal_, dqkv);
     } else {
       cuda::flash_attention_backward(qkv_, context_, dcontext, lse_, mask_, b, h, causal_, p,
                                      dropout_key_, dropout_stream_, dropout_stream_source_, dqkv);
@@ -451,18 +470,9 @@ void MultiHeadSelfAttention::unfused_backward(const Tensor& dcontext_heads, doub
 
   // Through dropout and softmax.
   Tensor dscores = Tensor::empty({b * h, t, t}, mm, dev);
-  if (dev.is_cuda()) {
-    DeviceGuard guard(dev);
-    cuda::attention_softmax_backward(d_dropped, probs_, p, dropout_key_, dropout_stream_,
-                                     dropout_stream_source_, dscores);
-  } else {
-    const std::uint64_t stream = dropout_active_ ? *dropout_stream_source_ : 0;
-    KILN_DISPATCH_FLOATING(mm, T, {
-      using S = typename cpu::Compute<T>::type;
-      softmax_backward_rows<S, T>(d_dropped.data<S>(), probs_.data<T>(), b * h * t, t, p,
-                                  dropout_active_, dropout_key_, stream, dscores.data<T>());
-    });
-  }
+  transformer_ops::attention_softmax_backward(d_dropped, probs_, p, dropout_key_,
+                                              dropout_active_ ? dropout_stream_source_ : nullptr,
+                                              dscores);
 
   // Through S = q k^T / sqrt(d).
   double scale = 1.0 / std::sqrt(static_cast<double>(d));
@@ -518,7 +528,8 @@ Tensor MultiHeadSelfAttention::cached_attention(const Context& ctx, const Tensor
   ops::gemm_batched(false, true, 1.0 / std::sqrt(static_cast<double>(d)), q,
                     keys.slice(1, 0, total), 0.0, scores);
   Tensor probs = Tensor::empty({b * h, t, total}, mm, dev), no_dropout;
-  attention_softmax(scores, Tensor(), h, /*causal=*/true, 0.0, 0, 0, nullptr, probs, no_dropout);
+  transformer_ops::attention_softmax(scores, Tensor(), h, /*causal=*/true, 0.0, 0, 0, nullptr,
+                                     probs, no_dropout);
   Tensor context_heads = Tensor::empty({b * h, t, d}, mm, dev);  // (BH, T, d)
   ops::gemm_batched(false, false, 1.0, probs, values.slice(1, 0, total), 0.0, context_heads);
   return from_heads(context_heads, 1, b, t, h, d);  // (N, E)

@@ -9,16 +9,20 @@
 
 namespace kiln {
 
-LayerNorm::LayerNorm(std::int64_t normalized_size, double eps) : size_(normalized_size), eps_(eps) {
+LayerNorm::LayerNorm(std::int64_t normalized_size, double eps)
+    : LayerNorm(normalized_size, eps, /*centered=*/true) {}
+
+LayerNorm::LayerNorm(std::int64_t normalized_size, double eps, bool centered)
+    : size_(normalized_size), eps_(eps), centered_(centered) {
   KILN_CHECK(normalized_size > 0, "LayerNorm: normalized size must be positive");
   weight_ = &add_parameter("weight", {size_}, /*no_weight_decay=*/true, /*fp32_in_half=*/true);
-  bias_ = &add_parameter("bias", {size_}, true, true);
+  if (centered_) bias_ = &add_parameter("bias", {size_}, true, true);
   LayerNorm::reset_parameters(0);
 }
 
 void LayerNorm::reset_parameters(std::uint64_t) {
   weight_->value.fill(1.0);
-  bias_->value.fill(0.0);
+  if (bias_) bias_->value.fill(0.0);
 }
 
 namespace {
@@ -28,6 +32,7 @@ DType stats_dtype(DType x) {
   return x == DType::F64 ? DType::F64 : DType::F32;
 }
 
+// b == nullptr: RMSNorm (the mean held at 0, no bias).
 template <typename T, typename C>
 void forward_rows(const T* x, const C* w, const C* b, double eps, std::int64_t rows,
                   std::int64_t cols, T* y, C* mean_out, C* rstd_out) {
@@ -35,7 +40,8 @@ void forward_rows(const T* x, const C* w, const C* b, double eps, std::int64_t r
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * cols;
     C sum = 0;
-    for (std::int64_t c = 0; c < cols; ++c) sum += load(xr[c]);
+    if (b != nullptr)
+      for (std::int64_t c = 0; c < cols; ++c) sum += load(xr[c]);
     C mean = sum / static_cast<C>(cols);
     C var = 0;
     for (std::int64_t c = 0; c < cols; ++c) {
@@ -45,16 +51,17 @@ void forward_rows(const T* x, const C* w, const C* b, double eps, std::int64_t r
     var /= static_cast<C>(cols);
     C rstd = static_cast<C>(1) / std::sqrt(var + static_cast<C>(eps));
     for (std::int64_t c = 0; c < cols; ++c)
-      y[r * cols + c] = cpu::store<T>((load(xr[c]) - mean) * rstd * w[c] + b[c]);
+      y[r * cols + c] = cpu::store<T>((load(xr[c]) - mean) * rstd * w[c] + (b ? b[c] : C(0)));
     mean_out[r] = mean;
     rstd_out[r] = rstd;
   }
 }
 
+// centered false: RMSNorm (mean is 0, no mean(g) term).
 template <typename T, typename C>
 void backward_rows(const T* dy, const T* x, const C* w, const C* mean, const C* rstd,
-                   const T* residual_grad, std::int64_t rows, std::int64_t cols, T* dx, C* dw,
-                   C* db) {
+                   const T* residual_grad, bool centered, std::int64_t rows, std::int64_t cols,
+                   T* dx, C* dw, C* db) {
   using cpu::load;
   for (std::int64_t c = 0; c < cols; ++c) dw[c] = db[c] = 0;
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -70,7 +77,8 @@ void backward_rows(const T* dy, const T* x, const C* w, const C* mean, const C* 
       dw[c] += load(dyr[c]) * xhat;
       db[c] += load(dyr[c]);
     }
-    C mean_g = sum_g / static_cast<C>(cols), mean_g_xhat = sum_g_xhat / static_cast<C>(cols);
+    C mean_g = centered ? sum_g / static_cast<C>(cols) : C(0);
+    C mean_g_xhat = sum_g_xhat / static_cast<C>(cols);
     for (std::int64_t c = 0; c < cols; ++c) {
       C xhat = (load(xr[c]) - mean[r]) * rstd[r];
       C g = load(dyr[c]) * w[c];
@@ -102,7 +110,8 @@ Tensor LayerNorm::forward_impl(Context& ctx, const Tensor& x) {
     delta = delta.to(x.device(), x.dtype()).contiguous().view({rows, size_});
     residual_sum_ = Tensor::empty({rows, size_}, x.dtype(), x.device());
   }
-  Tensor w = weight_->value.to(x.device(), sd), b = bias_->value.to(x.device(), sd);
+  Tensor w = weight_->value.to(x.device(), sd);
+  Tensor b = bias_ ? bias_->value.to(x.device(), sd) : Tensor();
   Tensor y = Tensor::empty({rows, size_}, x.dtype(), x.device());
   saved_mean_ = Tensor::empty({rows}, sd, x.device());
   saved_rstd_ = Tensor::empty({rows}, sd, x.device());
@@ -116,8 +125,8 @@ Tensor LayerNorm::forward_impl(Context& ctx, const Tensor& x) {
     }
     KILN_DISPATCH_FLOATING(x.dtype(), T, {
       using C = typename cpu::Compute<T>::type;
-      forward_rows<T, C>(xc.data<T>(), w.data<C>(), b.data<C>(), eps_, rows, size_, y.data<T>(),
-                         saved_mean_.data<C>(), saved_rstd_.data<C>());
+      forward_rows<T, C>(xc.data<T>(), w.data<C>(), b.defined() ? b.data<C>() : nullptr, eps_, rows,
+                         size_, y.data<T>(), saved_mean_.data<C>(), saved_rstd_.data<C>());
     });
   }
   saved_x_ = delta.defined() ? residual_sum_ : xc;
@@ -150,17 +159,18 @@ Tensor LayerNorm::backward_impl(Context& ctx, const Tensor& dy) {
     auto direct = [&](const Tensor& grad) {
       return grad.dtype() == sd && grad.is_contiguous() && grad.device() == dy.device();
     };
-    if (direct(weight_->grad) && direct(bias_->grad)) {
+    if (direct(weight_->grad) && (!bias_ || direct(bias_->grad))) {
+      Tensor no_bias;
       cuda::layernorm_backward(dyc, saved_x_, w, saved_mean_, saved_rstd_, residual_grad, dx,
-                               weight_->grad, bias_->grad, /*accumulate=*/true);
+                               weight_->grad, bias_ ? bias_->grad : no_bias, /*accumulate=*/true);
       return dx.view(dy.shape());
     }
-    Tensor dw = Tensor::empty({size_}, sd, dy.device()),
-           db = Tensor::empty({size_}, sd, dy.device());
+    Tensor dw = Tensor::empty({size_}, sd, dy.device());
+    Tensor db = bias_ ? Tensor::empty({size_}, sd, dy.device()) : Tensor();
     cuda::layernorm_backward(dyc, saved_x_, w, saved_mean_, saved_rstd_, residual_grad, dx, dw, db,
                              /*accumulate=*/false);
     ops::accumulate(weight_->grad, dw);
-    ops::accumulate(bias_->grad, db);
+    if (bias_) ops::accumulate(bias_->grad, db);
     return dx.view(dy.shape());
   }
   Tensor dw = Tensor::empty({size_}, sd, dy.device()), db = Tensor::empty({size_}, sd, dy.device());
@@ -168,11 +178,11 @@ Tensor LayerNorm::backward_impl(Context& ctx, const Tensor& dy) {
     using C = typename cpu::Compute<T>::type;
     backward_rows<T, C>(dyc.data<T>(), saved_x_.data<T>(), w.data<C>(), saved_mean_.data<C>(),
                         saved_rstd_.data<C>(),
-                        residual_grad.defined() ? residual_grad.data<T>() : nullptr, rows, size_,
-                        dx.data<T>(), dw.data<C>(), db.data<C>());
+                        residual_grad.defined() ? residual_grad.data<T>() : nullptr, centered_,
+                        rows, size_, dx.data<T>(), dw.data<C>(), db.data<C>());
   });
   ops::accumulate(weight_->grad, dw);
-  ops::accumulate(bias_->grad, db);
+  if (bias_) ops::accumulate(bias_->grad, db);
   return dx.view(dy.shape());
 }
 

@@ -2,6 +2,8 @@
 // LayerNorm over the last dimension: y = (x - mean) * rstd * weight + bias.
 //   x (..., C) -> y (..., C), same dtype. weight, bias (C), fp32 (f64 for f64 inputs) even when
 //   activations are half; mean and rstd (rows) are kept in fp32 (f64) for backward.
+// RMSNorm (Llama, Qwen2): y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps), no bias: the
+// same kernels with the mean held at 0 (RMSNorm below).
 // Gradient contract: weight.grad and bias.grad are accumulated (+=); dx is written (=).
 // CUDA: one warp per row forward (rows held in registers as 16-byte packs for half rows of up to
 // 2048 columns); backward is one kernel writing dx and per-chunk partial sums of
@@ -24,7 +26,8 @@ class LayerNorm : public Layer {
   std::int64_t normalized_size() const { return size_; }
   double eps() const { return eps_; }
   Parameter& weight() { return *weight_; }
-  Parameter& bias() { return *bias_; }
+  Parameter& bias() { return *bias_; }  // LayerNorm only: RMSNorm has none
+  bool centered() const { return centered_; }
 
   // Pre-norm residual streams (GPT-2, ViT): h = x + delta; y = LN(h) in one pass instead of an
   // addition and a LayerNorm (llm.c's fused_residual_forward). add_to_next_input(delta) makes the
@@ -36,6 +39,8 @@ class LayerNorm : public Layer {
   void add_to_next_dx(const Tensor& residual_grad) { pending_residual_grad_ = residual_grad; }
 
  protected:
+  // centered: LayerNorm (mean subtracted, bias "bias"); else RMSNorm (no mean, no bias).
+  LayerNorm(std::int64_t normalized_size, double eps, bool centered);
   Tensor forward_impl(Context& ctx, const Tensor& x) override;
   Tensor backward_impl(Context& ctx, const Tensor& dy) override;
   void release_saved() override {
@@ -47,12 +52,22 @@ class LayerNorm : public Layer {
  private:
   std::int64_t size_;
   double eps_;
+  bool centered_ = true;
   Parameter* weight_;
-  Parameter* bias_;
+  Parameter* bias_ = nullptr;
   Tensor saved_x_;     // (rows, C)
   Tensor saved_mean_;  // (rows) fp32 (f64)
   Tensor saved_rstd_;  // (rows)
   Tensor pending_delta_, residual_sum_, pending_residual_grad_;
+};
+
+// RMSNorm over the last dimension (transformers' LlamaRMSNorm / Qwen2RMSNorm): one parameter,
+// "weight" (init 1); the residual fusions of LayerNorm above.
+class RMSNorm : public LayerNorm {
+ public:
+  explicit RMSNorm(std::int64_t normalized_size, double eps = 1e-6)
+      : LayerNorm(normalized_size, eps, /*centered=*/false) {}
+  std::string type() const override { return "RMSNorm"; }
 };
 
 }  // namespace kiln

@@ -20,7 +20,7 @@ ModelOptions default_model_options(const std::string& name,
 
 namespace {
 
-// BertShape and GptShape share these fields' names and meanings.
+// BertShape, GptShape and LlamaShape share these fields' names and meanings.
 template <typename Shape>
 void take_transformer_shape(const Shape& s, ModelOptions& o) {
   o.vocab_size = s.vocab_size();
@@ -51,6 +51,23 @@ ModelOptions model_options_from(const config::Experiment& experiment) {
   if (config::is_gpt_model(m.name())) {
     take_transformer_shape(m.gpt(), o);
     o.max_positions = m.gpt().max_positions();
+  }
+  if (config::is_llama_model(m.name())) {
+    const config::LlamaShape& l = m.llama();
+    take_transformer_shape(l, o);
+    o.max_positions = l.max_positions();
+    o.llama.num_kv_heads = l.num_kv_heads();
+    o.llama.head_dim = l.head_dim();
+    o.llama.rope_theta = l.rope_theta();
+    o.llama.rms_norm_eps = l.rms_norm_eps();
+    o.llama.tie_embeddings = l.tie_embeddings();
+    o.llama.qkv_bias = l.qkv_bias();
+    if (l.rope_scaling().has_factor()) {
+      o.llama.rope_llama3_factor = l.rope_scaling().factor();
+      o.llama.rope_low_freq_factor = l.rope_scaling().low_freq_factor();
+      o.llama.rope_high_freq_factor = l.rope_scaling().high_freq_factor();
+      o.llama.rope_original_max_positions = l.rope_scaling().original_max_positions();
+    }
   }
   return o;
 }

@@ -65,19 +65,22 @@ KILN_CUDA_OP("attention",
                                            std::int64_t batch, std::int64_t heads, bool causal,
                                            double p, std::uint64_t key, std::uint64_t stream,
                                            const std::uint64_t* stream_source, Tensor& dqkv));
-// cuDNN's fused attention (layers/cuda/cudnn_attention.cc) for the same packed layout, without
-// mask or dropout, causal or not: true when it ran (lse then holds cuDNN's natural-log
+// cuDNN's fused attention (layers/cuda/cudnn_attention.cc) for the packed layout, generalised to
+// grouped-query attention: rows [q (H d) | k (H_kv d) | v (H_kv d)], d = 8..128 a multiple of 8
+// (multi-head attention: kv_heads == heads), without mask or dropout, causal or not: true when it
+// ran (lse then holds cuDNN's natural-log
 // statistics, which only cudnn_attention_backward reads), false when cuDNN declines the shape or
 // KILN_ATTENTION_CUDNN=0.
-KILN_CUDA_OP("attention",
-             bool cudnn_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t heads,
-                                          bool causal, Tensor& out, Tensor& lse));
-// dqkv (B*T, 3E) written (=); only after a cudnn_attention_forward of this shape and causal
-// returned true.
+KILN_CUDA_OP("attention", bool cudnn_attention_forward(const Tensor& qkv, std::int64_t batch,
+                                                       std::int64_t heads, std::int64_t kv_heads,
+                                                       bool causal, Tensor& out, Tensor& lse));
+// out (B*T, H d); lse (B*H, T). dqkv (B*T, (H + 2 H_kv) d) written (=); only after a
+// cudnn_attention_forward of this shape and causal returned true.
 KILN_CUDA_OP("attention",
              void cudnn_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
                                            const Tensor& lse, std::int64_t batch,
-                                           std::int64_t heads, bool causal, Tensor& dqkv));
+                                           std::int64_t heads, std::int64_t kv_heads, bool causal,
+                                           Tensor& dqkv));
 }  // namespace cuda
 
 }  // namespace kiln

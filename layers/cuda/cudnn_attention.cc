@@ -34,8 +34,6 @@ namespace {
 namespace fe = cudnn_frontend;
 using TensorRef = std::shared_ptr<fe::graph::Tensor_attributes>;
 
-constexpr std::int64_t kHeadDim = 64;
-
 struct AttentionGraphs {
   bool supported = false;
   std::string reason;  // why not, when not
@@ -45,17 +43,21 @@ struct AttentionGraphs {
   std::int64_t forward_workspace = 0, backward_workspace = 0;
 };
 
-// device, dtype, B, H, T, causal
-using Key = std::tuple<int, int, std::int64_t, std::int64_t, std::int64_t, bool>;
+// device, dtype, B, H, H_kv, T, d, causal
+using Key = std::tuple<int, int, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                       std::int64_t, bool>;
 
+// Grouped-query attention when hkv < h: query head i reads key/value head i / (h / hkv).
 struct Shape {
-  std::int64_t b, h, t, e;
+  std::int64_t b, h, hkv, t, d;
   bool causal;
-  std::vector<std::int64_t> dims() const { return {b, h, t, kHeadDim}; }
-  // Packed (B*T, 3E) rows [q | k | v]: head h of token s at s*3E + h*64.
-  std::vector<std::int64_t> packed() const { return {t * 3 * e, kHeadDim, 3 * e, 1}; }
-  // Token-major (B*T, E) rows.
-  std::vector<std::int64_t> rows() const { return {t * e, kHeadDim, e, 1}; }
+  std::int64_t width() const { return (h + 2 * hkv) * d; }
+  std::vector<std::int64_t> dims() const { return {b, h, t, d}; }
+  std::vector<std::int64_t> kv_dims() const { return {b, hkv, t, d}; }
+  // Packed (B*T, (H + 2 H_kv) d) rows [q | k | v]: head i of token s at s*width + i*d.
+  std::vector<std::int64_t> packed() const { return {t * width(), d, width(), 1}; }
+  // Token-major (B*T, H d) rows.
+  std::vector<std::int64_t> rows() const { return {t * h * d, d, h * d, 1}; }
   std::vector<std::int64_t> stats_dims() const { return {b, h, t, 1}; }
   std::vector<std::int64_t> stats_strides() const { return {h * t, t, 1, 1}; }
 };
@@ -93,11 +95,11 @@ bool finish(fe::graph::Graph& g, cudnnHandle_t handle, std::int64_t& workspace,
 }
 
 void build(AttentionGraphs& a, const Shape& s, fe::DataType_t io, cudnnHandle_t handle) {
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(kHeadDim)));
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.d)));
   auto& f = *(a.forward = new_graph(io));
   a.q = input(f, "q", s.dims(), s.packed());
-  a.k = input(f, "k", s.dims(), s.packed());
-  a.v = input(f, "v", s.dims(), s.packed());
+  a.k = input(f, "k", s.kv_dims(), s.packed());
+  a.v = input(f, "v", s.kv_dims(), s.packed());
   fe::graph::SDPA_attributes forward_options;
   forward_options.set_name("attention").set_generate_stats(true).set_attn_scale(scale);
   // Causal: the band of keys j <= i + 0 below a top-left aligned diagonal (set_causal_mask's
@@ -115,8 +117,8 @@ void build(AttentionGraphs& a, const Shape& s, fe::DataType_t io, cudnnHandle_t 
 
   auto& g = *(a.backward = new_graph(io));
   a.bq = input(g, "q", s.dims(), s.packed());
-  a.bk = input(g, "k", s.dims(), s.packed());
-  a.bv = input(g, "v", s.dims(), s.packed());
+  a.bk = input(g, "k", s.kv_dims(), s.packed());
+  a.bv = input(g, "v", s.kv_dims(), s.packed());
   a.bo = input(g, "o", s.dims(), s.rows());
   a.bdo = input(g, "do", s.dims(), s.rows());
   a.bstats = input(g, "stats", s.stats_dims(), s.stats_strides());
@@ -129,8 +131,9 @@ void build(AttentionGraphs& a, const Shape& s, fe::DataType_t io, cudnnHandle_t 
     backward_options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
         .set_diagonal_band_right_bound(0);
   auto [dq, dk, dv] = g.sdpa_backward(a.bq, a.bk, a.bv, a.bo, a.bdo, a.bstats, backward_options);
-  for (const TensorRef& d : {dq, dk, dv})
-    d->set_output(true).set_dim(s.dims()).set_stride(s.packed());
+  dq->set_output(true).set_dim(s.dims()).set_stride(s.packed());
+  for (const TensorRef& d : {dk, dv})
+    d->set_output(true).set_dim(s.kv_dims()).set_stride(s.packed());
   a.dq = dq;
   a.dk = dk;
   a.dv = dv;
@@ -155,9 +158,11 @@ std::map<Key, AttentionGraphs> cache;
 
 // The graphs of this shape on the current device, built on first use.
 AttentionGraphs& graphs_for(const Tensor& qkv, std::int64_t batch, std::int64_t heads,
-                            bool causal) {
-  const Shape s{batch, heads, qkv.size(0) / batch, qkv.size(1) / 3, causal};
-  const Key key{qkv.device().index, static_cast<int>(qkv.dtype()), s.b, s.h, s.t, s.causal};
+                            std::int64_t kv_heads, bool causal) {
+  const Shape s{batch, heads, kv_heads, qkv.size(0) / batch, qkv.size(1) / (heads + 2 * kv_heads),
+                causal};
+  const Key key{
+      qkv.device().index, static_cast<int>(qkv.dtype()), s.b, s.h, s.hkv, s.t, s.d, s.causal};
   std::lock_guard<std::mutex> lock(cache_mutex);
   auto found = cache.find(key);
   if (found != cache.end()) return found->second;
@@ -172,10 +177,11 @@ AttentionGraphs& graphs_for(const Tensor& qkv, std::int64_t batch, std::int64_t 
   }
   if (!a.supported) {
     std::fprintf(stderr,
-                 "kiln: cuDNN fused attention declines B=%lld H=%lld T=%lld%s (%s); using Kiln's "
-                 "flash kernels\n",
+                 "kiln: cuDNN fused attention declines B=%lld H=%lld H_kv=%lld T=%lld d=%lld%s "
+                 "(%s); using Kiln's own attention\n",
                  static_cast<long long>(s.b), static_cast<long long>(s.h),
-                 static_cast<long long>(s.t), s.causal ? " causal" : "", a.reason.c_str());
+                 static_cast<long long>(s.hkv), static_cast<long long>(s.t),
+                 static_cast<long long>(s.d), s.causal ? " causal" : "", a.reason.c_str());
   }
   return a;
 }
@@ -198,15 +204,17 @@ void* column(const Tensor& t, std::int64_t index) {
 
 }  // namespace
 
-bool cudnn_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t heads, bool causal,
-                             Tensor& out, Tensor& lse) {
-  if (!enabled() || qkv.numel() == 0 || qkv.size(1) != 3 * heads * kHeadDim) return false;
-  AttentionGraphs& a = graphs_for(qkv, batch, heads, causal);
+bool cudnn_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t heads,
+                             std::int64_t kv_heads, bool causal, Tensor& out, Tensor& lse) {
+  if (!enabled() || qkv.numel() == 0 || qkv.size(1) % (heads + 2 * kv_heads) != 0) return false;
+  const std::int64_t d = qkv.size(1) / (heads + 2 * kv_heads);
+  if (d % 8 != 0 || d > 128) return false;
+  AttentionGraphs& a = graphs_for(qkv, batch, heads, kv_heads, causal);
   if (!a.supported) return false;
-  const std::int64_t e = qkv.size(1) / 3;
+  const std::int64_t e = heads * d, ekv = kv_heads * d;
   std::unordered_map<TensorRef, void*> pack{{a.q, column(qkv, 0)},
                                             {a.k, column(qkv, e)},
-                                            {a.v, column(qkv, 2 * e)},
+                                            {a.v, column(qkv, e + ekv)},
                                             {a.o, column(out, 0)},
                                             {a.stats, column(lse, 0)}};
   execute(*a.forward, pack, a.forward_workspace, qkv.device(), "forward");
@@ -215,14 +223,15 @@ bool cudnn_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t
 
 void cudnn_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
                               const Tensor& lse, std::int64_t batch, std::int64_t heads,
-                              bool causal, Tensor& dqkv) {
-  AttentionGraphs& a = graphs_for(qkv, batch, heads, causal);
+                              std::int64_t kv_heads, bool causal, Tensor& dqkv) {
+  AttentionGraphs& a = graphs_for(qkv, batch, heads, kv_heads, causal);
   KILN_CHECK(a.supported, "cuDNN fused attention backward without its forward: " + a.reason);
-  const std::int64_t e = qkv.size(1) / 3;
+  const std::int64_t d = qkv.size(1) / (heads + 2 * kv_heads);
+  const std::int64_t e = heads * d, ekv = kv_heads * d;
   std::unordered_map<TensorRef, void*> pack{
-      {a.bq, column(qkv, 0)},  {a.bk, column(qkv, e)},   {a.bv, column(qkv, 2 * e)},
+      {a.bq, column(qkv, 0)},  {a.bk, column(qkv, e)},   {a.bv, column(qkv, e + ekv)},
       {a.bo, column(out, 0)},  {a.bdo, column(dout, 0)}, {a.bstats, column(lse, 0)},
-      {a.dq, column(dqkv, 0)}, {a.dk, column(dqkv, e)},  {a.dv, column(dqkv, 2 * e)}};
+      {a.dq, column(dqkv, 0)}, {a.dk, column(dqkv, e)},  {a.dv, column(dqkv, e + ekv)}};
   execute(*a.backward, pack, a.backward_workspace, qkv.device(), "backward");
 }
 

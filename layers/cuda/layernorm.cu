@@ -1,6 +1,8 @@
 // LayerNorm kernels: one warp per row forward (statistics in fp32, f64 for f64); backward writes
 // dx one warp per row and partial dweight/dbias sums per chunk of rows, then a second kernel adds
 // the partials in chunk order, so the parameter gradients are reproducible bit for bit.
+// RMSNorm runs the same kernels uncentered: no bias (b == nullptr), the mean held at 0 and
+// backward's mean(g) term dropped.
 
 #include <algorithm>
 #include <type_traits>
@@ -50,7 +52,7 @@ __global__ void layernorm_forward_kernel(const T* __restrict__ x, const T* __res
   } else {
     for (std::int64_t c = lane; c < cols; c += kWarp) sum += static_cast<C>(load(xr[c]));
   }
-  C mu = warp_sum(sum) / static_cast<C>(cols);
+  C mu = b != nullptr ? warp_sum(sum) / static_cast<C>(cols) : C(0);
   C var = 0;
   for (std::int64_t c = lane; c < cols; c += kWarp) {
     C d = static_cast<C>(load(xr[c])) - mu;
@@ -59,7 +61,7 @@ __global__ void layernorm_forward_kernel(const T* __restrict__ x, const T* __res
   C r = static_cast<C>(1) / sqrt(warp_sum(var) / static_cast<C>(cols) + eps);
   T* yr = y + row * cols;
   for (std::int64_t c = lane; c < cols; c += kWarp)
-    yr[c] = store<T>((static_cast<C>(load(xr[c])) - mu) * r * w[c] + b[c]);
+    yr[c] = store<T>((static_cast<C>(load(xr[c])) - mu) * r * w[c] + (b ? b[c] : C(0)));
   if (lane == 0) {
     mean[row] = mu;
     rstd[row] = r;
@@ -101,7 +103,7 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
       sum += v[j][k];
     }
   }
-  const float mu = warp_sum(sum) / static_cast<float>(cols);
+  const float mu = b != nullptr ? warp_sum(sum) / static_cast<float>(cols) : 0.0f;
   float var = 0;
 #pragma unroll
   for (int j = 0; j < P; ++j) {
@@ -120,7 +122,9 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   for (int j = 0; j < P; ++j) {
     const int idx = j * kWarp + lane;
     if (idx >= packs) continue;
-    const float4 wa = w4[idx * 2], wb = w4[idx * 2 + 1], ba = b4[idx * 2], bb = b4[idx * 2 + 1];
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float4 wa = w4[idx * 2], wb = w4[idx * 2 + 1];
+    const float4 ba = b4 ? b4[idx * 2] : zero, bb = b4 ? b4[idx * 2 + 1] : zero;
     const float wk[kPack] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
     const float bk[kPack] = {ba.x, ba.y, ba.z, ba.w, bb.x, bb.y, bb.z, bb.w};
     Pack<T> out;
@@ -140,8 +144,8 @@ template <typename T, typename C>
 __global__ void layernorm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                           const C* __restrict__ w, const C* __restrict__ mean,
                                           const C* __restrict__ rstd,
-                                          const T* __restrict__ residual_grad, std::int64_t rows,
-                                          std::int64_t cols, T* __restrict__ dx,
+                                          const T* __restrict__ residual_grad, bool centered,
+                                          std::int64_t rows, std::int64_t cols, T* __restrict__ dx,
                                           C* __restrict__ dw_partial, C* __restrict__ db_partial) {
   std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * kRowsPerChunk;
   std::int64_t last = min(first + kRowsPerChunk, rows);
@@ -157,7 +161,7 @@ __global__ void layernorm_backward_kernel(const T* __restrict__ dy, const T* __r
       sum_g += g;
       sum_g_xhat += g * xhat;
     }
-    C mean_g = warp_sum(sum_g) / static_cast<C>(cols);
+    C mean_g = centered ? warp_sum(sum_g) / static_cast<C>(cols) : C(0);
     C mean_g_xhat = warp_sum(sum_g_xhat) / static_cast<C>(cols);
     for (std::int64_t c = lane; c < cols; c += kWarp) {
       C xhat = (static_cast<C>(load(xr[c])) - mu) * r;
@@ -186,8 +190,8 @@ template <typename T>
 __global__ void layernorm_backward_pack8_kernel(
     const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ w,
     const float* __restrict__ mean, const float* __restrict__ rstd,
-    const T* __restrict__ residual_grad, std::int64_t rows, std::int64_t cols, T* __restrict__ dx,
-    float* __restrict__ dw_partial, float* __restrict__ db_partial) {
+    const T* __restrict__ residual_grad, bool centered, std::int64_t rows, std::int64_t cols,
+    T* __restrict__ dx, float* __restrict__ dw_partial, float* __restrict__ db_partial) {
   constexpr int kPack = 8;
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * kRowsPerChunk;
   const std::int64_t last = min(first + kRowsPerChunk, rows);
@@ -210,7 +214,7 @@ __global__ void layernorm_backward_pack8_kernel(
         sum_g_xhat += g * ((load(xp.v[k]) - mu) * r);
       }
     }
-    const float mean_g = warp_sum(sum_g) / static_cast<float>(cols);
+    const float mean_g = centered ? warp_sum(sum_g) / static_cast<float>(cols) : 0.0f;
     const float mean_g_xhat = warp_sum(sum_g_xhat) / static_cast<float>(cols);
     Pack<T>* dxr = reinterpret_cast<Pack<T>*>(dx + row * cols);
     const Pack<T>* rgr = residual_grad != nullptr
@@ -268,8 +272,9 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp, 2)
     layernorm_backward_packed_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                      const float* __restrict__ w, const float* __restrict__ mean,
                                      const float* __restrict__ rstd,
-                                     const T* __restrict__ residual_grad, std::int64_t rows,
-                                     T* __restrict__ dx, float* __restrict__ dw_partial,
+                                     const T* __restrict__ residual_grad, bool centered,
+                                     std::int64_t rows, T* __restrict__ dx,
+                                     float* __restrict__ dw_partial,
                                      float* __restrict__ db_partial) {
   constexpr int kPack = 8, kCols = P * kWarp * kPack;
   __shared__ float by_warp[kRowsPerBlock][kCols];
@@ -299,7 +304,7 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp, 2)
         acc_b[j][k] += d;
       }
     }
-    const float mean_g = warp_sum(sum_g) / static_cast<float>(kCols);
+    const float mean_g = centered ? warp_sum(sum_g) / static_cast<float>(kCols) : 0.0f;
     const float mean_g_xhat = warp_sum(sum_g_xhat) / static_cast<float>(kCols);
     Pack<T>* dxr = reinterpret_cast<Pack<T>*>(dx + row * kCols);
     const Pack<T>* rgr = residual_grad != nullptr
@@ -384,8 +389,10 @@ void layernorm_forward(const Tensor& x, const Tensor& delta, const Tensor& weigh
   unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
   const bool has_delta = delta.defined();
   const std::int64_t packs_per_lane = (cols / 8 + kWarp - 1) / kWarp;
+  const bool centered = bias.defined();
+  const void* bias_data = centered ? bias.data() : weight.data();  // aligned16 of what is read
   const bool packed = is_half(x.dtype()) && cols % 8 == 0 && packs_per_lane <= 8 &&
-                      aligned16({x.data(), y.data(), weight.data(), bias.data()}) &&
+                      aligned16({x.data(), y.data(), weight.data(), bias_data}) &&
                       (!has_delta || aligned16({delta.data(), sum.data()}));
   KILN_CUDA_DISPATCH_FLOATING(x.dtype(), T, {
     using C = typename Compute<T>::type;
@@ -397,9 +404,9 @@ void layernorm_forward(const Tensor& x, const Tensor& delta, const Tensor& weigh
           layernorm_forward_packed_kernel<T, decltype(p)::value>
               <<<blocks, kRowsPerBlock * kWarp, 0, stream>>>(
                   static_cast<const T*>(x.data()), d, static_cast<const float*>(weight.data()),
-                  static_cast<const float*>(bias.data()), static_cast<float>(eps), rows, cols,
-                  static_cast<T*>(y.data()), h, static_cast<float*>(mean.data()),
-                  static_cast<float*>(rstd.data()));
+                  centered ? static_cast<const float*>(bias.data()) : nullptr,
+                  static_cast<float>(eps), rows, cols, static_cast<T*>(y.data()), h,
+                  static_cast<float*>(mean.data()), static_cast<float*>(rstd.data()));
           KILN_CUDA_LAUNCH_CHECK();
         };
         with_packs_per_lane<8>(packs_per_lane, launch);
@@ -408,7 +415,7 @@ void layernorm_forward(const Tensor& x, const Tensor& delta, const Tensor& weigh
     if (!packed) {
       layernorm_forward_kernel<T, C><<<blocks, kRowsPerBlock * kWarp, 0, stream>>>(
           static_cast<const T*>(x.data()), d, static_cast<const C*>(weight.data()),
-          static_cast<const C*>(bias.data()), static_cast<C>(eps), rows, cols,
+          centered ? static_cast<const C*>(bias.data()) : nullptr, static_cast<C>(eps), rows, cols,
           static_cast<T*>(y.data()), h, static_cast<C*>(mean.data()), static_cast<C*>(rstd.data()));
       KILN_CUDA_LAUNCH_CHECK();
     }
@@ -420,10 +427,11 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                         Tensor& dweight, Tensor& dbias, bool accumulate) {
   std::int64_t rows = x.size(0), cols = x.size(1);
   cudaStream_t stream = static_cast<cudaStream_t>(current_stream(x.device()));
+  const bool centered = dbias.defined();
   if (rows == 0) {
     if (!accumulate) {
       dweight.zero();
-      dbias.zero();
+      if (centered) dbias.zero();
     }
     return;
   }
@@ -451,8 +459,8 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
           static_cast<const H*>(dy.data()), static_cast<const H*>(x.data()),
           static_cast<const float*>(weight.data()), static_cast<const float*>(mean.data()),
           static_cast<const float*>(rstd.data()),
-          has_residual ? static_cast<const H*>(residual_grad.data()) : nullptr, rows, cols,
-          static_cast<H*>(dx.data()), static_cast<float*>(partials.data()),
+          has_residual ? static_cast<const H*>(residual_grad.data()) : nullptr, centered, rows,
+          cols, static_cast<H*>(dx.data()), static_cast<float*>(partials.data()),
           static_cast<float*>(partials.data()) + chunks * cols);
       KILN_CUDA_LAUNCH_CHECK();
     };
@@ -474,8 +482,8 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
               <<<static_cast<unsigned>(chunks), kRowsPerBlock * kWarp, 0, stream>>>(
                   static_cast<const T*>(dy.data()), static_cast<const T*>(x.data()),
                   static_cast<const float*>(weight.data()), static_cast<const float*>(mean.data()),
-                  static_cast<const float*>(rstd.data()), rg, rows, static_cast<T*>(dx.data()),
-                  static_cast<float*>(partials.data()),
+                  static_cast<const float*>(rstd.data()), rg, centered, rows,
+                  static_cast<T*>(dx.data()), static_cast<float*>(partials.data()),
                   static_cast<float*>(partials.data()) + chunks * cols);
           KILN_CUDA_LAUNCH_CHECK();
         };
@@ -486,14 +494,14 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
       layernorm_backward_kernel<T, C><<<static_cast<unsigned>(chunks), 256, 0, stream>>>(
           static_cast<const T*>(dy.data()), static_cast<const T*>(x.data()),
           static_cast<const C*>(weight.data()), static_cast<const C*>(mean.data()),
-          static_cast<const C*>(rstd.data()), rg, rows, cols, static_cast<T*>(dx.data()),
+          static_cast<const C*>(rstd.data()), rg, centered, rows, cols, static_cast<T*>(dx.data()),
           dw_partial, db_partial);
       KILN_CUDA_LAUNCH_CHECK();
     }
     layernorm_param_grads_kernel<C>
-        <<<dim3(column_sums_grid(cols).x, 2), column_sums_block(), 0, stream>>>(
+        <<<dim3(column_sums_grid(cols).x, centered ? 2 : 1), column_sums_block(), 0, stream>>>(
             dw_partial, chunks, cols, accumulate, static_cast<C*>(dweight.data()),
-            static_cast<C*>(dbias.data()));
+            centered ? static_cast<C*>(dbias.data()) : nullptr);
     KILN_CUDA_LAUNCH_CHECK();
   });
 }

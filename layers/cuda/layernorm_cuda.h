@@ -11,6 +11,7 @@ namespace kiln {
 namespace cuda {
 // Launchers (layers/cuda/layernorm.cu). x, y, dy, dx (rows, C) contiguous, one dtype; weight,
 // bias, mean, rstd fp32 (f64 when x is f64).
+// RMSNorm: bias (forward) and dbias (backward) undefined; the kernels then hold the mean at 0.
 // Forward: with `delta` defined, the row normalised is x + delta, rounded to x's dtype and
 // written to `sum` (rows, C).
 KILN_CUDA_OP("LayerNorm",

@@ -38,6 +38,21 @@ struct ModelOptions {
   // GPT-2 takes its shape from the fields above (vocab_size, seq_len, hidden_size, num_layers,
   // num_heads, intermediate_size) and max_positions; the experiment's model.gpt fills them.
   int max_positions = 1024;
+  // The llama family (Llama 3, Qwen2.5) takes the shared fields above too (vocab_size, seq_len,
+  // hidden_size, num_layers, num_heads, intermediate_size, max_positions) and these; the
+  // experiment's model.llama fills them.
+  struct Llama {
+    int num_kv_heads = 0;  // 0: num_heads
+    int head_dim = 0;      // 0: hidden_size / num_heads
+    double rope_theta = 10000.0;
+    double rms_norm_eps = 1e-6;
+    bool tie_embeddings = true;
+    bool qkv_bias = false;            // Qwen2
+    double rope_llama3_factor = 0.0;  // rope_scaling {rope_type: llama3}; 0: none
+    double rope_low_freq_factor = 1.0;
+    double rope_high_freq_factor = 4.0;
+    int rope_original_max_positions = 8192;
+  } llama;
 };
 
 enum class Task { Classification, MaskedLM, CausalLM };
@@ -71,5 +86,9 @@ Model make_vit_b16(const ModelOptions& options);
 // GPT-2 of options' shape: "gpt2" (124M), "gpt2_medium", "gpt2_large" and "gpt2_xl" differ only
 // in the shape the experiment gives them (configs/defaults.cc holds the sizes).
 Model make_gpt2(const ModelOptions& options);
+// The llama family (models/llama.cc): transformers' LlamaForCausalLM and Qwen2ForCausalLM of
+// options' shape; every preset name ("llama", "qwen2_5_0_5b", "llama3_2_1b", ...) differs only in
+// the shape the experiment gives it (configs/defaults.cc holds the sizes).
+Model make_llama(const ModelOptions& options);
 
 }  // namespace kiln

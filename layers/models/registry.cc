@@ -23,6 +23,15 @@ const std::map<std::string, Factory>& registry() {
       {"gpt2_medium", make_gpt2},
       {"gpt2_large", make_gpt2},
       {"gpt2_xl", make_gpt2},
+      {"llama", make_llama},
+      {"qwen2", make_llama},
+      {"qwen2_5_0_5b", make_llama},
+      {"qwen2_5_1_5b", make_llama},
+      {"qwen2_5_3b", make_llama},
+      {"qwen2_5_7b", make_llama},
+      {"llama3_2_1b", make_llama},
+      {"llama3_2_3b", make_llama},
+      {"llama3_1_8b", make_llama},
   };
   return table;
 }

@@ -490,9 +490,11 @@ TEST(Schema, EveryOptionalFieldDeclaresItsDefault) {
 }
 
 TEST(Schema, ModelNamesAreTheAllowedValues) {
-  EXPECT_EQ(known_model_names(),
-            (std::vector<std::string>{"mlp", "fashion_cnn", "resnet18", "resnet50", "bert_base",
-                                      "vit_b16", "gpt2", "gpt2_medium", "gpt2_large", "gpt2_xl"}));
+  EXPECT_EQ(known_model_names(), (std::vector<std::string>{
+                                     "mlp", "fashion_cnn", "resnet18", "resnet50", "bert_base",
+                                     "vit_b16", "gpt2", "gpt2_medium", "gpt2_large", "gpt2_xl",
+                                     "llama", "qwen2", "qwen2_5_0_5b", "qwen2_5_1_5b", "qwen2_5_3b",
+                                     "qwen2_5_7b", "llama3_2_1b", "llama3_2_3b", "llama3_1_8b"}));
 }
 
 TEST(Schema, WalkerFillsDeclaredDefaultsAndLeavesEmptySectionsUnset) {

@@ -21,8 +21,10 @@
 #include "layers/cuda/embedding_cuda.h"
 #include "layers/cuda/layernorm_cuda.h"
 #include "layers/embedding.h"
+#include "layers/grouped_query_attention.h"
 #include "layers/layernorm.h"
 #include "layers/models/model.h"
+#include "layers/swiglu_mlp.h"
 #include "layers/transformer_block.h"
 #include "tests/gpu_test_util.h"
 
@@ -670,6 +672,69 @@ TEST_P(TransformerGpu, TinyModelsMatchCpu) {
     Model m = make_model(o);
     compare_layer(*m.net, random_cpu({2, 3, 48, 48}, dt, seed + 2), {2, 10}, dt,
                   training_context(seed), factor, seed + 3, "tiny vit");
+  }
+}
+
+// The llama family's layers (issue 35): RMSNorm (Qwen2.5-0.5B's 896 columns and a small one, with
+// the packed kernels in half), the SwiGLU MLP, grouped-query attention with rotary positions on
+// cuDNN's fused path and on the unfused one, and tiny Llama / Qwen2 models.
+TEST_P(TransformerGpu, LlamaLayersMatchCpu) {
+  DType dt = GetParam();
+  std::uint64_t seed = fresh_seed();
+  for (std::int64_t cols : {64, 896}) {
+    RMSNorm norm(cols, 1e-6);
+    compare_layer(norm, random_cpu({3, 45, cols}, dt, seed, 2.0), {3, 45, cols}, dt, Context(),
+                  dt == DType::F32 ? 64 : 16, seed + 1, "rmsnorm " + std::to_string(cols));
+  }
+  SwiGluMlp mlp(64, 160);
+  compare_layer(mlp, random_cpu({2, 33, 64}, dt, seed + 2), {2, 33, 64}, dt, Context(),
+                dt == DType::F32 ? 200 : 24, seed + 3, "swiglu mlp");
+  for (std::int64_t head_dim : {64, 128}) {
+    for (const char* unfused : {"0", "1"}) {
+      setenv("KILN_ATTENTION_UNFUSED", unfused, 1);
+      GroupedQueryAttentionConfig c;
+      c.hidden = 256;
+      c.heads = 4;
+      c.kv_heads = 2;
+      c.head_dim = head_dim;
+      c.qkv_bias = true;
+      c.max_positions = 256;
+      c.rotary.theta = 10000.0;
+      GroupedQueryAttention attn(c);
+      seed += 5;
+      compare_layer(attn, random_cpu({2, 97, 256}, dt, seed), {2, 97, 256}, dt,
+                    training_context(seed), dt == DType::F32 ? 200 : 24, seed + 1,
+                    "gqa d=" + std::to_string(head_dim) + " unfused=" + unfused);
+    }
+  }
+  unsetenv("KILN_ATTENTION_UNFUSED");
+}
+
+TEST_P(TransformerGpu, TinyLlamaModelsMatchCpu) {
+  DType dt = GetParam();
+  std::uint64_t seed = fresh_seed();
+  for (bool qwen : {false, true}) {
+    ModelOptions o;
+    o.name = qwen ? "qwen2" : "llama";
+    o.vocab_size = 101;
+    o.hidden_size = 256;
+    o.num_layers = 2;
+    o.num_heads = 4;
+    o.intermediate_size = 384;
+    o.seq_len = 40;
+    o.max_positions = 64;
+    o.llama.num_kv_heads = 2;
+    o.llama.tie_embeddings = qwen;
+    o.llama.qkv_bias = qwen;
+    o.llama.rope_theta = qwen ? 1e6 : 5e5;
+    if (!qwen) o.llama.rope_llama3_factor = 32;
+    Model m = make_model(o);
+    std::vector<std::int64_t> id(2 * 40);
+    for (std::size_t i = 0; i < id.size(); ++i)
+      id[i] = static_cast<std::int64_t>((seed + 7 * i) % 101);
+    compare_layer(*m.net, Tensor::from_vector(id, {2, 40}), {2, 40, 101}, dt,
+                  training_context(seed), dt == DType::F32 ? 1000 : 64, seed + 1,
+                  qwen ? "tiny qwen2" : "tiny llama");
   }
 }
 

@@ -1,0 +1,88 @@
+#pragma once
+// Causal self-attention with grouped-query heads and rotary positions (transformers'
+// LlamaAttention / Qwen2Attention):
+//   x (B, T, E) -> q = x Wq^T (+ bq)  (B*T, H d),  k, v = x Wk^T, x Wv^T (+ b)  (B*T, H_kv d)
+//   q, k rotated (RotaryEmbedding, positions 0..T-1, or past..past+T-1 with a KV cache)
+//   query head i attends key/value head i / (H / H_kv), causally, scale 1/sqrt(d)
+//   y = context Wo^T  (no output bias)
+// Parameters as transformers names them: q_proj.weight (H d, E), k_proj.weight, v_proj.weight
+// (H_kv d, E), o_proj.weight (E, H d); with qkv_bias (Qwen2) q_proj.bias, k_proj.bias,
+// v_proj.bias. No attention dropout (Llama's and Qwen2's attention_dropout is 0).
+// The projections write one packed row per token, [q | k | v], which the rotation updates in place
+// and cuDNN's fused attention reads as it is (CUDA, half activations, d a multiple of 8 up to 128;
+// K and V are never replicated). Elsewhere the unfused path: scores in memory, K and V repeated
+// per query head (as transformers' repeat_kv), their gradients summed back over the group.
+// Gradient contract: parameter gradients are accumulated (+=); dx is written (=).
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "layers/layer.h"
+#include "layers/rotary.h"
+#include "layers/weight_cast_cache.h"
+
+namespace kiln {
+
+struct GroupedQueryAttentionConfig {
+  std::int64_t hidden = 0;
+  std::int64_t heads = 0;
+  std::int64_t kv_heads = 0;  // divides heads
+  std::int64_t head_dim = 0;  // hidden / heads unless given
+  bool qkv_bias = false;
+  std::int64_t max_positions = 0;
+  RotaryOptions rotary;
+};
+
+class GroupedQueryAttention : public Layer {
+ public:
+  // `rotary`: the model's one table shared by its layers; null: this layer's own, from config.
+  explicit GroupedQueryAttention(const GroupedQueryAttentionConfig& config,
+                                 std::shared_ptr<const RotaryEmbedding> rotary = nullptr);
+  std::string type() const override { return "GroupedQueryAttention"; }
+  Shape output_shape(const Shape& input) const override { return input; }
+  double forward_flops(const Shape& input) const override;
+  // nn.Linear's default init (the model's reset_parameters overrides it).
+  void reset_parameters(std::uint64_t seed) override;
+  const GroupedQueryAttentionConfig& config() const { return config_; }
+
+ protected:
+  Tensor forward_impl(Context& ctx, const Tensor& x) override;
+  Tensor backward_impl(Context& ctx, const Tensor& dy) override;
+  void release_saved() override {
+    x_mm_ = Tensor();
+    qkv_ = Tensor();
+    lse_ = Tensor();
+    q_ = k_ = v_ = probs_ = Tensor();
+    context_ = Tensor();
+  }
+
+ private:
+  std::int64_t width() const { return (config_.heads + 2 * config_.kv_heads) * config_.head_dim; }
+  // The unfused path: context (N, H d) from the rotated packed rows, saving q_, k_, v_, probs_.
+  Tensor unfused_forward(const Tensor& qkv);
+  // dqkv (N, width) from dcontext (N, H d) through the saved probabilities.
+  void unfused_backward(const Tensor& dcontext, Tensor& dqkv);
+  // Generation with ctx.call.kv_cache: the context of the new tokens, their keys and values
+  // written to the cache first (entries (B*H_kv, capacity, d)).
+  Tensor cached_attention(const Context& ctx, const Tensor& qkv);
+
+  GroupedQueryAttentionConfig config_;
+  std::shared_ptr<const RotaryEmbedding> rotary_;
+  std::vector<Parameter*> weights_;  // q, k, v
+  std::vector<Parameter*> biases_;   // q, k, v (qkv_bias only)
+  Parameter* out_weight_;
+  std::vector<WeightCastCache> weight_cache_;
+  WeightCastCache out_cache_;
+  // Saved by forward for backward.
+  Tensor x_mm_;       // (N, E) in the matmul dtype
+  Tensor qkv_;        // (N, width), rotated
+  Tensor lse_;        // (B*H, T) fp32: defined iff cuDNN's fused attention ran
+  Tensor q_, k_, v_;  // unfused: (B*H, T, d), k and v repeated per query head
+  Tensor probs_;      // unfused: (B*H, T, T)
+  Tensor context_;    // (N, H d)
+  DType activation_ = DType::F32;
+  std::int64_t batch_ = 0, tokens_ = 0;
+};
+
+}  // namespace kiln
