@@ -57,6 +57,10 @@ Tensor repeat_groups(const Tensor& kv, std::int64_t group) {
 
 }  // namespace
 
+Tensor GroupedQueryAttention::stacked_weight(DType dtype) const {
+  return stack_rows({&weights_[0]->value, &weights_[1]->value, &weights_[2]->value}, dtype);
+}
+
 GroupedQueryAttention::GroupedQueryAttention(const GroupedQueryAttentionConfig& config,
                                              std::shared_ptr<const RotaryEmbedding> rotary)
     : config_(completed(config)), rotary_(std::move(rotary)) {
@@ -74,7 +78,6 @@ GroupedQueryAttention::GroupedQueryAttention(const GroupedQueryAttentionConfig& 
       biases_.push_back(&add_parameter(std::string(names[i]) + ".bias", {rows[i]}, true));
   }
   out_weight_ = &add_parameter("o_proj.weight", {c.hidden, c.heads * c.head_dim});
-  weight_cache_.resize(3);
   GroupedQueryAttention::reset_parameters(0);
 }
 
@@ -110,21 +113,16 @@ Tensor GroupedQueryAttention::forward_impl(Context& ctx, const Tensor& x) {
   batch_ = b;
   tokens_ = t;
 
-  // [q | k | v] = x [Wq; Wk; Wv]^T (+ b), one packed row per token.
+  // [q | k | v] = x [Wq; Wk; Wv]^T (+ b), one packed row per token, one GEMM.
   x_mm_ = x.contiguous().view({n, c.hidden}).to(mm);
   Tensor qkv = Tensor::empty({n, width()}, mm, dev);
-  Tensor bias =
-      biases_.empty() ? Tensor() : Tensor::empty({width()}, biases_[0]->value.dtype(), dev);
-  std::int64_t lo = 0;
-  for (std::size_t i = 0; i < 3; ++i) {
-    const std::int64_t rows = weights_[i]->value.size(0);
-    const Tensor& w = weight_cache_[i].get(weights_[i]->value, mm, ctx.weights_version);
-    Tensor part = qkv.slice(1, lo, lo + rows);
-    ops::gemm(false, true, 1.0, x_mm_, w, 0.0, part);
-    if (bias.defined()) bias.slice(0, lo, lo + rows).copy_from(biases_[i]->value);
-    lo += rows;
+  ops::gemm(false, true, 1.0, x_mm_, stacked_weight(mm), 0.0, qkv);
+  if (!biases_.empty()) {
+    const Tensor bq = biases_[0]->value.view({-1, 1}), bk = biases_[1]->value.view({-1, 1}),
+                 bv = biases_[2]->value.view({-1, 1});
+    Tensor bias = stack_rows({&bq, &bk, &bv}, biases_[0]->value.dtype()).view({width()});
+    transformer_ops::add_bias(qkv, bias);
   }
-  if (bias.defined()) transformer_ops::add_bias(qkv, bias);
   const std::int64_t past = ctx.call.kv_cache != nullptr ? ctx.call.kv_cache->past : 0;
   rotary_->apply(qkv, c.heads + c.kv_heads, t, past, /*inverse=*/false);
 
@@ -207,24 +205,24 @@ Tensor GroupedQueryAttention::backward_impl(Context& ctx, const Tensor& dy) {
   }
   rotary_->apply(dqkv, c.heads + c.kv_heads, t, 0, /*inverse=*/true);
 
-  // The projections: weight and bias gradients per part, dx summed over the three.
+  // The projections: one GEMM each for the stacked weight's gradient and for dx; the weight and
+  // bias gradients then go to their parts.
   Tensor bias_sums;
   if (!biases_.empty()) {
     bias_sums = Tensor::zeros({width()}, sd, dev);
     transformer_ops::accumulate_bias_grad(dqkv, bias_sums);
   }
-  Tensor dx = Tensor::empty({n, c.hidden}, activation_, dev);
+  Tensor dw = Tensor::empty({width(), c.hidden}, weights_[0]->grad.dtype(), dev);
+  ops::gemm(true, false, 1.0, dqkv, x_mm_, 0.0, dw);
   std::int64_t lo = 0;
   for (std::size_t i = 0; i < 3; ++i) {
     const std::int64_t rows = weights_[i]->value.size(0);
-    Tensor part = dqkv.slice(1, lo, lo + rows);
+    ops::accumulate(weights_[i]->grad, dw.slice(0, lo, lo + rows));
     if (bias_sums.defined()) ops::accumulate(biases_[i]->grad, bias_sums.slice(0, lo, lo + rows));
-    ops::gemm_accumulate(true, false, part, x_mm_, weights_[i]->grad);
-    ops::gemm(false, false, 1.0, part,
-              weight_cache_[i].get(weights_[i]->value, mm, ctx.weights_version), i == 0 ? 0.0 : 1.0,
-              dx);
     lo += rows;
   }
+  Tensor dx = Tensor::empty({n, c.hidden}, activation_, dev);
+  ops::gemm(false, false, 1.0, dqkv, stacked_weight(mm), 0.0, dx);
   return dx.view({b, t, c.hidden});
 }
 

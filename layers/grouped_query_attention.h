@@ -59,6 +59,8 @@ class GroupedQueryAttention : public Layer {
 
  private:
   std::int64_t width() const { return (config_.heads + 2 * config_.kv_heads) * config_.head_dim; }
+  // [Wq; Wk; Wv] (width, hidden) in `dtype`, made at each use (stack_rows).
+  Tensor stacked_weight(DType dtype) const;
   // The unfused path: context (N, H d) from the rotated packed rows, saving q_, k_, v_, probs_.
   Tensor unfused_forward(const Tensor& qkv);
   // dqkv (N, width) from dcontext (N, H d) through the saved probabilities.
@@ -72,7 +74,6 @@ class GroupedQueryAttention : public Layer {
   std::vector<Parameter*> weights_;  // q, k, v
   std::vector<Parameter*> biases_;   // q, k, v (qkv_bias only)
   Parameter* out_weight_;
-  std::vector<WeightCastCache> weight_cache_;
   WeightCastCache out_cache_;
   // Saved by forward for backward.
   Tensor x_mm_;       // (N, E) in the matmul dtype

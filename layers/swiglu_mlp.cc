@@ -5,52 +5,57 @@
 #include "core/cpu/element.h"
 #include "core/ops.h"
 #include "layers/activations.h"
+#include "layers/attention.h"
 #include "layers/cuda/swiglu_cuda.h"
 
 namespace kiln {
 
 namespace swiglu_ops {
 
-void forward(const Tensor& g, const Tensor& u, Tensor& a) {
-  if (g.device().is_cuda()) {
-    DeviceGuard guard(g.device());
-    cuda::swiglu_forward(g, u, a);
+void forward(const Tensor& gate_up, Tensor& a) {
+  if (gate_up.device().is_cuda()) {
+    DeviceGuard guard(gate_up.device());
+    cuda::swiglu_forward(gate_up, a);
     return;
   }
-  KILN_DISPATCH_FLOATING(g.dtype(), T, {
+  const std::int64_t rows = a.size(0), inner = a.size(1);
+  KILN_DISPATCH_FLOATING(a.dtype(), T, {
     using C = typename cpu::Compute<T>::type;
-    const T* pg = g.data<T>();
-    const T* pu = u.data<T>();
+    const T* pgu = gate_up.data<T>();
     T* pa = a.data<T>();
-    for (std::int64_t i = 0; i < g.numel(); ++i) {
-      C s, one_minus_s;
-      const C x = cpu::load(pg[i]);
-      sigmoid_pair(x, s, one_minus_s);
-      pa[i] = cpu::store<T>(x * s * cpu::load(pu[i]));
-    }
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t j = 0; j < inner; ++j) {
+        C s, one_minus_s;
+        const C g = cpu::load(pgu[r * 2 * inner + j]),
+                u = cpu::load(pgu[r * 2 * inner + inner + j]);
+        sigmoid_pair(g, s, one_minus_s);
+        pa[r * inner + j] = cpu::store<T>(g * s * u);
+      }
   });
 }
 
-void backward(const Tensor& da, const Tensor& g, const Tensor& u, Tensor& dg, Tensor& du) {
-  if (g.device().is_cuda()) {
-    DeviceGuard guard(g.device());
-    cuda::swiglu_backward(da, g, u, dg, du);
+void backward(const Tensor& da, const Tensor& gate_up, Tensor& dgate_up) {
+  if (gate_up.device().is_cuda()) {
+    DeviceGuard guard(gate_up.device());
+    cuda::swiglu_backward(da, gate_up, dgate_up);
     return;
   }
-  KILN_DISPATCH_FLOATING(g.dtype(), T, {
+  const std::int64_t rows = da.size(0), inner = da.size(1);
+  KILN_DISPATCH_FLOATING(da.dtype(), T, {
     using C = typename cpu::Compute<T>::type;
     const T* pda = da.data<T>();
-    const T* pg = g.data<T>();
-    const T* pu = u.data<T>();
-    T* pdg = dg.data<T>();
-    T* pdu = du.data<T>();
-    for (std::int64_t i = 0; i < g.numel(); ++i) {
-      C s, one_minus_s;
-      const C x = cpu::load(pg[i]), d = cpu::load(pda[i]);
-      sigmoid_pair(x, s, one_minus_s);
-      pdg[i] = cpu::store<T>(d * cpu::load(pu[i]) * s * (C(1) + x * one_minus_s));
-      pdu[i] = cpu::store<T>(d * x * s);
-    }
+    const T* pgu = gate_up.data<T>();
+    T* pd = dgate_up.data<T>();
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t j = 0; j < inner; ++j) {
+        C s, one_minus_s;
+        const C g = cpu::load(pgu[r * 2 * inner + j]),
+                u = cpu::load(pgu[r * 2 * inner + inner + j]);
+        const C d = cpu::load(pda[r * inner + j]);
+        sigmoid_pair(g, s, one_minus_s);
+        pd[r * 2 * inner + j] = cpu::store<T>(d * u * s * (C(1) + g * one_minus_s));
+        pd[r * 2 * inner + inner + j] = cpu::store<T>(d * g * s);
+      }
   });
 }
 
@@ -58,9 +63,17 @@ void backward(const Tensor& da, const Tensor& g, const Tensor& u, Tensor& dg, Te
 
 SwiGluMlp::SwiGluMlp(std::int64_t hidden, std::int64_t intermediate)
     : hidden_(hidden), intermediate_(intermediate) {
-  gate_ = &add_child("gate_proj", std::make_unique<Linear>(hidden, intermediate, false));
-  up_ = &add_child("up_proj", std::make_unique<Linear>(hidden, intermediate, false));
+  gate_ = &add_parameter("gate_proj.weight", {intermediate, hidden});
+  up_ = &add_parameter("up_proj.weight", {intermediate, hidden});
   down_ = &add_child("down_proj", std::make_unique<Linear>(intermediate, hidden, false));
+  SwiGluMlp::reset_parameters(0);
+}
+
+void SwiGluMlp::reset_parameters(std::uint64_t seed) {
+  const double bound = 1.0 / std::sqrt(static_cast<double>(hidden_));
+  ops::fill_uniform(gate_->value, -bound, bound, seed * 1000003ull + 1);
+  ops::fill_uniform(up_->value, -bound, bound, seed * 1000003ull + 2);
+  down_->reset_parameters(seed * 1000003ull + 3);
 }
 
 double SwiGluMlp::forward_flops(const Shape& input) const {
@@ -68,26 +81,40 @@ double SwiGluMlp::forward_flops(const Shape& input) const {
 }
 
 Tensor SwiGluMlp::forward_impl(Context& ctx, const Tensor& x) {
-  KILN_CHECK(
-      x.dim() >= 1 && x.size(-1) == hidden_,
-      "SwiGluMlp " + name() + ": expected (..., " + std::to_string(hidden_) + "), got " + x.str());
-  gate_out_ = gate_->forward(ctx, x).contiguous();
-  up_out_ = up_->forward(ctx, x).contiguous();
-  Tensor a = Tensor::empty(gate_out_.shape(), gate_out_.dtype(), gate_out_.device());
-  swiglu_ops::forward(gate_out_, up_out_.to(gate_out_.dtype()), a);
-  return down_->forward(ctx, a);
+  KILN_CHECK(x.dim() >= 1 && x.size(-1) == hidden_ && is_floating(x.dtype()),
+             "SwiGluMlp " + name() + ": expected floating (..., " + std::to_string(hidden_) +
+                 "), got " + x.str());
+  const std::int64_t n = x.numel() / hidden_;
+  activation_ = x.dtype();
+  const DType mm = transformer_ops::matmul_dtype(ctx, activation_);
+  x_mm_ = x.contiguous().view({n, hidden_}).to(mm);
+  gate_up_ = Tensor::empty({n, 2 * intermediate_}, activation_, x.device());
+  ops::gemm(false, true, 1.0, x_mm_, stack_rows({&gate_->value, &up_->value}, mm), 0.0, gate_up_);
+  Tensor a = Tensor::empty({n, intermediate_}, activation_, x.device());
+  swiglu_ops::forward(gate_up_, a);
+  Shape inner = x.shape();
+  inner.back() = intermediate_;
+  return down_->forward(ctx, a.view(inner));
 }
 
 Tensor SwiGluMlp::backward_impl(Context& ctx, const Tensor& dy) {
-  KILN_CHECK(gate_out_.defined(), "SwiGluMlp " + name() + ": backward before forward");
-  Tensor da = down_->backward(ctx, dy).to(gate_out_.dtype()).contiguous();
-  Tensor dg = Tensor::empty(gate_out_.shape(), gate_out_.dtype(), gate_out_.device());
-  Tensor du = Tensor::empty(gate_out_.shape(), gate_out_.dtype(), gate_out_.device());
-  swiglu_ops::backward(da, gate_out_, up_out_, dg, du);
-  Tensor dx = gate_->backward(ctx, dg);
-  Tensor dx_up = up_->backward(ctx, du);
-  ops::add(dx, dx_up.to(dx.dtype()), dx);
-  return dx;
+  KILN_CHECK(gate_up_.defined(), "SwiGluMlp " + name() + ": backward before forward");
+  const std::int64_t n = gate_up_.size(0);
+  const Device dev = gate_up_.device();
+  const DType mm = x_mm_.dtype();
+  Tensor da = down_->backward(ctx, dy).to(activation_).contiguous().view({n, intermediate_});
+  Tensor dgate_up = Tensor::empty({n, 2 * intermediate_}, activation_, dev);
+  swiglu_ops::backward(da, gate_up_, dgate_up);
+  Tensor d_mm = dgate_up.to(mm);
+  Tensor dw = Tensor::empty({2 * intermediate_, hidden_}, gate_->grad.dtype(), dev);
+  ops::gemm(true, false, 1.0, d_mm, x_mm_, 0.0, dw);
+  ops::accumulate(gate_->grad, dw.slice(0, 0, intermediate_));
+  ops::accumulate(up_->grad, dw.slice(0, intermediate_, 2 * intermediate_));
+  Tensor dx = Tensor::empty({n, hidden_}, activation_, dev);
+  ops::gemm(false, false, 1.0, d_mm, stack_rows({&gate_->value, &up_->value}, mm), 0.0, dx);
+  Shape shape = dy.shape();
+  shape.back() = hidden_;
+  return dx.view(shape);
 }
 
 }  // namespace kiln

@@ -1,9 +1,11 @@
 #pragma once
 // The gated MLP of Llama and Qwen2 (transformers' LlamaMLP): y = down_proj(silu(gate_proj(x)) *
-// up_proj(x)), three Linear layers without bias named gate_proj, up_proj, down_proj.
-//   x (N..., E) -> y (N..., E); the gate and up projections (N, I) are kept for backward.
-// SwiGLU a = silu(g) * u is one elementwise pass (CPU and CUDA, fp32 math, f64 in f64); its
-// backward gives dg = da * u * s (1 + g (1 - s)), du = da * silu(g), s = sigmoid(g).
+// up_proj(x)), without biases; parameters gate_proj.weight, up_proj.weight (I, E) and the Linear
+// down_proj (down_proj.weight (E, I)).
+//   x (N..., E) -> [g | u] = x [Wg; Wu]^T (N, 2I) in one GEMM, kept for backward
+//   a = silu(g) * u (N, I): one elementwise pass (CPU and CUDA, fp32 math, f64 in f64); backward
+//   gives dg = da * u * s (1 + g (1 - s)), du = da * silu(g), s = sigmoid(g), into one (N, 2I)
+//   gradient whose weight gradient and dx are one GEMM each.
 // Gradient contract: parameter gradients accumulated (+=); dx is written (=).
 
 #include <cstdint>
@@ -19,31 +21,33 @@ class SwiGluMlp : public Layer {
   std::string type() const override { return "SwiGluMlp"; }
   Shape output_shape(const Shape& input) const override { return input; }
   double forward_flops(const Shape& input) const override;
-  Linear& gate_proj() { return *gate_; }
-  Linear& up_proj() { return *up_; }
+  // U(-1/sqrt(E), 1/sqrt(E)) for gate and up, as nn.Linear; down_proj its own.
+  void reset_parameters(std::uint64_t seed) override;
   Linear& down_proj() { return *down_; }
 
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& x) override;
   Tensor backward_impl(Context& ctx, const Tensor& dy) override;
   void release_saved() override {
-    gate_out_ = Tensor();
-    up_out_ = Tensor();
+    x_mm_ = Tensor();
+    gate_up_ = Tensor();
   }
 
  private:
   std::int64_t hidden_, intermediate_;
-  Linear* gate_;
-  Linear* up_;
+  Parameter* gate_;
+  Parameter* up_;
   Linear* down_;
-  Tensor gate_out_, up_out_;  // (N, I)
+  DType activation_ = DType::F32;
+  Tensor x_mm_;     // (N, E) in the matmul dtype
+  Tensor gate_up_;  // (N, 2I) [g | u] in the activation dtype
 };
 
 namespace swiglu_ops {
-// a = silu(g) * u; g, u, a contiguous of one shape and dtype, on one device.
-void forward(const Tensor& g, const Tensor& u, Tensor& a);
-// dg = da * d/dg, du = da * silu(g) (written).
-void backward(const Tensor& da, const Tensor& g, const Tensor& u, Tensor& dg, Tensor& du);
+// a (N, I) = silu(g) * u from gate_up (N, 2I) = [g | u]; contiguous, one dtype and device.
+void forward(const Tensor& gate_up, Tensor& a);
+// dgate_up (N, 2I) = [da * d/dg | da * silu(g)] (written).
+void backward(const Tensor& da, const Tensor& gate_up, Tensor& dgate_up);
 }  // namespace swiglu_ops
 
 }  // namespace kiln

@@ -38,4 +38,23 @@ const Tensor& WeightCastCache::get_padded_rows(const Tensor& value, DType dtype,
   return cast_;
 }
 
+Tensor stack_rows(const std::vector<const Tensor*>& parts, DType dtype) {
+  KILN_CHECK(!parts.empty(), "stack_rows: no parts");
+  std::int64_t rows = 0;
+  const std::int64_t cols = parts[0]->size(1);
+  for (const Tensor* p : parts) {
+    KILN_CHECK(p->dim() == 2 && p->size(1) == cols && p->device() == parts[0]->device(),
+               "stack_rows: " + p->str() + " does not stack under " + parts[0]->str());
+    rows += p->size(0);
+  }
+  Tensor out = Tensor::empty({rows, cols}, dtype, parts[0]->device());
+  std::int64_t lo = 0;
+  for (const Tensor* p : parts) {
+    Tensor block = out.slice(0, lo, lo + p->size(0));
+    block.copy_from(*p);
+    lo += p->size(0);
+  }
+  return out;
+}
+
 }  // namespace kiln

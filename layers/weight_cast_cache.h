@@ -4,6 +4,7 @@
 // optimizer step, not once per use).
 
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -30,5 +31,11 @@ class WeightCastCache {
   DType dtype_ = DType::F32;
   bool channels_last_ = false;
 };
+
+// Weights (rows_i, cols) stacked by rows into one fresh (sum of rows_i, cols) tensor in `dtype`:
+// one GEMM for what a model stores as separate parameters (q/k/v, gate/up). Made at each call, so
+// it is never stale (in-place updates, CUDA graphs record the copies) and lives only as long as
+// the caller holds it: no persistent second copy of the weights.
+Tensor stack_rows(const std::vector<const Tensor*>& parts, DType dtype);
 
 }  // namespace kiln

@@ -12,29 +12,37 @@
 namespace kiln::cuda {
 namespace {
 
+// Element k of the (N, I) output: row k / I, column k % I of the gate half, the same column of
+// the up half I columns later.
 template <typename T, typename C>
-__global__ void swiglu_forward_kernel(const T* __restrict__ g, const T* __restrict__ u,
-                                      T* __restrict__ a, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+__global__ void swiglu_forward_kernel(const T* __restrict__ gate_up, T* __restrict__ a,
+                                      std::int64_t n, std::int64_t inner) {
+  for (std::int64_t k = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; k < n;
+       k += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t r = k / inner, j = k - r * inner;
+    const T* row = gate_up + r * 2 * inner;
     C s, one_minus_s;
-    const C x = static_cast<C>(load(g[i]));
-    sigmoid_pair(x, s, one_minus_s);
-    a[i] = store<T>(x * s * static_cast<C>(load(u[i])));
+    const C g = static_cast<C>(load(row[j]));
+    sigmoid_pair(g, s, one_minus_s);
+    a[k] = store<T>(g * s * static_cast<C>(load(row[inner + j])));
   }
 }
 
 template <typename T, typename C>
-__global__ void swiglu_backward_kernel(const T* __restrict__ da, const T* __restrict__ g,
-                                       const T* __restrict__ u, T* __restrict__ dg,
-                                       T* __restrict__ du, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+__global__ void swiglu_backward_kernel(const T* __restrict__ da, const T* __restrict__ gate_up,
+                                       T* __restrict__ dgate_up, std::int64_t n,
+                                       std::int64_t inner) {
+  for (std::int64_t k = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; k < n;
+       k += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t r = k / inner, j = k - r * inner;
+    const T* row = gate_up + r * 2 * inner;
+    T* drow = dgate_up + r * 2 * inner;
     C s, one_minus_s;
-    const C x = static_cast<C>(load(g[i])), d = static_cast<C>(load(da[i]));
-    sigmoid_pair(x, s, one_minus_s);
-    dg[i] = store<T>(d * static_cast<C>(load(u[i])) * s * (C(1) + x * one_minus_s));
-    du[i] = store<T>(d * x * s);
+    const C g = static_cast<C>(load(row[j])), u = static_cast<C>(load(row[inner + j]));
+    const C d = static_cast<C>(load(da[k]));
+    sigmoid_pair(g, s, one_minus_s);
+    drow[j] = store<T>(d * u * s * (C(1) + g * one_minus_s));
+    drow[inner + j] = store<T>(d * g * s);
   }
 }
 
@@ -44,28 +52,27 @@ unsigned blocks_for(std::int64_t n) {
 
 }  // namespace
 
-void swiglu_forward(const Tensor& g, const Tensor& u, Tensor& a) {
-  const std::int64_t n = g.numel();
+void swiglu_forward(const Tensor& gate_up, Tensor& a) {
+  const std::int64_t n = a.numel(), inner = a.size(-1);
   if (n == 0) return;
-  cudaStream_t stream = static_cast<cudaStream_t>(current_stream(g.device()));
-  KILN_CUDA_DISPATCH_FLOATING(g.dtype(), T, {
+  cudaStream_t stream = static_cast<cudaStream_t>(current_stream(a.device()));
+  KILN_CUDA_DISPATCH_FLOATING(a.dtype(), T, {
     using C = typename Compute<T>::type;
-    swiglu_forward_kernel<T, C><<<blocks_for(n), 256, 0, stream>>>(static_cast<const T*>(g.data()),
-                                                                   static_cast<const T*>(u.data()),
-                                                                   static_cast<T*>(a.data()), n);
+    swiglu_forward_kernel<T, C><<<blocks_for(n), 256, 0, stream>>>(
+        static_cast<const T*>(gate_up.data()), static_cast<T*>(a.data()), n, inner);
     KILN_CUDA_LAUNCH_CHECK();
   });
 }
 
-void swiglu_backward(const Tensor& da, const Tensor& g, const Tensor& u, Tensor& dg, Tensor& du) {
-  const std::int64_t n = g.numel();
+void swiglu_backward(const Tensor& da, const Tensor& gate_up, Tensor& dgate_up) {
+  const std::int64_t n = da.numel(), inner = da.size(-1);
   if (n == 0) return;
-  cudaStream_t stream = static_cast<cudaStream_t>(current_stream(g.device()));
-  KILN_CUDA_DISPATCH_FLOATING(g.dtype(), T, {
+  cudaStream_t stream = static_cast<cudaStream_t>(current_stream(da.device()));
+  KILN_CUDA_DISPATCH_FLOATING(da.dtype(), T, {
     using C = typename Compute<T>::type;
     swiglu_backward_kernel<T, C><<<blocks_for(n), 256, 0, stream>>>(
-        static_cast<const T*>(da.data()), static_cast<const T*>(g.data()),
-        static_cast<const T*>(u.data()), static_cast<T*>(dg.data()), static_cast<T*>(du.data()), n);
+        static_cast<const T*>(da.data()), static_cast<const T*>(gate_up.data()),
+        static_cast<T*>(dgate_up.data()), n, inner);
     KILN_CUDA_LAUNCH_CHECK();
   });
 }

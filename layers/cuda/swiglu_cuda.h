@@ -5,7 +5,8 @@
 #include "core/tensor.h"
 
 namespace kiln::cuda {
-KILN_CUDA_OP("SwiGLU", void swiglu_forward(const Tensor& g, const Tensor& u, Tensor& a));
-KILN_CUDA_OP("SwiGLU", void swiglu_backward(const Tensor& da, const Tensor& g, const Tensor& u,
-                                            Tensor& dg, Tensor& du));
+// gate_up (N, 2I) = [g | u] -> a (N, I); backward -> dgate_up (N, 2I).
+KILN_CUDA_OP("SwiGLU", void swiglu_forward(const Tensor& gate_up, Tensor& a));
+KILN_CUDA_OP("SwiGLU",
+             void swiglu_backward(const Tensor& da, const Tensor& gate_up, Tensor& dgate_up));
 }  // namespace kiln::cuda
