@@ -88,7 +88,7 @@ const char* stop_reason_name(StopReason reason) {
 
 TokenGenerator::TokenGenerator(Model& model, Device device) : model_(model), device_(device) {
   if (model_.task != Task::CausalLM) {
-    throw InputError("generation needs a causal language model (GPT-2); this model is not one");
+    throw InputError("generation needs a causal language model (GPT-2, the llama family); this model is not one");
   }
   model_.net->set_training(false);
 }

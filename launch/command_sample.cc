@@ -104,7 +104,7 @@ int run_sample(const Arguments& args) {
       "vocab", po::value<std::string>(), "GPT-2's vocab.json (with --merges: text in and out)")(
       "merges", po::value<std::string>(), "GPT-2's merges.txt")(
       "max-new-tokens", po::value<std::int64_t>()->default_value(64),
-      "tokens to generate (fewer when the sequence reaches model.gpt.max_positions)")(
+      "tokens to generate (fewer when the sequence reaches the model's max_positions)")(
       "temperature", po::value<double>()->default_value(1.0),
       "divides the logits; 0 = greedy (argmax)")("top-k",
                                                  po::value<std::int64_t>()->default_value(0),
@@ -182,25 +182,30 @@ int run_sample(const Arguments& args) {
   // As kiln export: an experiment written for GPUs validates on a machine without one (sampling
   // falls back to the CPU below).
   config::validate(e, {1, true, config_path, overrides});
-  if (!config::is_gpt_model(e.model().name())) {
-    throw InputError("model.name '" + e.model().name() +
-                     "': kiln sample generates from GPT-2 models only (gpt2, gpt2_medium, "
-                     "gpt2_large, gpt2_xl)");
+  const std::string& name = e.model().name();
+  if (!config::is_causal_lm(name)) {
+    throw InputError("model.name '" + name +
+                     "': kiln sample generates from causal language models only (gpt2, "
+                     "gpt2_medium, gpt2_large, gpt2_xl and the llama family)");
   }
-  const config::GptShape& shape = e.model().gpt();
+  const bool gpt = config::is_gpt_model(name);
+  const std::string section = gpt ? "model.gpt." : "model.llama.";
+  const std::int64_t vocab = gpt ? e.model().gpt().vocab_size() : e.model().llama().vocab_size();
+  const std::int64_t max_positions =
+      gpt ? e.model().gpt().max_positions() : e.model().llama().max_positions();
   for (std::int64_t id : prompt) {
-    if (id < 0 || id >= shape.vocab_size()) {
+    if (id < 0 || id >= vocab) {
       throw InputError(std::string(has_ids ? "--prompt-tokens" : "--prompt") + ": token " +
-                       std::to_string(id) + " is outside the model's vocabulary (model.gpt." +
-                       "vocab_size = " + std::to_string(shape.vocab_size()) + ")" +
+                       std::to_string(id) + " is outside the model's vocabulary (" + section +
+                       "vocab_size = " + std::to_string(vocab) + ")" +
                        (has_ids ? "" : ": the BPE files and the model do not match"));
     }
   }
-  if (static_cast<std::int64_t>(prompt.size()) > shape.max_positions()) {
-    throw InputError(
-        std::string(has_ids ? "--prompt-tokens" : "--prompt") + ": " +
-        std::to_string(prompt.size()) + " tokens, more than model.gpt.max_positions = " +
-        std::to_string(shape.max_positions()) + " (the longest sequence the model takes)");
+  if (static_cast<std::int64_t>(prompt.size()) > max_positions) {
+    throw InputError(std::string(has_ids ? "--prompt-tokens" : "--prompt") + ": " +
+                     std::to_string(prompt.size()) + " tokens, more than " + section +
+                     "max_positions = " + std::to_string(max_positions) +
+                     " (the longest sequence the model takes)");
   }
 
   Model model = make_model(train::model_options_from(e));

@@ -25,7 +25,7 @@ expect_refusal "--temperature -1: must be a finite number >= 0" -- "${S[@]}" --p
 expect_refusal "--top-k -3: must be >= 0" -- "${S[@]}" --prompt-tokens 1 --top-k -3
 expect_refusal "--max-new-tokens 0: must be >= 1" -- "${S[@]}" --prompt-tokens 1 --max-new-tokens 0
 expect_refusal "unrecognised option '--top_k'" -- "${S[@]}" --prompt-tokens 1 --top_k 3
-expect_refusal "model.name 'fashion_cnn': kiln sample generates from GPT-2 models only" -- \
+expect_refusal "model.name 'fashion_cnn': kiln sample generates from causal language models only" -- \
   "$KILN" sample --config "$SRC/tests/train/tiny.pbtxt" "${RUN[@]}" --prompt-tokens 1
 expect_refusal "$WORK/nothing/vocab.json: cannot open the vocabulary: nothing (no such file or directory)" -- \
   "${S[@]}" --prompt hi --vocab "$WORK/nothing/vocab.json" --merges "$WORK/nothing/merges.txt"

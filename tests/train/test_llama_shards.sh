@@ -55,6 +55,22 @@ run one 1
 learned "$WORK/one/metrics.jsonl" || fail "the Llama did not learn the pattern"
 pass "a 2-layer Llama (GQA 4:2, tied) learns the pattern from uint32 llm.c shards (loss under 0.1)"
 
+# kiln sample continues the pattern greedily from three of its tokens (through the KV cache).
+read -r P0 P1 P2 <<< "$(python3 -c 'import random; random.seed(12); p = random.sample(range(1000), 13); print(*p[:3])')"
+"$KILN" sample --config "$CONFIG" --set logging.dir="$WORK/one" --prompt-tokens "$P0 $P1 $P2" \
+  --max-new-tokens 13 --temperature 0 --json > "$WORK/sample.json" 2> "$WORK/sample.err" \
+  || { cat "$WORK/sample.err"; fail "kiln sample"; }
+python3 - "$WORK/sample.json" <<'PY' || fail "the sample does not continue the pattern"
+import json, random, sys
+random.seed(12)
+pattern = random.sample(range(1000), 13)
+got = json.loads(open(sys.argv[1]).read())["tokens"]
+want = [pattern[(3 + i) % 13] for i in range(13)]
+print("sampled", got, "want", want)
+assert got[-13:] == want, (got, want)
+PY
+pass "kiln sample continues the learned pattern greedily"
+
 run qwen 1 --set model.name=qwen2 --set model.llama.qkv_bias=true \
   --set model.llama.tie_embeddings=false
 
