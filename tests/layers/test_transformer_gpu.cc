@@ -210,7 +210,8 @@ TEST_P(TransformerGpu, LayerNormLaunchersMatchCpu) {
              rstd = poisoned({rows}, DType::F32);
       Tensor sum = residual ? poisoned({rows, cols}, dt) : Tensor();
       cuda::layernorm_forward(gx, gdelta, w, b, 1e-5, y, sum, mean, rstd);
-      expect_close(y, y_ref, dt, "layernorm y", 8);
+      // f32 rows of 1600: the two passes' sums differ in order by up to ~sqrt(cols) roundings.
+      expect_close(y, y_ref, dt, "layernorm y", 16);
       if (residual) {
         // The CPU's reference runs in f32: its sum rounded once to dt is the kernel's.
         EXPECT_EQ(sum.to(Device::cpu(), DType::F32).to_vector<float>(),
