@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "configs/experiment.h"
+#include "configs/hf_config.h"
 #include "configs/schema.h"
 
 namespace kiln::config {
@@ -43,10 +44,12 @@ constexpr LlamaPreset kLlamaPresets[] = {
     {"llama3_1_8b", 128256, 4096, 32, 32, 8, 14336, 131072, 5e5, 1e-5, false, false, 8},
 };
 
-void fill_llama_shape(const std::string& name, LlamaShape& shape) {
+// `preset` false: model.from_hf_config gave the shape, the name's preset adds nothing to it (not
+// the rope_scaling config.json left out).
+void fill_llama_shape(const std::string& name, bool preset, LlamaShape& shape) {
   fill_declared_defaults(shape);
   for (const LlamaPreset& p : kLlamaPresets) {
-    if (name != p.name) continue;
+    if (!preset || name != p.name) continue;
     if (!shape.has_vocab_size()) shape.set_vocab_size(p.vocab);
     if (!shape.has_hidden_size()) shape.set_hidden_size(p.hidden);
     if (!shape.has_num_layers()) shape.set_num_layers(p.layers);
@@ -83,7 +86,9 @@ void fill_defaults(Experiment& experiment, const std::string& config_path) {
   if (fashion) apply_declared_default(data, "path");
 
   ModelConfig& model = *experiment.mutable_model();
+  apply_hf_config(model);                 // a transformers config.json's name and shape
   apply_declared_default(model, "name");  // the rules below depend on it
+  const bool preset = model.from_hf_config().empty();
   if (!model.has_num_classes() && (fashion || cifar)) model.set_num_classes(10);
   if (!model.has_image_size() && (fashion || cifar)) model.set_image_size(fashion ? 28 : 32);
   if (!model.has_image_channels() && fashion) model.set_image_channels(1);
@@ -101,14 +106,14 @@ void fill_defaults(Experiment& experiment, const std::string& config_path) {
                                       {"gpt2_large", 36, 1280, 20},
                                       {"gpt2_xl", 48, 1600, 25}};
     for (const Size& size : kSizes) {
-      if (model.name() != size.name) continue;
+      if (!preset || model.name() != size.name) continue;
       if (!gpt.has_num_layers()) gpt.set_num_layers(size.layers);
       if (!gpt.has_hidden_size()) gpt.set_hidden_size(size.hidden);
       if (!gpt.has_num_heads()) gpt.set_num_heads(size.heads);
     }
     if (!gpt.has_intermediate_size()) gpt.set_intermediate_size(4 * gpt.hidden_size());
   }
-  if (is_llama_model(model.name())) fill_llama_shape(model.name(), *model.mutable_llama());
+  if (is_llama_model(model.name())) fill_llama_shape(model.name(), preset, *model.mutable_llama());
   if (model.name() == "bert_base") {
     BertShape& bert = *model.mutable_bert();
     fill_declared_defaults(bert);

@@ -2,6 +2,7 @@
 // more than one field, the machine or the file system, by hand; and the batch arithmetic.
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 
 #include "configs/experiment.h"
@@ -201,6 +202,30 @@ class Validator {
     return "is " + kind + ", not " + what;
   }
 
+  // model.init_from: a safetensors file, or a transformers model folder (config.json and
+  // model.safetensors or model.safetensors.index.json; what they hold is read at load time).
+  static std::string init_from_problem(const std::string& path) {
+    static const std::string kWhat =
+        " (a safetensors file, or a transformers model folder: config.json with "
+        "model.safetensors or model.safetensors.index.json)";
+    if (path_kind(path, nullptr) != PathKind::kDirectory) {
+      return path_problem(path, PathKind::kRegular,
+                          "a safetensors file or a transformers model folder",
+                          "no such file or directory" + kWhat + ", or \"\" for random init");
+    }
+    const std::filesystem::path dir(path);
+    if (path_kind((dir / "config.json").string(), nullptr) != PathKind::kRegular) {
+      return "is a directory without config.json" + kWhat;
+    }
+    if (path_kind((dir / "model.safetensors").string(), nullptr) != PathKind::kRegular &&
+        path_kind((dir / "model.safetensors.index.json").string(), nullptr) != PathKind::kRegular) {
+      return "is a directory with config.json but no model.safetensors nor "
+             "model.safetensors.index.json" +
+             kWhat;
+    }
+    return "";
+  }
+
   void check_model() const {
     const ModelConfig& model = experiment_.model();
     const DataConfig::Kind kind = experiment_.data().kind();
@@ -256,10 +281,8 @@ class Validator {
                 "family)");
     }
     if (!model.init_from().empty()) {
-      const std::string problem =
-          path_problem(model.init_from(), PathKind::kRegular, "a safetensors file",
-                       "no such file (a safetensors file, or \"\" for random init)");
-      check(problem.empty(), "model.init_from", quote(model.init_from()), problem);
+      check(init_from_problem(model.init_from()).empty(), "model.init_from",
+            quote(model.init_from()), init_from_problem(model.init_from()));
     }
   }
 

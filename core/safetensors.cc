@@ -4,14 +4,13 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 
 #include "core/enum_names.h"
 #include "core/file_kind.h"
-#include "core/json_string.h"
+#include "core/json_value.h"
 
 namespace kiln {
 namespace {
@@ -42,117 +41,6 @@ std::string json_quote(const std::string& s) {
   }
   return r + "\"";
 }
-
-// A minimal JSON reader for safetensors headers: objects, arrays, strings, integers.
-struct JsonValue {
-  enum Kind { Object, Array, String, Number } kind = Number;
-  std::map<std::string, JsonValue> object;
-  std::vector<JsonValue> array;
-  std::string string;
-  long long number = 0;
-};
-
-class JsonReader {
- public:
-  JsonReader(const std::string& text, const std::string& file) : text_(text), file_(file) {}
-  JsonValue parse() {
-    JsonValue v = value();
-    skip_space();
-    if (pos_ != text_.size()) fail("trailing characters after the header object");
-    return v;
-  }
-
- private:
-  [[noreturn]] void fail(const std::string& what) {
-    throw InputError(file_ + ": corrupt safetensors header at byte " + std::to_string(pos_ + 8) +
-                     ": " + what);
-  }
-  void skip_space() {
-    while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) ++pos_;
-  }
-  char peek() {
-    skip_space();
-    if (pos_ >= text_.size()) fail("unexpected end of header");
-    return text_[pos_];
-  }
-  void expect(char c) {
-    if (peek() != c) fail(std::string("expected '") + c + "'");
-    ++pos_;
-  }
-  // A JSON string, strictly (core/json_string.h).
-  std::string string_literal() {
-    expect('"');
-    return read_json_string(text_, pos_, [this](std::size_t at, const std::string& what) {
-      pos_ = at;
-      fail(what);
-    });
-  }
-  JsonValue value() {
-    if (++depth_ > 16) fail("nesting too deep");
-    JsonValue v;
-    char c = peek();
-    if (c == '{') {
-      v.kind = JsonValue::Object;
-      ++pos_;
-      if (peek() == '}') {
-        ++pos_;
-      } else {
-        while (true) {
-          const std::size_t key_at = pos_;
-          std::string k = string_literal();
-          expect(':');
-          if (v.object.count(k) != 0) {
-            pos_ = key_at;
-            fail("the name '" + k + "' appears twice (names must be unique)");
-          }
-          v.object[k] = value();
-          if (peek() == ',') {
-            ++pos_;
-            continue;
-          }
-          expect('}');
-          break;
-        }
-      }
-    } else if (c == '[') {
-      v.kind = JsonValue::Array;
-      ++pos_;
-      if (peek() == ']') {
-        ++pos_;
-      } else {
-        while (true) {
-          v.array.push_back(value());
-          if (peek() == ',') {
-            ++pos_;
-            continue;
-          }
-          expect(']');
-          break;
-        }
-      }
-    } else if (c == '"') {
-      v.kind = JsonValue::String;
-      v.string = string_literal();
-    } else if (c == '-' || std::isdigit(static_cast<unsigned char>(c))) {
-      v.kind = JsonValue::Number;
-      std::size_t start = pos_;
-      if (text_[pos_] == '-') ++pos_;
-      std::size_t digits = pos_;
-      while (pos_ < text_.size() && std::isdigit(static_cast<unsigned char>(text_[pos_]))) ++pos_;
-      if (pos_ == digits) fail("a number without digits");
-      if (pos_ - start > 18) fail("number too large");
-      v.number = std::stoll(text_.substr(start, pos_ - start));
-    } else {
-      fail(std::string("unexpected character '") + c + "'");
-    }
-    --depth_;
-    return v;
-  }
-  const std::string& text_;
-  const std::string& file_;
-  std::size_t pos_ = 0;
-  int depth_ = 0;
-};
 
 [[noreturn]] void io_failure(const std::string& path, const std::string& what) {
   std::string reason = std::strerror(errno);
@@ -255,8 +143,11 @@ SafetensorsFile load_safetensors(const std::string& path) {
                      " after the length (truncated or not a safetensors file)");
   }
   std::string header = bytes.substr(8, n);
-  JsonValue root = JsonReader(header, path).parse();
-  if (root.kind != JsonValue::Object)
+  const JsonValue root = parse_json(header, [&path](std::size_t at, const std::string& what) {
+    throw InputError(path + ": corrupt safetensors header at byte " + std::to_string(at + 8) +
+                     ": " + what);
+  });
+  if (root.kind != JsonValue::Kind::Object)
     throw InputError(path + ": safetensors header is not an object");
   std::size_t data_start = 8 + n, data_size = bytes.size() - data_start;
   SafetensorsFile out;
@@ -265,48 +156,46 @@ SafetensorsFile load_safetensors(const std::string& path) {
     std::string name;
   };
   std::vector<Range> ranges;
-  for (const auto& item : root.object) {
-    const std::string& name = item.first;  // (a structured binding cannot be captured in C++17)
-    const JsonValue& entry = item.second;
+  for (std::size_t member = 0; member < root.items.size(); ++member) {
+    const std::string& name = root.names[member];
+    const JsonValue& entry = root.items[member];
     if (name == "__metadata__") {
-      if (entry.kind != JsonValue::Object) {
+      if (entry.kind != JsonValue::Kind::Object) {
         throw InputError(path + ": safetensors __metadata__ is not an object of strings");
       }
-      for (const auto& [k, v] : entry.object) {
-        if (v.kind != JsonValue::String) {
-          throw InputError(path + ": safetensors __metadata__ '" + k + "' is not a string");
+      for (std::size_t i = 0; i < entry.items.size(); ++i) {
+        if (entry.items[i].kind != JsonValue::Kind::String) {
+          throw InputError(path + ": safetensors __metadata__ '" + entry.names[i] +
+                           "' is not a string");
         }
-        out.metadata[k] = v.string;
+        out.metadata[entry.names[i]] = entry.items[i].string;
       }
       continue;
     }
     auto bad = [&](const std::string& what) {
       return InputError(path + ": tensor '" + name + "': " + what);
     };
-    if (entry.kind != JsonValue::Object) throw bad("entry is not an object");
-    auto dt = entry.object.find("dtype"), sh = entry.object.find("shape"),
-         off = entry.object.find("data_offsets");
-    if (dt == entry.object.end() || sh == entry.object.end() || off == entry.object.end()) {
+    if (entry.kind != JsonValue::Kind::Object) throw bad("entry is not an object");
+    const JsonValue *dt = entry.find("dtype"), *sh = entry.find("shape"),
+                    *off = entry.find("data_offsets");
+    if (dt == nullptr || sh == nullptr || off == nullptr) {
       throw bad("needs dtype, shape and data_offsets");
     }
     DType dtype;
-    if (dt->second.kind != JsonValue::String ||
-        !dtype_from_safetensors(dt->second.string, &dtype)) {
-      throw bad("unsupported dtype '" + dt->second.string +
-                "' (F32, F64, F16, BF16, I32, I64, U8)");
+    if (dt->kind != JsonValue::Kind::String || !dtype_from_safetensors(dt->string, &dtype)) {
+      throw bad("unsupported dtype '" + dt->string + "' (F32, F64, F16, BF16, I32, I64, U8)");
     }
-    if (sh->second.kind != JsonValue::Array) throw bad("shape is not an array");
+    if (sh->kind != JsonValue::Kind::Array) throw bad("shape is not an array");
     Shape shape;
-    for (const JsonValue& d : sh->second.array) {
-      if (d.kind != JsonValue::Number || d.number < 0) throw bad("bad shape");
-      shape.push_back(d.number);
+    for (const JsonValue& d : sh->items) {
+      if (!d.is_integer || d.integer < 0) throw bad("bad shape");
+      shape.push_back(d.integer);
     }
-    if (off->second.kind != JsonValue::Array || off->second.array.size() != 2 ||
-        off->second.array[0].kind != JsonValue::Number ||
-        off->second.array[1].kind != JsonValue::Number) {
+    if (off->kind != JsonValue::Kind::Array || off->items.size() != 2 ||
+        !off->items[0].is_integer || !off->items[1].is_integer) {
       throw bad("data_offsets needs two numbers");
     }
-    long long begin = off->second.array[0].number, end = off->second.array[1].number;
+    long long begin = off->items[0].integer, end = off->items[1].integer;
     if (begin < 0 || end < begin || static_cast<std::size_t>(end) > data_size) {
       throw bad("data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
                 ") outside the " + std::to_string(data_size) + " data bytes (truncated file?)");
@@ -314,12 +203,12 @@ SafetensorsFile load_safetensors(const std::string& path) {
     long double numel = 1;  // no overflow before the comparison with the file's size
     for (std::int64_t d : shape) numel *= static_cast<long double>(d);
     if (numel * dtype_size(dtype) > static_cast<long double>(data_size)) {
-      throw bad("shape " + shape_str(shape) + " of " + dt->second.string + " needs more than the " +
+      throw bad("shape " + shape_str(shape) + " of " + dt->string + " needs more than the " +
                 std::to_string(data_size) + " data bytes of the file");
     }
     std::size_t expected = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype);
     if (static_cast<std::size_t>(end - begin) != expected) {
-      throw bad("shape " + shape_str(shape) + " of " + dt->second.string + " needs " +
+      throw bad("shape " + shape_str(shape) + " of " + dt->string + " needs " +
                 std::to_string(expected) + " bytes, offsets give " + std::to_string(end - begin));
     }
     Tensor t = Tensor::empty(shape, dtype);

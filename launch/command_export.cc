@@ -1,7 +1,12 @@
 // kiln export --config FILE --onnx OUT.onnx [--checkpoint latest|DIR | --random-init]
 //             [--opset 17] [--half] [--batch N | --dynamic-batch]:
 // the experiment's model in eval mode as an ONNX graph (infer/onnx_export.h, docs/deploy.md),
-// with the preprocessing it expects in metadata_props. Runs on the CPU whatever train.device says.
+// with the preprocessing it expects in metadata_props.
+// kiln export --config FILE --hf DIR [--checkpoint latest|DIR | --random-init]
+//             [--dtype auto|fp32|bf16|fp16] [--max-shard-size 5GB]:
+// a GPT-2 or llama-family model as a transformers model folder (infer/hf_export.h,
+// docs/llama.md). Without --checkpoint: the newest checkpoint, else model.init_from's weights.
+// Runs on the CPU whatever train.device says.
 
 #include <boost/program_options.hpp>
 
@@ -10,13 +15,16 @@
 #include <sstream>
 
 #include "configs/experiment.h"
+#include "configs/hf_config.h"
 #include "core/check.h"
 #include "core/file_kind.h"
 #include "core/safetensors.h"
 #include "core/system_info.h"
+#include "infer/hf_export.h"
 #include "infer/onnx_export.h"
 #include "launch/commands.h"
 #include "train/checkpoint.h"
+#include "train/init_from.h"
 #include "train/model_options.h"
 #include "train/parameter_loader.h"
 
@@ -63,42 +71,97 @@ std::vector<std::pair<std::string, std::string>> metadata(const config::Experime
   return m;
 }
 
-}  // namespace
+// Where the exported weights come from, loaded into `model`.
+struct Weights {
+  std::string source;
+  std::int64_t step = 0;
+};
 
-int run_export(const Arguments& args) {
-  po::options_description options("kiln export: the eval-mode model as ONNX");
-  options.add_options()("help,h", "show this help")("config", po::value<std::string>()->required(),
-                                                    "experiment file (protobuf text)")(
-      "set", po::value<std::vector<std::string>>()->composing(),
-      "override a field by its path: --set model.num_classes=5 (repeatable)")(
-      "checkpoint", po::value<std::string>()->default_value("latest"),
-      "weights: latest (the newest complete checkpoint of the experiment) or a directory")(
-      "random-init", "untrained weights from train.seed instead of a checkpoint (tests)")(
-      "onnx", po::value<std::string>()->required(), "output file (written atomically)")(
-      "opset", po::value<int>()->default_value(17), "ONNX opset, 17 to 21")(
-      "half", "fp16 weights, input and output")("batch", po::value<std::int64_t>(),
-                                                "fixed batch size (default: dynamic)")(
-      "dynamic-batch", "a dynamic batch dimension named 'batch' (the default)");
-  po::variables_map vm;
-  po::store(po::command_line_parser(args).options(options).run(), vm);
-  if (vm.count("help")) {
-    std::cout
-        << "usage: kiln export --config FILE --onnx OUT.onnx [--checkpoint latest|DIR | "
-           "--random-init] [--opset 17] [--half] [--batch N | --dynamic-batch] [--set ...]\n\n"
-        << options << "\n";
-    return 0;
+// --random-init: train.seed's; --checkpoint DIR: that checkpoint; --checkpoint latest (typed):
+// the newest complete one, or an error; not typed: the newest, else model.init_from, else an
+// error (as kiln eval and kiln sample choose).
+Weights load_weights(const config::Experiment& e, const po::variables_map& vm, Model& model) {
+  model.net->reset_parameters(e.train().seed());
+  if (vm.count("random-init")) {
+    return {"random-init (train.seed " + std::to_string(e.train().seed()) + ")", 0};
   }
-  po::notify(vm);
-  const std::string config_path = vm["config"].as<std::string>();
-  std::vector<std::string> overrides;
-  if (vm.count("set")) overrides = vm["set"].as<std::vector<std::string>>();
-  const bool random_init = vm.count("random-init") > 0;
-  if (random_init && !vm["checkpoint"].defaulted()) {
-    throw InputError("--random-init and --checkpoint exclude each other");
+  std::string path = vm["checkpoint"].as<std::string>();
+  if (path == "latest") {
+    train::CheckpointStore store(e.checkpoint().dir(), e.checkpoint().keep_last());
+    std::string note;
+    auto latest = store.latest_for_reading("--checkpoint", &note);
+    if (!note.empty()) std::cerr << "kiln export: " << note << "\n";
+    if (!latest && vm["checkpoint"].defaulted() && !e.model().init_from().empty()) {
+      std::cerr << "kiln export: no checkpoint in " << store.dir() << ": exporting model.init_from "
+                << e.model().init_from() << "\n";
+      train::load_init_from(e.model(), *model.net);
+      return {"model.init_from " + e.model().init_from(), 0};
+    }
+    if (!latest) {
+      throw InputError("--checkpoint latest: no complete checkpoint in " + store.dir() +
+                       " (checkpoint.dir); train first, name one with --checkpoint DIR, "
+                       "export untrained weights with --random-init, or set model.init_from");
+    }
+    path = *latest;
   }
-  if (vm.count("batch") && vm.count("dynamic-batch")) {
-    throw InputError("--batch and --dynamic-batch exclude each other");
+  train::Checkpoint c = train::load_model_checkpoint(path, e.model().name(), *model.net);
+  return {path, c.state.step()};
+}
+
+// --dtype auto: the half type the experiment trains its weights in (O2, O3), else fp32. Without
+// the experiment (`e` null), only the name is checked.
+DType hf_dtype(const std::string& name, const config::Experiment* e) {
+  if (name == "fp32") return DType::F32;
+  if (name == "bf16") return DType::BF16;
+  if (name == "fp16") return DType::F16;
+  if (name != "auto") {
+    throw InputError("--dtype '" + name + "': expected auto, fp32, bf16 or fp16");
   }
+  if (e == nullptr) return DType::F32;
+  const auto level = e->precision().opt_level();
+  if (level != config::PrecisionConfig::O2 && level != config::PrecisionConfig::O3) {
+    return DType::F32;
+  }
+  return e->precision().half() == config::PrecisionConfig::BF16 ? DType::BF16 : DType::F16;
+}
+
+const char* torch_dtype(DType t) {
+  return t == DType::BF16 ? "bfloat16" : t == DType::F16 ? "float16" : "float32";
+}
+
+int export_hf(const config::Experiment& e, const po::variables_map& vm) {
+  const std::string dir = vm["hf"].as<std::string>();
+  if (!config::is_causal_lm(e.model().name())) {
+    throw InputError("--hf: model " + e.model().name() +
+                     " has no transformers causal-LM class; Hugging Face folders are written "
+                     "for gpt2* and the llama family (llama, qwen2, qwen2_5_*, llama3_*)");
+  }
+  infer::HfFolderOptions options;
+  options.max_shard_bytes =
+      infer::parse_byte_size(vm["max-shard-size"].as<std::string>(), "--max-shard-size");
+  const DType dtype = hf_dtype(vm["dtype"].as<std::string>(), &e);
+  options.config_json = config::hf_config_json(e.model(), torch_dtype(dtype));
+  Model model = make_model(train::model_options_from(e));
+  const Weights weights = load_weights(e, vm, model);
+  // transformers' names are Kiln's; a tied head is one parameter (the embedding), as
+  // save_pretrained leaves lm_head.weight out; GPT-2's Conv1D weights go back to (in, out).
+  NamedTensors tensors;
+  for (Parameter* p : model.net->parameters()) {
+    tensors.emplace_back(p->name, train::stored_layout(*p).to(dtype).contiguous());
+  }
+  const infer::HfFolderSummary summary = infer::write_hf_folder(dir, tensors, options);
+  std::printf("exported %s (%s, step %lld) to %s: %s, %s, %zu weight file(s), %.1f MB\n",
+              e.model().name().c_str(), weights.source.c_str(),
+              static_cast<long long>(weights.step), dir.c_str(),
+              config::is_gpt_model(e.model().name())
+                  ? "GPT2LMHeadModel"
+                  : (e.model().llama().qkv_bias() ? "Qwen2ForCausalLM" : "LlamaForCausalLM"),
+              torch_dtype(dtype), summary.weight_files.size(),
+              static_cast<double>(summary.tensor_bytes) / 1e6);
+  return 0;
+}
+
+int export_onnx(const config::Experiment& e, const po::variables_map& vm) {
   infer::OnnxExportOptions eo;
   eo.opset = vm["opset"].as<int>();
   eo.half = vm.count("half") > 0;
@@ -106,46 +169,93 @@ int run_export(const Arguments& args) {
     eo.batch = vm["batch"].as<std::int64_t>();
     if (eo.batch < 1) throw InputError("--batch " + std::to_string(eo.batch) + ": must be >= 1");
   }
-
-  // Refused before the work, not after: a device node or FIFO at --onnx is never replaced.
-  require_replaceable_file(vm["onnx"].as<std::string>(), "--onnx");
-  config::Experiment e = config::load_experiment(config_path, overrides);
-  // Export uses no device: an experiment written for GPUs validates here as on its own machine.
-  config::validate(e, {1, true, config_path, overrides});
   Model model = make_model(train::model_options_from(e));
-  model.net->reset_parameters(e.train().seed());
-  std::string source = "random-init (train.seed " + std::to_string(e.train().seed()) + ")";
-  std::int64_t step = 0;
-  if (!random_init) {
-    std::string path = vm["checkpoint"].as<std::string>();
-    if (path == "latest") {
-      train::CheckpointStore store(e.checkpoint().dir(), e.checkpoint().keep_last());
-      std::string note;
-      auto latest = store.latest_for_reading("--checkpoint", &note);
-      if (!note.empty()) std::cerr << "kiln export: " << note << "\n";
-      if (!latest) {
-        throw InputError("--checkpoint latest: no complete checkpoint in " + store.dir() +
-                         " (checkpoint.dir); train first, name one with --checkpoint DIR, or "
-                         "export untrained weights with --random-init");
-      }
-      path = *latest;
-    }
-    train::Checkpoint c = train::load_model_checkpoint(path, e.model().name(), *model.net);
-    source = path;
-    step = c.state.step();
-  }
+  const Weights weights = load_weights(e, vm, model);
   eo.graph_name = e.name().empty() ? e.model().name() : e.name();
   eo.producer_version = kiln_version();
-  eo.metadata = metadata(e, model, source, step, eo.half);
+  eo.metadata = metadata(e, model, weights.source, weights.step, eo.half);
   const std::string out = vm["onnx"].as<std::string>();
   std::string bytes = infer::export_onnx(model, eo);
   write_file_atomically(out, bytes);
   std::printf("exported %s (%s, step %lld) to %s: opset %d, %s, batch %s, %.1f MB\n",
-              e.model().name().c_str(), source.c_str(), static_cast<long long>(step), out.c_str(),
-              eo.opset, eo.half ? "fp16" : "fp32",
-              eo.batch ? std::to_string(eo.batch).c_str() : "dynamic",
+              e.model().name().c_str(), weights.source.c_str(),
+              static_cast<long long>(weights.step), out.c_str(), eo.opset,
+              eo.half ? "fp16" : "fp32", eo.batch ? std::to_string(eo.batch).c_str() : "dynamic",
               static_cast<double>(bytes.size()) / 1e6);
   return 0;
+}
+
+}  // namespace
+
+int run_export(const Arguments& args) {
+  po::options_description options(
+      "kiln export: the eval-mode model as ONNX, or a transformers model folder");
+  options.add_options()("help,h", "show this help")("config", po::value<std::string>()->required(),
+                                                    "experiment file (protobuf text)")(
+      "set", po::value<std::vector<std::string>>()->composing(),
+      "override a field by its path: --set model.num_classes=5 (repeatable)")(
+      "checkpoint", po::value<std::string>()->default_value("latest"),
+      "weights: latest (the newest complete checkpoint of the experiment; not typed and none "
+      "there: model.init_from) or a directory")(
+      "random-init", "untrained weights from train.seed instead of a checkpoint (tests)")(
+      "onnx", po::value<std::string>(), "ONNX output file (written atomically)")(
+      "opset", po::value<int>()->default_value(17), "ONNX opset, 17 to 21")(
+      "half", "ONNX: fp16 weights, input and output")("batch", po::value<std::int64_t>(),
+                                                      "ONNX: fixed batch size (default: dynamic)")(
+      "dynamic-batch", "ONNX: a dynamic batch dimension named 'batch' (the default)")(
+      "hf", po::value<std::string>(),
+      "a new transformers model folder (config.json and safetensors; gpt2* and the llama "
+      "family), written under a temporary name and renamed when complete")(
+      "dtype", po::value<std::string>()->default_value("auto"),
+      "--hf weights: fp32, bf16, fp16, or auto (the experiment's half type at O2/O3, else fp32)")(
+      "max-shard-size", po::value<std::string>()->default_value("5GB"),
+      "--hf: weight files of at most this size (5GB = 5e9 bytes, 2GiB, 500MB); more than one "
+      "file gets model.safetensors.index.json");
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(options).run(), vm);
+  if (vm.count("help")) {
+    std::cout << "usage: kiln export --config FILE (--onnx OUT.onnx [--opset 17] [--half] "
+                 "[--batch N | --dynamic-batch] | --hf DIR [--dtype auto|fp32|bf16|fp16] "
+                 "[--max-shard-size 5GB]) [--checkpoint latest|DIR | --random-init] [--set ...]\n\n"
+              << options << "\n";
+    return 0;
+  }
+  po::notify(vm);
+  const bool onnx = vm.count("onnx") > 0, hf = vm.count("hf") > 0;
+  if (onnx == hf) {
+    throw InputError(onnx ? "--onnx and --hf exclude each other: one export per command"
+                          : "kiln export needs --onnx OUT.onnx or --hf DIR (see --help)");
+  }
+  for (const char* only_onnx : {"half", "batch", "dynamic-batch"}) {
+    if (hf && vm.count(only_onnx)) {
+      throw InputError(std::string("--") + only_onnx + " is an ONNX option; --hf takes --dtype");
+    }
+  }
+  if (hf && !vm["opset"].defaulted()) throw InputError("--opset is an ONNX option, not --hf's");
+  for (const char* only_hf : {"dtype", "max-shard-size"}) {
+    if (onnx && !vm[only_hf].defaulted()) {
+      throw InputError(std::string("--") + only_hf + " is an option of --hf, not of --onnx");
+    }
+  }
+  const std::string config_path = vm["config"].as<std::string>();
+  std::vector<std::string> overrides;
+  if (vm.count("set")) overrides = vm["set"].as<std::vector<std::string>>();
+  if (vm.count("random-init") && !vm["checkpoint"].defaulted()) {
+    throw InputError("--random-init and --checkpoint exclude each other");
+  }
+  if (vm.count("batch") && vm.count("dynamic-batch")) {
+    throw InputError("--batch and --dynamic-batch exclude each other");
+  }
+  // Refused before the work, not after: a device node or FIFO at --onnx is never replaced.
+  if (onnx) require_replaceable_file(vm["onnx"].as<std::string>(), "--onnx");
+  if (hf) {
+    infer::parse_byte_size(vm["max-shard-size"].as<std::string>(), "--max-shard-size");
+    hf_dtype(vm["dtype"].as<std::string>(), nullptr);
+  }
+  config::Experiment e = config::load_experiment(config_path, overrides);
+  // Export uses no device: an experiment written for GPUs validates here as on its own machine.
+  config::validate(e, {1, true, config_path, overrides});
+  return hf ? export_hf(e, vm) : export_onnx(e, vm);
 }
 
 }  // namespace kiln::launch

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "layers/softmax_cross_entropy.h"
 #include "optim/amp/amp.h"
 #include "optim/optimizer.h"
+#include "train/init_from.h"
 #include "train/model_options.h"
 #include "train/parameter_loader.h"
 
@@ -37,7 +39,8 @@ int run_replay(const Arguments& args) {
   po::options_description options("kiln replay: steps on a fixed batch, for framework comparisons");
   options.add_options()("help,h", "show this help")("model", po::value<std::string>()->required(),
                                                     "model name")(
-      "weights", po::value<std::string>()->required(), "safetensors with the initial weights")(
+      "weights", po::value<std::string>()->required(),
+      "the initial weights: a safetensors file or a transformers model folder")(
       "batch", po::value<std::string>()->required(), "safetensors with 'input' and 'target'")(
       "out", po::value<std::string>()->required(), "safetensors to write")(
       "steps", po::value<int>()->default_value(1), "optimizer steps (AdamW)")(
@@ -67,18 +70,22 @@ int run_replay(const Arguments& args) {
                                 : parse_device(dev);
   std::vector<std::string> overrides;
   if (vm.count("set")) overrides = vm["set"].as<std::vector<std::string>>();
-  ModelOptions mo = train::default_model_options(vm["model"].as<std::string>(), overrides);
+  const config::Experiment experiment =
+      train::default_model_experiment(vm["model"].as<std::string>(), overrides);
+  ModelOptions mo = train::model_options_from(experiment);
   mo.dropout = 0.0;  // comparisons need the same function on both sides
   if (vm.count("num-classes")) mo.num_classes = vm["num-classes"].as<int>();
   if (vm.count("seq-len")) mo.seq_len = vm["seq-len"].as<int>();
-  Model model = make_model(mo);
+  // A safetensors file, or a transformers model folder checked against the model's shape before
+  // the model is built.
   const std::string weights_path = vm["weights"].as<std::string>();
-  SafetensorsFile weights = load_safetensors(weights_path);
-  train::load_named_tensors({weights_path, &weights.tensors, ""}, model.net->parameters(), {},
-                            false);
+  const std::map<std::string, Tensor> weights =
+      train::read_init_weights(weights_path, experiment.model());
+  Model model = make_model(mo);
+  train::load_named_tensors({weights_path, &weights, ""}, model.net->parameters(), {}, false);
   for (Buffer* b : model.net->buffers()) {
-    auto it = weights.tensors.find(b->name);
-    if (it != weights.tensors.end()) b->value.copy_from(it->second.to(DType::F32));
+    auto it = weights.find(b->name);
+    if (it != weights.end()) b->value.copy_from(it->second.to(DType::F32));
   }
   optim::AmpOptions amp;
   amp.level = optim::opt_level_from_name(vm["amp"].as<std::string>());

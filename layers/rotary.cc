@@ -26,9 +26,11 @@ RotaryEmbedding::RotaryEmbedding(std::int64_t head_dim, std::int64_t max_positio
       const float old_len = static_cast<float>(o.original_max_positions);
       const float low_wavelen = old_len / static_cast<float>(o.low_freq_factor);
       const float high_wavelen = old_len / static_cast<float>(o.high_freq_factor);
-      const float wavelen = 2 * pi / f;
+      // In torch's order of operations (2 pi / t is reciprocal(t) * 2 pi), so every frequency
+      // equals transformers' to the bit.
+      const float wavelen = (1.0f / f) * (2 * pi);
       float scaled = wavelen > low_wavelen ? f / factor : f;
-      const float smooth = (old_len / wavelen - static_cast<float>(o.low_freq_factor)) /
+      const float smooth = ((1.0f / wavelen) * old_len - static_cast<float>(o.low_freq_factor)) /
                            static_cast<float>(o.high_freq_factor - o.low_freq_factor);
       const float smoothed = (1 - smooth) * scaled / factor + smooth * scaled;
       if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) scaled = smoothed;

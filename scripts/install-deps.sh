@@ -46,3 +46,10 @@ ONNX_PINS=(onnx==1.17.0 onnxruntime==1.20.1)
 if ! python3 -c "import onnx, onnxruntime; assert (onnx.__version__, onnxruntime.__version__) == ('1.17.0', '1.20.1')" 2>/dev/null; then
   python3 -m pip install -q "${ONNX_PINS[@]}" || $SUDO python3 -m pip install -q --break-system-packages "${ONNX_PINS[@]}"
 fi
+
+# Hugging Face's tokenizers, pinned, for the tokenizer.json test (tests/infer/hf_tokenizer_check.py
+# trains tokenizers with it and compares ids): that test fails, never skips, when it is missing.
+TOKENIZERS_PIN=tokenizers==0.23.3
+if ! python3 -c "import tokenizers; assert tokenizers.__version__ == '0.23.3'" 2>/dev/null; then
+  python3 -m pip install -q "$TOKENIZERS_PIN" || $SUDO python3 -m pip install -q --break-system-packages "$TOKENIZERS_PIN"
+fi

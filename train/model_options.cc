@@ -4,8 +4,8 @@
 
 namespace kiln::train {
 
-ModelOptions default_model_options(const std::string& name,
-                                   const std::vector<std::string>& overrides) {
+config::Experiment default_model_experiment(const std::string& name,
+                                            const std::vector<std::string>& overrides) {
   // The experiment defaults of the model on the data it is made for: Fashion-MNIST for mlp and
   // fashion_cnn, synthetic (ImageNet-shaped, or BERT-base) data for the rest. So `kiln model`
   // describes what `kiln train` builds, from the schema's one declaration of each default.
@@ -15,7 +15,13 @@ ModelOptions default_model_options(const std::string& name,
   e.mutable_data()->set_kind(small ? config::DataConfig::FASHION_MNIST
                                    : config::DataConfig::SYNTHETIC);
   for (const std::string& o : overrides) config::apply_override(e, o);
-  return model_options_from(e);
+  config::fill_defaults(e);
+  return e;
+}
+
+ModelOptions default_model_options(const std::string& name,
+                                   const std::vector<std::string>& overrides) {
+  return model_options_from(default_model_experiment(name, overrides));
 }
 
 namespace {

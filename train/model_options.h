@@ -9,8 +9,11 @@
 
 namespace kiln::train {
 
-// `overrides` ("model.gpt.num_layers=2", ...) apply to the experiment before the options are
-// taken from it (kiln replay --set).
+// The experiment (filled) of the model `name` on the data it is made for, `overrides`
+// ("model.gpt.num_layers=2", "model.from_hf_config=DIR", ...) applied first (kiln replay --set).
+config::Experiment default_model_experiment(const std::string& name,
+                                            const std::vector<std::string>& overrides = {});
+// Its model options.
 ModelOptions default_model_options(const std::string& name,
                                    const std::vector<std::string>& overrides = {});
 ModelOptions model_options_from(const config::Experiment& experiment);

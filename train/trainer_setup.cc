@@ -4,11 +4,10 @@
 #include <filesystem>
 
 #include "core/allocator.h"
-#include "core/safetensors.h"
 #include "core/system_info.h"
 #include "data/factory.h"
+#include "train/init_from.h"
 #include "train/model_options.h"
-#include "train/parameter_loader.h"
 #include "train/run_setup.h"
 #include "train/trainer_state.h"
 
@@ -25,13 +24,7 @@ void initialise_model(Trainer::State& s) {
     auto children = first->children();
     first = children.empty() ? nullptr : children.front();
   }
-  const std::string& init_from = s.e.model().init_from();
-  if (!init_from.empty()) {
-    SafetensorsFile file = load_safetensors(init_from);
-    load_named_tensors(
-        {init_from, &file.tensors, " (model.init_from, for model " + s.e.model().name() + ")"},
-        s.model.net->parameters(), s.model.net->buffers(), false);
-  }
+  load_init_from(s.e.model(), *s.model.net);
 }
 
 // --resume, or checkpoint.resume when it is not given: a run that continues its directory's run.

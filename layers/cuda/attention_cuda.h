@@ -40,7 +40,8 @@ KILN_CUDA_OP("attention",
                                              const std::uint64_t* stream_source, Tensor& dscores));
 // The most bytes a fused attention backward takes for its (B*H, T, T) workspace (dS^T in the
 // flash kernels, dP in cuDNN's deterministic backward): KILN_ATTENTION_WORKSPACE_MB, default 1024.
-// The flash backward runs in chunks of (batch * head) rows that fit; cuDNN's declines beyond it.
+// The flash backward runs in chunks of (batch * head) rows that fit, cuDNN's in chunks of whole
+// sequences (halvings of the batch) that fit; cuDNN declines when one sequence does not.
 KILN_CUDA_OP("attention", std::int64_t attention_workspace_limit_bytes());
 // Fused attention (layers/cuda/flash_attention.cu): whether it serves this dtype, number of
 // (batch * head) rows, head dimension and length.

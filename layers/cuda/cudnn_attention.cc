@@ -41,11 +41,14 @@ struct AttentionGraphs {
   TensorRef q, k, v, o, stats;                        // forward
   TensorRef bq, bk, bv, bo, bdo, bstats, dq, dk, dv;  // backward
   std::int64_t forward_workspace = 0, backward_workspace = 0;
+  // Backward runs over chunks of this many sequences: the deterministic algorithm's dP workspace
+  // grows with B*H*T*T, and chunks keep it under the attention workspace limit.
+  std::int64_t backward_batch = 0;
 };
 
-// device, dtype, B, H, H_kv, T, d, causal
+// device, dtype, B, H, H_kv, T, d, causal, the workspace limit (it sets the backward's chunks)
 using Key = std::tuple<int, int, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                       std::int64_t, bool>;
+                       std::int64_t, bool, std::int64_t>;
 
 // Grouped-query attention when hkv < h: query head i reads key/value head i / (h / hkv).
 struct Shape {
@@ -94,27 +97,10 @@ bool finish(fe::graph::Graph& g, cudnnHandle_t handle, std::int64_t& workspace,
   return true;
 }
 
-void build(AttentionGraphs& a, const Shape& s, fe::DataType_t io, cudnnHandle_t handle) {
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.d)));
-  auto& f = *(a.forward = new_graph(io));
-  a.q = input(f, "q", s.dims(), s.packed());
-  a.k = input(f, "k", s.kv_dims(), s.packed());
-  a.v = input(f, "v", s.kv_dims(), s.packed());
-  fe::graph::SDPA_attributes forward_options;
-  forward_options.set_name("attention").set_generate_stats(true).set_attn_scale(scale);
-  // Causal: the band of keys j <= i + 0 below a top-left aligned diagonal (set_causal_mask's
-  // meaning, which this frontend marks for deprecation).
-  if (s.causal)
-    forward_options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
-        .set_diagonal_band_right_bound(0);
-  auto [o, stats] = f.sdpa(a.q, a.k, a.v, forward_options);
-  o->set_output(true).set_dim(s.dims()).set_stride(s.rows());
-  stats->set_output(true).set_data_type(fe::DataType_t::FLOAT);
-  stats->set_dim(s.stats_dims()).set_stride(s.stats_strides());
-  a.o = o;
-  a.stats = stats;
-  if (!finish(f, handle, a.forward_workspace, a.reason)) return;
-
+// The backward graph of shape `s` (its b: sequences per chunk); false and a.reason when cuDNN
+// declines.
+bool build_backward(AttentionGraphs& a, const Shape& s, fe::DataType_t io, float scale,
+                    cudnnHandle_t handle) {
   auto& g = *(a.backward = new_graph(io));
   a.bq = input(g, "q", s.dims(), s.packed());
   a.bk = input(g, "k", s.kv_dims(), s.packed());
@@ -137,13 +123,45 @@ void build(AttentionGraphs& a, const Shape& s, fe::DataType_t io, cudnnHandle_t 
   a.dq = dq;
   a.dk = dk;
   a.dv = dv;
-  if (!finish(g, handle, a.backward_workspace, a.reason)) return;
-  if (a.backward_workspace > attention_workspace_limit_bytes()) {
-    a.reason = "its backward workspace of " + std::to_string(a.backward_workspace >> 20) +
-               " MiB is above the attention workspace limit (KILN_ATTENTION_WORKSPACE_MB)";
-    return;
+  return finish(g, handle, a.backward_workspace, a.reason);
+}
+
+void build(AttentionGraphs& a, const Shape& s, fe::DataType_t io, cudnnHandle_t handle) {
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.d)));
+  auto& f = *(a.forward = new_graph(io));
+  a.q = input(f, "q", s.dims(), s.packed());
+  a.k = input(f, "k", s.kv_dims(), s.packed());
+  a.v = input(f, "v", s.kv_dims(), s.packed());
+  fe::graph::SDPA_attributes forward_options;
+  forward_options.set_name("attention").set_generate_stats(true).set_attn_scale(scale);
+  // Causal: the band of keys j <= i + 0 below a top-left aligned diagonal (set_causal_mask's
+  // meaning, which this frontend marks for deprecation).
+  if (s.causal)
+    forward_options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+        .set_diagonal_band_right_bound(0);
+  auto [o, stats] = f.sdpa(a.q, a.k, a.v, forward_options);
+  o->set_output(true).set_dim(s.dims()).set_stride(s.rows());
+  stats->set_output(true).set_data_type(fe::DataType_t::FLOAT);
+  stats->set_dim(s.stats_dims()).set_stride(s.stats_strides());
+  a.o = o;
+  a.stats = stats;
+  if (!finish(f, handle, a.forward_workspace, a.reason)) return;
+
+  // The backward graph for the whole batch, or for the largest halving of it whose workspace
+  // fits under the limit.
+  for (std::int64_t chunk = s.b; chunk >= 1; chunk = chunk % 2 == 0 ? chunk / 2 : 0) {
+    Shape c = s;
+    c.b = chunk;
+    if (!build_backward(a, c, io, scale, handle)) return;
+    if (a.backward_workspace <= attention_workspace_limit_bytes()) {
+      a.backward_batch = chunk;
+      a.supported = true;
+      return;
+    }
   }
-  a.supported = true;
+  a.reason = "its backward workspace of " + std::to_string(a.backward_workspace >> 20) +
+             " MiB is above the attention workspace limit (KILN_ATTENTION_WORKSPACE_MB) even for "
+             "the smallest chunk of the batch";
 }
 
 // KILN_ATTENTION_CUDNN=0 keeps every attention on Kiln's flash kernels (read at each call, so a
@@ -161,8 +179,8 @@ AttentionGraphs& graphs_for(const Tensor& qkv, std::int64_t batch, std::int64_t 
                             std::int64_t kv_heads, bool causal) {
   const Shape s{batch, heads, kv_heads, qkv.size(0) / batch, qkv.size(1) / (heads + 2 * kv_heads),
                 causal};
-  const Key key{
-      qkv.device().index, static_cast<int>(qkv.dtype()), s.b, s.h, s.hkv, s.t, s.d, s.causal};
+  const Key key{qkv.device().index, static_cast<int>(qkv.dtype()),    s.b, s.h, s.hkv, s.t, s.d,
+                s.causal,           attention_workspace_limit_bytes()};
   std::lock_guard<std::mutex> lock(cache_mutex);
   auto found = cache.find(key);
   if (found != cache.end()) return found->second;
@@ -227,12 +245,25 @@ void cudnn_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor
   AttentionGraphs& a = graphs_for(qkv, batch, heads, kv_heads, causal);
   KILN_CHECK(a.supported, "cuDNN fused attention backward without its forward: " + a.reason);
   const std::int64_t d = qkv.size(1) / (heads + 2 * kv_heads);
-  const std::int64_t e = heads * d, ekv = kv_heads * d;
-  std::unordered_map<TensorRef, void*> pack{
-      {a.bq, column(qkv, 0)},  {a.bk, column(qkv, e)},   {a.bv, column(qkv, e + ekv)},
-      {a.bo, column(out, 0)},  {a.bdo, column(dout, 0)}, {a.bstats, column(lse, 0)},
-      {a.dq, column(dqkv, 0)}, {a.dk, column(dqkv, e)},  {a.dv, column(dqkv, e + ekv)}};
-  execute(*a.backward, pack, a.backward_workspace, qkv.device(), "backward");
+  const std::int64_t e = heads * d, ekv = kv_heads * d, t = qkv.size(0) / batch;
+  auto at = [](const Tensor& x, std::int64_t elements) {
+    return static_cast<char*>(const_cast<void*>(x.data())) +
+           elements * static_cast<std::int64_t>(dtype_size(x.dtype()));
+  };
+  // Chunk c's sequences start at row c*chunk*T of qkv, out, dout, dqkv and at c*chunk*H*T of lse.
+  for (std::int64_t first = 0; first < batch; first += a.backward_batch) {
+    const std::int64_t rows = first * t;
+    std::unordered_map<TensorRef, void*> pack{{a.bq, at(qkv, rows * qkv.size(1))},
+                                              {a.bk, at(qkv, rows * qkv.size(1) + e)},
+                                              {a.bv, at(qkv, rows * qkv.size(1) + e + ekv)},
+                                              {a.bo, at(out, rows * out.size(1))},
+                                              {a.bdo, at(dout, rows * dout.size(1))},
+                                              {a.bstats, at(lse, first * heads * t)},
+                                              {a.dq, at(dqkv, rows * dqkv.size(1))},
+                                              {a.dk, at(dqkv, rows * dqkv.size(1) + e)},
+                                              {a.dv, at(dqkv, rows * dqkv.size(1) + e + ekv)}};
+    execute(*a.backward, pack, a.backward_workspace, qkv.device(), "backward");
+  }
 }
 
 }  // namespace kiln::cuda

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/configs/config_test_util.h"
+
 namespace kiln::config {
 namespace {
 
@@ -42,18 +44,6 @@ std::string write_temp(const std::string& name, const std::string& text) {
   const fs::path path = fs::temp_directory_path() / ("kiln_test_configs_" + name);
   std::ofstream(path) << text;
   return path.string();
-}
-
-// The message of the ConfigError `action` throws; fails the test when it throws none.
-template <typename Action>
-std::string error_of(Action action) {
-  try {
-    action();
-  } catch (const ConfigError& error) {
-    return error.what();
-  }
-  ADD_FAILURE() << "expected a ConfigError";
-  return "";
 }
 
 // ---------------------------------------------------------------------------------------
@@ -603,7 +593,8 @@ TEST(Paths, EachFieldNamingAPathGetsItsKind) {
   };
   std::string message = message_for({"model.init_from=" + existing_dir()});
   EXPECT_NE(message.find("model.init_from = \"" + existing_dir() +
-                         "\": is a directory, not a safetensors file"),
+                         "\": is a directory without config.json (a safetensors file, or a "
+                         "transformers model folder"),
             std::string::npos)
       << message;
   message = message_for({"data.path=" + file});

@@ -32,3 +32,25 @@ with open(os.path.join(sys.argv[1], "merges.txt"), "w", encoding="utf-8") as f:
     f.write("#version: 0.2\n" + "".join("%s %s\n" % p for p in pairs))
 PY
 }
+
+# tokenizer.json of the same tokenizer in the layout tokenizers writes for GPT-2 (ByteLevel
+# pre-tokenizer and decoder, BPE model), from the directory's vocab.json and merges.txt.
+write_tokenizer_json() {  # directory
+  python3 - "$1" <<'PY'
+import json, os, sys
+d = sys.argv[1]
+vocab = json.load(open(os.path.join(d, "vocab.json"), encoding="utf-8"))
+merges = [line.split(" ") for line in open(os.path.join(d, "merges.txt"), encoding="utf-8")
+          .read().splitlines()[1:] if line]
+byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+              "use_regex": True}
+t = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+     "normalizer": None, "pre_tokenizer": byte_level, "post_processor": byte_level,
+     "decoder": byte_level,
+     "model": {"type": "BPE", "dropout": None, "unk_token": None,
+               "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": False,
+               "byte_fallback": False, "ignore_merges": False, "vocab": vocab, "merges": merges}}
+with open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8") as f:
+    json.dump(t, f, ensure_ascii=False, indent=2)
+PY
+}

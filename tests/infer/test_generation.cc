@@ -15,11 +15,14 @@
 #include "infer/generation.h"
 #include "infer/gpt2_tokenizer.h"
 #include "layers/models/model.h"
+#include "tests/infer/tokenizer_test_util.h"
 
 namespace kiln::infer {
 namespace {
 
 using Ids = std::vector<std::int64_t>;
+using testing::error_of;
+using testing::scratch_file;
 
 // Byte b has id b; then the merges' results and GPT-2's end-of-text token.
 std::vector<std::pair<std::string, std::int64_t>> tiny_vocab() {
@@ -37,22 +40,6 @@ std::vector<std::pair<std::string, std::string>> tiny_merges() {
 
 Gpt2Tokenizer tiny_tokenizer() {
   return Gpt2Tokenizer(tiny_vocab(), tiny_merges(), "tiny");
-}
-
-std::string scratch_file(const std::string& name, const std::string& contents) {
-  const std::string path = ::testing::TempDir() + "kiln_tokenizer_" + name;
-  std::ofstream(path, std::ios::binary) << contents;
-  return path;
-}
-
-template <typename F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "(no InputError)";
 }
 
 TEST(Gpt2Tokenizer, ByteSymbolsAreGpt2s) {

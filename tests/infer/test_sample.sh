@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# kiln sample on a tiny GPT-2 trained here: where the weights come from, ids and text in and out,
+# kiln sample on a tiny GPT-2 trained here: where the weights come from, ids and text in and out
+# (GPT-2's BPE files, and the same tokenizer as a tokenizer.json),
 # --json, the seed, the stop at max_positions, and every refusal (exit 2, naming the option).
 # The KV cache's agreement with --no-kv-cache is test_sample_kv_cache.sh.
 source "$(dirname "$0")/lib.sh"
@@ -17,9 +18,12 @@ S=("$KILN" sample --config "$GPT" "${RUN[@]}")
 
 # Options, before anything is loaded.
 expect_refusal "no prompt: give --prompt-tokens" -- "${S[@]}"
-expect_refusal "--prompt needs --vocab vocab.json and --merges" -- "${S[@]}" --prompt "hello"
+expect_refusal "--prompt needs a tokenizer to turn text into tokens: --tokenizer tokenizer.json, or --vocab" -- \
+  "${S[@]}" --prompt "hello"
 expect_refusal "--prompt and --prompt-tokens exclude each other" -- "${S[@]}" --prompt a --prompt-tokens 1
 expect_refusal "--vocab needs --merges" -- "${S[@]}" --prompt-tokens 1 --vocab "$WORK/vocab.json"
+expect_refusal "--tokenizer and --vocab/--merges exclude each other" -- \
+  "${S[@]}" --prompt hi --tokenizer "$WORK/tokenizer.json" --vocab "$WORK/vocab.json"
 expect_refusal "--prompt-tokens: 'x1' is not a token id" -- "${S[@]}" --prompt-tokens "1 x1"
 expect_refusal "--temperature -1: must be a finite number >= 0" -- "${S[@]}" --prompt-tokens 1 --temperature -1
 expect_refusal "--top-k -3: must be >= 0" -- "${S[@]}" --prompt-tokens 1 --top-k -3
@@ -29,6 +33,8 @@ expect_refusal "model.name 'fashion_cnn': kiln sample generates from causal lang
   "$KILN" sample --config "$SRC/tests/train/tiny.pbtxt" "${RUN[@]}" --prompt-tokens 1
 expect_refusal "$WORK/nothing/vocab.json: cannot open the vocabulary: nothing (no such file or directory)" -- \
   "${S[@]}" --prompt hi --vocab "$WORK/nothing/vocab.json" --merges "$WORK/nothing/merges.txt"
+expect_refusal "$WORK/nothing/tokenizer.json: cannot open the tokenizer: nothing (no such file or directory)" -- \
+  "${S[@]}" --prompt hi --tokenizer "$WORK/nothing/tokenizer.json"
 # A FIFO would block the read forever and /dev/zero never end: refused at once (timeout: a hang
 # fails the test).
 mkfifo "$WORK/fifo"
@@ -38,6 +44,8 @@ for bad in "$WORK/fifo" /dev/zero; do
     timeout 10 "${S[@]}" --prompt hi --vocab "$bad" --merges "$WORK/nothing/merges.txt"
   expect_refusal "$bad: the BPE merges must be a regular file, but it is a" -- \
     timeout 10 "${S[@]}" --prompt hi --vocab "$WORK/one.json" --merges "$bad"
+  expect_refusal "$bad: the tokenizer must be a regular file, but it is a" -- \
+    timeout 10 "${S[@]}" --prompt hi --tokenizer "$bad"
 done
 # No weights yet: random ones would only make noise.
 expect_refusal "no weights to sample from: no complete checkpoint in $WORK/run/checkpoints (checkpoint.dir) and no model.init_from" -- \
@@ -138,5 +146,23 @@ pass "text: $(head -c 80 "$WORK/text.txt")"
 python3 -c 'import json, sys; v = json.load(open(sys.argv[1])); v["zz"] = 600; json.dump(v, open(sys.argv[2], "w"))' \
   "$WORK/vocab.json" "$WORK/big.json"
 echo "z z" >> "$WORK/merges.txt"
-expect_refusal "--prompt: token 600 is outside the model's vocabulary (model.gpt.vocab_size = 512): the BPE files and the model do not match" -- \
+expect_refusal "--prompt: token 600 is outside the model's vocabulary (model.gpt.vocab_size = 512): the tokenizer and the model do not match" -- \
   "${S[@]}" --vocab "$WORK/big.json" --merges "$WORK/merges.txt" --prompt "zz"
+
+# The same tokenizer as Hugging Face's tokenizer.json: the same prompt ids, tokens and text.
+write_bpe_files "$WORK"
+write_tokenizer_json "$WORK"
+for opts in "--vocab $WORK/vocab.json --merges $WORK/merges.txt" "--tokenizer $WORK/tokenizer.json"; do
+  # shellcheck disable=SC2086
+  "${S[@]}" $opts --prompt "abba cd" --max-new-tokens 6 --seed 5 --json > "$WORK/same.json" ||
+    fail "kiln sample $opts"
+  python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); del r["seconds"], r["tokens_per_s"]; print(json.dumps(r, sort_keys=True))' \
+    "$WORK/same.json" >> "$WORK/both.txt"
+done
+[ "$(sort -u "$WORK/both.txt" | wc -l)" = 1 ] || { cat "$WORK/both.txt"; fail "--tokenizer and --vocab/--merges differ"; }
+pass "--tokenizer gives what --vocab/--merges give: $(head -c 160 "$WORK/both.txt")"
+# A tokenizer.json Kiln does not read is refused naming the file and the part.
+python3 -c 'import json, sys; t = json.load(open(sys.argv[1])); t["pre_tokenizer"] = {"type": "Metaspace", "replacement": "_"}; json.dump(t, open(sys.argv[2], "w"), indent=1)' \
+  "$WORK/tokenizer.json" "$WORK/metaspace.json"
+expect_refusal "$WORK/metaspace.json: pre_tokenizer (line 7, column [0-9]*): type 'Metaspace' is not supported (Kiln reads ByteLevel, Split)" -- \
+  "${S[@]}" --tokenizer "$WORK/metaspace.json" --prompt "ab"

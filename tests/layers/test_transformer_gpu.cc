@@ -711,6 +711,41 @@ TEST_P(TransformerGpu, LlamaLayersMatchCpu) {
   unsetenv("KILN_ATTENTION_UNFUSED");
 }
 
+TEST_P(TransformerGpu, CudnnBackwardInBatchChunksIsBitwiseEqual) {
+  // A workspace limit below one batch's dP makes cuDNN's backward run over halvings of the batch:
+  // the sequences are independent, so the gradients equal the whole batch's bit for bit.
+  DType dt = GetParam();
+  if (dt == DType::F32) GTEST_SKIP() << "f32 takes the unfused path";
+  std::uint64_t seed = fresh_seed();
+  GroupedQueryAttentionConfig c;
+  c.hidden = 256;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.max_positions = 512;
+  auto grads = [&](const char* limit_mb) {
+    setenv("KILN_ATTENTION_WORKSPACE_MB", limit_mb, 1);
+    GroupedQueryAttention attn(c);
+    attn.to(kGpu, dt);
+    Context ctx = training_context(seed);
+    ctx.run.precision.activation = dt;
+    ctx.run.precision.matmul = dt;
+    Tensor x = random_cpu({8, 512, 256}, dt, seed).to(kGpu, dt);
+    attn.forward(ctx, x);
+    std::vector<std::vector<float>> out;
+    out.push_back(attn.backward(ctx, random_cpu({8, 512, 256}, dt, seed + 1).to(kGpu, dt))
+                      .to(Device::cpu(), DType::F32)
+                      .to_vector<float>());
+    for (Parameter* p : attn.parameters())
+      out.push_back(p->grad.to(Device::cpu(), DType::F32).to_vector<float>());
+    return out;
+  };
+  const auto whole = grads("1024");  // 8 x 4 x 512 x 512 x 2 bytes: 16 MiB
+  const auto chunked = grads("9");   // chunks of a few sequences
+  unsetenv("KILN_ATTENTION_WORKSPACE_MB");
+  ASSERT_EQ(whole.size(), chunked.size());
+  for (std::size_t i = 0; i < whole.size(); ++i) EXPECT_EQ(whole[i], chunked[i]) << "tensor " << i;
+}
+
 TEST_P(TransformerGpu, TinyLlamaModelsMatchCpu) {
   DType dt = GetParam();
   std::uint64_t seed = fresh_seed();

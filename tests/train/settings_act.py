@@ -148,6 +148,10 @@ CASES = {
     "model.gpt.max_positions": (GPT, GPT + ["model.gpt.max_positions=32"], differs("parameters")),
     "model.dropout": (BERT, BERT + ["model.dropout=0.3"], differs("losses")),
     "model.init_from": ([], ["model.init_from=@INIT"], differs("losses")),
+    # config.json's n_layer (2) fills the one field GPT leaves out here (the others agree).
+    "model.from_hf_config": ([o for o in GPT if "num_layers" not in o] + ["model.gpt.num_layers=1"],
+                             [o for o in GPT if "num_layers" not in o] + ["model.from_hf_config=@HF"],
+                             differs("parameters")),
     "model.mlp_hidden": (["model.name=mlp"], ["model.name=mlp", "model.mlp_hidden=64"], differs("parameters")),
     "data.kind": ([], ["data.kind=FASHION_MNIST", "data.workers=0"], differs("losses")),
     "data.path": (AUGMENT, AUGMENT + [f"data.path={WORK}"], fails_with("no such file")),
@@ -269,6 +273,7 @@ def expand(overrides, case_dir):
             mpi = 2
         else:
             o = o.replace("@INIT", INIT).replace("@TOKENS", TOKENS).replace("@SHARDS", SHARDS_DIR)
+            o = o.replace("@HF", HF_CONFIG)
             o = o.replace("@DIR", case_dir)
             out.append(o)
     return out, env, mpi
@@ -318,6 +323,16 @@ def write_tokens():
     return d
 
 
+def write_hf_config():
+    """A transformers GPT2Config of GPT's shape with 2 layers (tests/train/test_hf_folders.sh
+    checks the rest of model.from_hf_config and of Hugging Face folders)."""
+    path = os.path.join(WORK, "hf_config.json")
+    with open(path, "w") as f:
+        json.dump({"model_type": "gpt2", "vocab_size": 64, "n_embd": 16, "n_layer": 2, "n_head": 2,
+                   "n_inner": 32, "n_positions": 16}, f)
+    return path
+
+
 def write_llmc_shards():
     """LLMC_SHARDS data in llm.c's format (data/llmc_shards.h): two training shards and two sets
     of validation shards with different tokens."""
@@ -340,6 +355,7 @@ assert not missing, f"fields with no case in settings_act.py (add one that shows
 INIT = init_from_file()
 TOKENS = write_tokens()
 SHARDS_DIR = write_llmc_shards()
+HF_CONFIG = write_hf_config()
 only = os.environ.get("SETTINGS_ONLY")
 failures = []
 for field, case in CASES.items():

@@ -41,6 +41,7 @@
 # PATH after it (cmake --install puts it there), and fails this test.
 #   --vocab, --merges FILE: a byte-level BPE vocab.json and merges.txt in GPT-2's format written
 #                 here, covering exactly the model's vocabulary (model.gpt.vocab_size)
+#   --tokenizer FILE: the same tokenizer as Hugging Face's tokenizer.json, written here
 source "$(dirname "$0")/lib.sh"
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 python3 - "$KILN" "$SRC" "$WORK" "${MPIEXEC:-mpirun}" <<'PY'
@@ -176,7 +177,8 @@ def config_and_sets(args):
 
 def write_bpe_files(vocab_size):
     """GPT-2-format vocab.json and merges.txt with ids 0..vocab_size-1: the 256 byte symbols,
-    then merges of pairs of them in order. Returns the two paths."""
+    then merges of pairs of them in order, and the same tokenizer as a tokenizer.json. Returns
+    the three paths."""
     bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
     cs, n = bs[:], 0
     for b in range(256):
@@ -196,7 +198,15 @@ def write_bpe_files(vocab_size):
         json.dump(vocab, f, ensure_ascii=False)
     with open(os.path.join(d, "merges.txt"), "w", encoding="utf-8") as f:
         f.write("#version: 0.2\n" + "".join("%s %s\n" % p for p in pairs))
-    return os.path.join(d, "vocab.json"), os.path.join(d, "merges.txt")
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                  "use_regex": True}
+    with open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump({"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+                   "normalizer": None, "pre_tokenizer": byte_level, "post_processor": None,
+                   "decoder": byte_level,
+                   "model": {"type": "BPE", "vocab": vocab, "merges": [list(p) for p in pairs]}},
+                  f, ensure_ascii=False)
+    return tuple(os.path.join(d, name) for name in ("vocab.json", "merges.txt", "tokenizer.json"))
 
 
 def gpt_vocab_size(args):
@@ -223,10 +233,10 @@ def cpu_form(kiln_args, ranks):
     args = [os.path.join(work, os.path.basename(a))
             if i > 0 and args[i - 1] in ("--onnx", "--dump-logits", "--dump-inputs") else a
             for i, a in enumerate(args)]
-    if sub == "sample" and "--vocab" in args:
-        vocab, merges = write_bpe_files(gpt_vocab_size(args))
-        args = [vocab if i > 0 and args[i - 1] == "--vocab" else
-                merges if i > 0 and args[i - 1] == "--merges" else a for i, a in enumerate(args)]
+    if sub == "sample" and ("--vocab" in args or "--tokenizer" in args):
+        files = dict(zip(("--vocab", "--merges", "--tokenizer"),
+                         write_bpe_files(gpt_vocab_size(args))))
+        args = [files.get(args[i - 1], a) if i > 0 else a for i, a in enumerate(args)]
     if sub in ("train", "eval", "export", "sample"):
         counter[0] += 1
         if sub == "train" or stem not in last_train_dir:

@@ -38,38 +38,20 @@ import tempfile
 import torch
 from safetensors.torch import load_file, save_file
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+from common import fail, grad_difference, loss_difference, rel, report, torch_run  # noqa: E402
+
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 
 VOCAB = 50257
-failures = 0
-
-
-def report(label, what, value, tol, floor=None, kiln_floor=None, raise_by=0.0):
-    """PASS when value < the limit: tol, or raise_by x torch's own distance from fp32 (floor)
-    where that is larger (bf16 logits and gradients only; never the losses)."""
-    global failures
-    limit = max(tol, raise_by * floor) if floor is not None and raise_by else tol
-    ok = value < limit
-    failures += not ok
-    extra = "" if limit == tol else f", raised from {tol:g} by torch's own"
-    extra += "" if floor is None else f"; torch bf16 from fp32 {floor:.2e}"
-    if kiln_floor is not None:
-        extra += f", Kiln's {kiln_floor:.2e}"
-    print(f"{'PASS' if ok else 'FAIL'} {label} {what}: max relative difference {value:.2e} "
-          f"(limit {limit:.2g}{extra})", flush=True)
 
 
 def tie(model):
     if hasattr(model, "tie_weights"):
         model.tie_weights()
     return model
-
-
-def fail(label, text):
-    global failures
-    failures += 1
-    print(f"FAIL {label}: {text}", flush=True)
 
 
 def build(args):
@@ -99,55 +81,7 @@ def file_state(model):
 def batch_of(b, t, seed):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, VOCAB, (b, t + 1), generator=g)
-    return ids[:, :t].contiguous(), ids[:, 1:].contiguous()
-
-
-def torch_run(model, x, y, steps, lr, device, dtype, amp):
-    """Eval logits, first step's logits and gradients (float64, CPU), the losses."""
-    model.to(device=device, dtype=dtype)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    x, y = x.to(device), y.to(device)
-    ac = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp)
-    model.eval()
-    with torch.no_grad(), ac():
-        eval_logits = model(x).logits.detach().double().cpu()
-    model.train()
-    losses, first_logits, grads = [], None, None
-    for step in range(steps):
-        opt.zero_grad()
-        with ac():
-            logits = model(x).logits
-        loss = torch.nn.functional.cross_entropy(logits.to(dtype).reshape(-1, VOCAB), y.reshape(-1))
-        losses.append(loss.item())
-        loss.backward()
-        if step == 0:
-            first_logits = logits.detach().double().cpu()
-            grads = {n: p.grad.detach().double().cpu() for n, p in model.named_parameters()
-                     if p.grad is not None}
-        opt.step()
-    return eval_logits, first_logits, grads, losses
-
-
-def rel(a, b):
-    return (a - b).abs().max().item() / max(b.abs().max().item(), 1e-12)
-
-
-def grad_difference(grads, ref):
-    worst, worst_name, missing = 0.0, "", 0
-    scale = max(g.norm().item() for g in ref.values())
-    for n, g in ref.items():
-        kg = grads.get(n)
-        if kg is None or tuple(kg.shape) != tuple(g.shape):  # the file layout, exactly
-            missing += 1
-            continue
-        e = (kg.double() - g).norm().item() / max(g.norm().item(), 1e-3 * scale)
-        if e > worst:
-            worst, worst_name = e, n
-    return worst, worst_name, missing
-
-
-def loss_difference(a, b):
-    return max(abs(p - q) / max(abs(q), 1e-12) for p, q in zip(a, b))
+    return ids[:, :t].clone(), ids[:, 1:].clone()  # own storage: safetensors refuses shared
 
 
 def shape_sets(args):
@@ -156,21 +90,9 @@ def shape_sets(args):
 
 
 def kiln_replay(args, d, steps, level, device, dtype="f32", half="bf16", tag="k"):
-    out = f"{d}/{tag}.safetensors"
-    cmd = [args.kiln, "replay", "--model", "gpt2", "--weights", f"{d}/w.safetensors", "--batch",
-           f"{d}/b.safetensors", "--out", out, "--steps", str(steps), "--lr", repr(args.lr),
-           "--amp", level, "--half", half, "--device", device, "--dtype", dtype]
-    for s in shape_sets(args):
-        cmd += ["--set", s]
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        return None, f"kiln replay timed out after {args.timeout} s: {' '.join(cmd)}"
-    if r.returncode != 0:
-        return None, f"kiln replay exited {r.returncode}: {r.stderr.strip()[-600:]}"
-    k = load_file(out)
-    grads = {n[len("grad."):]: v.double() for n, v in k.items() if n.startswith("grad.")}
-    return (k["eval_logits"].double(), k["logits"].double(), grads, k["loss"].tolist()), None
+    return common.kiln_replay(args.kiln, "gpt2", f"{d}/w.safetensors", f"{d}/b.safetensors",
+                              f"{d}/{tag}.safetensors", steps, args.lr, level, device,
+                              shape_sets(args), args.timeout, dtype=dtype, half=half)
 
 
 def compare(args, label_base, d, model, x, y, device, with_grads=True):
@@ -226,7 +148,6 @@ def compare(args, label_base, d, model, x, y, device, with_grads=True):
 
 def roundtrip(args, d, model, x, device):
     """kiln train, 1 step at lr 1e-30 from the transformers weights: the checkpoint gives them back."""
-    global failures
     from transformers import GPT2LMHeadModel
     label = "gpt2 checkpoint round trip"
     cfg = f"{d}/roundtrip.pbtxt"
@@ -260,7 +181,7 @@ def roundtrip(args, d, model, x, device):
     worst = max((rel(ck[n].double(), w[n].double()) for n in w if n in ck and n not in shapes),
                 default=0.0)
     ok = not missing and not shapes
-    failures += not ok
+    common.failures += not ok
     print(f"{'PASS' if ok else 'FAIL'} {label} names and shapes: {len(ck)} tensors, "
           f"{len(missing)} missing {missing[:3]}, {len(extra)} extra {extra[:3]}, "
           f"{len(shapes)} of another shape {[(n, tuple(ck[n].shape)) for n in shapes[:3]]}",
@@ -273,7 +194,7 @@ def roundtrip(args, d, model, x, device):
         k.endswith(".attn.masked_bias")
     bad_missing = [k for k in result.missing_keys if not allowed(k)]
     ok = not bad_missing and not result.unexpected_keys
-    failures += not ok
+    common.failures += not ok
     print(f"{'PASS' if ok else 'FAIL'} {label} GPT2LMHeadModel.load_state_dict(strict=False): "
           f"missing {bad_missing[:4] or 'only the tied head / attention buffers'}, unexpected "
           f"{result.unexpected_keys[:4]}", flush=True)
@@ -325,8 +246,8 @@ def main():
             xl, yl = batch_of(1, 1024, 4321)
             save_file({"input": xl, "target": yl}, f"{d}/b.safetensors")
             compare(args, "gpt2 T=1024", d, model, xl, yl, device, with_grads=False)
-    print(f"{'FAIL' if failures else 'PASS'} gpt2 parity: {failures} failure(s)")
-    sys.exit(1 if failures else 0)
+    print(f"{'FAIL' if common.failures else 'PASS'} gpt2 parity: {common.failures} failure(s)")
+    sys.exit(1 if common.failures else 0)
 
 
 if __name__ == "__main__":
