@@ -234,6 +234,11 @@ class Validator {
           "gpt2_large, gpt2_xl) and the llama family (llama, qwen2, qwen2_5_*, llama3_*); "
           "model.name is " +
               quote(model.name()));
+    check(experiment_.train().lm_head_chunks() <= 1 || is_causal_lm(model.name()),
+          "train.lm_head_chunks", std::to_string(experiment_.train().lm_head_chunks()),
+          "chunks of the language-model head are for the causal language models (GPT-2, the llama "
+          "family); model.name is " +
+              quote(model.name()) + ": leave it at 1");
     if (model.name() == "bert_base") {
       const BertShape& bert = model.bert();
       check(bert.hidden_size() % bert.num_heads() == 0, "model.bert.hidden_size",

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "core/host_device.h"
 
@@ -66,6 +67,46 @@ KILN_HOST_DEVICE_INLINE double philox_normal(std::uint64_t seed, std::uint64_t o
   double radius = ::sqrt(-2.0 * ::log(u1));
   double angle = 6.283185307179586 * u2;
   return (i % 2 == 0) ? radius * ::cos(angle) : radius * ::sin(angle);
+}
+
+// MurmurHash3's 32-bit finalizer: full avalanche in a few integer operations, for random bits
+// where Philox's ten rounds cost more than the work they serve (stochastic rounding).
+KILN_HOST_DEVICE_INLINE std::uint32_t mix32(std::uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85ebca6bu;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35u;
+  h ^= h >> 16;
+  return h;
+}
+
+// The float a bfloat16 bit pattern holds (host and device).
+KILN_HOST_DEVICE_INLINE float bf16_bits_widen(std::uint16_t bits) {
+  const std::uint32_t u = static_cast<std::uint32_t>(bits) << 16;
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+#endif
+}
+
+// The bfloat16 bits of x rounded stochastically: the 16 bits dropped are compared with 16
+// random ones, so x rounds away from zero with probability equal to its distance from the value
+// below it in magnitude and E[round(x)] = x (the bias-free rounding llm.c and llm.q use for
+// bf16 optimizer state). Inf and NaN stay inf and NaN.
+KILN_HOST_DEVICE_INLINE std::uint16_t bf16_bits_stochastic(float x, std::uint32_t random) {
+#ifdef __CUDA_ARCH__
+  std::uint32_t u = __float_as_uint(x);
+#else
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+#endif
+  if ((u & 0x7f800000u) == 0x7f800000u) {
+    return static_cast<std::uint16_t>((u >> 16) | ((u & 0x007fffffu) != 0 ? 0x40u : 0u));
+  }
+  return static_cast<std::uint16_t>((u + (random & 0xffffu)) >> 16);
 }
 
 }  // namespace kiln

@@ -150,10 +150,11 @@ Tensor from_heads(const Tensor& src, std::int64_t parts, std::int64_t b, std::in
 
 // The fused kernel serves CUDA half activations with d = 64; KILN_ATTENTION_UNFUSED=1 forces
 // the unfused path, to compare the two (read at each call, so a test can switch within a process).
-bool use_fused_attention(Device dev, DType mm, std::int64_t bh, std::int64_t d, std::int64_t t) {
+bool use_fused_attention(Device dev, DType mm, std::int64_t b, std::int64_t h, std::int64_t d,
+                         std::int64_t t) {
   const char* unfused = std::getenv("KILN_ATTENTION_UNFUSED");
   return dev.is_cuda() && (unfused == nullptr || std::strcmp(unfused, "0") == 0) &&
-         cuda::flash_attention_supported(mm, bh, d, t);
+         cuda::flash_attention_supported(mm, b, h, /*kv_heads=*/h, d, t);
 }
 
 // y (rows, out) = x w^T + bias: on CUDA one cuBLASLt GEMM with the bias in its epilogue (the bias
@@ -353,7 +354,7 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
   lse_ = Tensor();
   mask_ = Tensor();
   qkv_ = Tensor();
-  if (use_fused_attention(dev, mm, b * h, d, t)) {
+  if (use_fused_attention(dev, mm, b, h, d, t)) {
     DeviceGuard guard(dev);
     qkv_ = qkv;
     q_ = k_ = v_ = probs_ = dropped_probs_ = Tensor();
@@ -363,8 +364,8 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
     cudnn_fused_ = !mask.defined() && p == 0.0 &&
                    cuda::cudnn_attention_forward(qkv_, b, h, h, causal_, context_, lse_);
     if (!cudnn_fused_)
-      cuda::flash_attention_forward(qkv_, b, h, mask, causal_, p, dropout_key_, dropout_stream_,
-                                    dropout_stream_source_, context_, lse_);
+      cuda::flash_attention_forward(qkv_, b, h, /*kv_heads=*/h, mask, causal_, p, dropout_key_,
+                                    dropout_stream_, dropout_stream_source_, context_, lse_);
   } else {
     // (B, T, 3, H, d) -> (3, B*H, T, d)
     Tensor heads_major = to_heads(qkv, 3, b, t, h, d);
@@ -425,8 +426,9 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
     if (cudnn_fused_) {
       cuda::cudnn_attention_backward(qkv_, context_, dcontext, lse_, b, h, h, causal_, dqkv);
     } else {
-      cuda::flash_attention_backward(qkv_, context_, dcontext, lse_, mask_, b, h, causal_, p,
-                                     dropout_key_, dropout_stream_, dropout_stream_source_, dqkv);
+      cuda::flash_attention_backward(qkv_, context_, dcontext, lse_, mask_, b, h, /*kv_heads=*/h,
+                                     causal_, p, dropout_key_, dropout_stream_,
+                                     dropout_stream_source_, dqkv);
     }
   } else {
     Tensor dcontext_heads = to_heads(dcontext, 1, b, t, h, d).view({b * h, t, d});

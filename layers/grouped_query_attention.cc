@@ -26,8 +26,9 @@ GroupedQueryAttentionConfig completed(GroupedQueryAttentionConfig c) {
   return c;
 }
 
-// cuDNN's fused attention serves CUDA half activations; KILN_ATTENTION_UNFUSED=1 forces the
-// unfused path (read at each call, so a test can compare the two).
+// The fused paths (cuDNN's attention, else Kiln's flash kernels where they serve the shape) take
+// CUDA half activations; KILN_ATTENTION_UNFUSED=1 forces the unfused path and
+// KILN_ATTENTION_CUDNN=0 the flash kernels (read at each call, so a test can compare them).
 bool fused_attention_wanted(Device dev, DType mm) {
   const char* unfused = std::getenv("KILN_ATTENTION_UNFUSED");
   return dev.is_cuda() && is_half(mm) && (unfused == nullptr || std::strcmp(unfused, "0") == 0);
@@ -137,12 +138,21 @@ Tensor GroupedQueryAttention::forward_impl(Context& ctx, const Tensor& x) {
     lse_ = Tensor();
     q_ = k_ = v_ = probs_ = Tensor();
     bool fused = false;
+    cudnn_fused_ = false;
     if (fused_attention_wanted(dev, mm)) {
       DeviceGuard guard(dev);
       context_ = Tensor::empty({n, c.heads * c.head_dim}, mm, dev);
       lse_ = Tensor::empty({b * c.heads, t}, DType::F32, dev);
-      fused = cuda::cudnn_attention_forward(qkv, b, c.heads, c.kv_heads, /*causal=*/true, context_,
-                                            lse_);
+      cudnn_fused_ = cuda::cudnn_attention_forward(qkv, b, c.heads, c.kv_heads, /*causal=*/true,
+                                                   context_, lse_);
+      fused = cudnn_fused_;
+      // Where cuDNN declines (or KILN_ATTENTION_CUDNN=0), the flash kernels read the packed GQA
+      // rows as they are; lse_ then holds their log2-domain statistics.
+      if (!fused && cuda::flash_attention_supported(mm, b, c.heads, c.kv_heads, c.head_dim, t)) {
+        cuda::flash_attention_forward(qkv, b, c.heads, c.kv_heads, Tensor(), /*causal=*/true, 0.0,
+                                      0, 0, nullptr, context_, lse_);
+        fused = true;
+      }
       if (!fused) lse_ = Tensor();
     }
     if (!fused) context_ = unfused_forward(qkv);
@@ -196,10 +206,14 @@ Tensor GroupedQueryAttention::backward_impl(Context& ctx, const Tensor& dy) {
             0.0, dcontext);
 
   Tensor dqkv = Tensor::empty({n, width()}, mm, dev);
-  if (lse_.defined()) {
+  if (lse_.defined() && cudnn_fused_) {
     DeviceGuard guard(dev);
     cuda::cudnn_attention_backward(qkv_, context_, dcontext, lse_, b, c.heads, c.kv_heads,
                                    /*causal=*/true, dqkv);
+  } else if (lse_.defined()) {
+    DeviceGuard guard(dev);
+    cuda::flash_attention_backward(qkv_, context_, dcontext, lse_, Tensor(), b, c.heads, c.kv_heads,
+                                   /*causal=*/true, 0.0, 0, 0, nullptr, dqkv);
   } else {
     unfused_backward(dcontext, dqkv);
   }

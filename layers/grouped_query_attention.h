@@ -10,8 +10,11 @@
 // v_proj.bias. No attention dropout (Llama's and Qwen2's attention_dropout is 0).
 // The projections write one packed row per token, [q | k | v], which the rotation updates in place
 // and cuDNN's fused attention reads as it is (CUDA, half activations, d a multiple of 8 up to 128;
-// K and V are never replicated). Elsewhere the unfused path: scores in memory, K and V repeated
-// per query head (as transformers' repeat_kv), their gradients summed back over the group.
+// K and V are never replicated). Where cuDNN declines the shape or KILN_ATTENTION_CUDNN=0, Kiln's
+// flash kernels read the same rows (d = 64; dK and dV summed over each group in a fixed order).
+// Elsewhere (CPU, f32/f64, other d, KILN_ATTENTION_UNFUSED=1) the unfused path: scores in memory,
+// K and V repeated per query head (as transformers' repeat_kv), their gradients summed back over
+// the group.
 // Gradient contract: parameter gradients are accumulated (+=); dx is written (=).
 
 #include <cstdint>
@@ -78,10 +81,12 @@ class GroupedQueryAttention : public Layer {
   // Saved by forward for backward.
   Tensor x_mm_;       // (N, E) in the matmul dtype
   Tensor qkv_;        // (N, width), rotated
-  Tensor lse_;        // (B*H, T) fp32: defined iff cuDNN's fused attention ran
+  Tensor lse_;        // (B*H, T) fp32: defined iff a fused path ran (cuDNN's or the flash kernels)
   Tensor q_, k_, v_;  // unfused: (B*H, T, d), k and v repeated per query head
   Tensor probs_;      // unfused: (B*H, T, T)
   Tensor context_;    // (N, H d)
+  // The fused path was cuDNN's attention (lse_ its natural-log statistics), not the flash kernels.
+  bool cudnn_fused_ = false;
   DType activation_ = DType::F32;
   std::int64_t batch_ = 0, tokens_ = 0;
 };

@@ -44,6 +44,16 @@ class SoftmaxCrossEntropy {
   // The scale is no argument: it lives in the step's scalars (a number here would become `bool`).
   Tensor backward(Context& ctx, double scale, bool reuse_logits = false) = delete;
 
+  // A batch whose logits come in chunks of rows (the language-model head's, train/lm_head_loss.h:
+  // the (N, C) logits never exist whole). begin_rows takes the batch's targets (N) and classes and
+  // counts the rows that count; forward_rows_with_gradient computes the loss terms of the chunk's
+  // rows [first_row, first_row + n) and writes their gradient over the chunk's logits (n, C), as
+  // backward would for the whole batch (the same scale, over the whole batch's counted rows);
+  // finish_rows returns the batch's loss, equal to forward_with_gradient's on the whole logits.
+  void begin_rows(const Tensor& targets, std::int64_t classes);
+  void forward_rows_with_gradient(Context& ctx, const Tensor& logits, std::int64_t first_row);
+  Tensor finish_rows();
+
   // From the last forward, F32 one-element tensors on the logits' device: rows (not ignored)
   // whose argmax (first maximum) equals the target, and rows not ignored.
   Tensor correct_count() const { return correct_; }
@@ -68,6 +78,8 @@ class SoftmaxCrossEntropy {
   void take_inputs(const Tensor& logits, const Tensor& targets);
   Tensor compute_loss();  // the loss of the inputs taken
   void check_scale_divisor(const StepScalars& step) const;
+  // InputError for a target outside [0, classes) (the CPU checks at once).
+  void check_target(std::int64_t target, std::int64_t row, std::int64_t classes) const;
   bool gradient_in_logits_ = false;  // forward_with_gradient's fused pass wrote it over logits_
   Tensor logits_;                    // (N, C), contiguous
   Shape logits_shape_;
@@ -76,6 +88,10 @@ class SoftmaxCrossEntropy {
   Tensor counted_;  // () F32
   Tensor correct_;  // () F32
   Tensor invalid_;  // () I32, CUDA: out-of-range targets since the last check_targets()
+  // Between begin_rows and finish_rows: each row's loss term (F32 on CUDA, F64 on the CPU) and
+  // flags (1 counted, 2 counted and correct, 4 invalid target: CUDA), and the classes.
+  Tensor row_loss_, row_flags_;
+  std::int64_t rows_classes_ = 0;
 };
 
 }  // namespace kiln

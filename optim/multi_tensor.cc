@@ -57,18 +57,13 @@ void cpu_elementwise(const std::vector<TensorEntry>& entries, const Rule& rule) 
       const auto s = rule.template scalars<C>(e);
       V* p = static_cast<V*>(e.value);
       const G* g = static_cast<const G*>(e.grad);
-      C* const slots[3] = {static_cast<C*>(e.state0), static_cast<C*>(e.state1),
-                           static_cast<C*>(e.state2)};
+      const StateView<C> states(e, rule.steps_done);
       for (std::int64_t i = 0; i < e.numel; ++i) {
         C pv = static_cast<C>(cpu::load(p[i]));
-        C state[Rule::kStates] = {};
-        for (int k = 0; k < Rule::kStates; ++k) {
-          if (slots[k] != nullptr) state[k] = slots[k][i];
-        }
+        C state[Rule::kStates];
+        states.template load_all<Rule::kStates>(i, state);
         Rule::element(pv, static_cast<C>(cpu::load(g[i])), state, s);
-        for (int k = 0; k < Rule::kStates; ++k) {
-          if (slots[k] != nullptr) slots[k][i] = state[k];
-        }
+        states.template store_all<Rule::kStates>(i, state);
         p[i] = store_value<V>(pv);
         store_copy(e, i, pv);
       }
@@ -188,13 +183,17 @@ std::vector<double> cpu_lamb_moments_sumsq(const std::vector<TensorEntry>& entri
       const LambRule::Scalars<C> s = step.scalars<C>(e);
       const V* p = static_cast<const V*>(e.value);
       const G* g = static_cast<const G*>(e.grad);
-      C* m = static_cast<C*>(e.state0);
-      C* v = static_cast<C*>(e.state1);
+      const StateView<C> states(e, step.steps_done);
       double param_sumsq = 0.0, update_sumsq = 0.0;
       for (std::int64_t i = 0; i < e.numel; ++i) {
-        LambRule::moments(static_cast<C>(cpu::load(g[i])), m[i], v[i], s);
+        C mv[2];
+        states.template load_all<2>(i, mv);
+        LambRule::moments(static_cast<C>(cpu::load(g[i])), mv[0], mv[1], s);
+        states.template store_all<2>(i, mv);
+        // The update is computed from the moments as stored, as the last stage reads them.
+        states.template load_all<2>(i, mv);
         C pv = static_cast<C>(cpu::load(p[i]));
-        C u = LambRule::update(pv, m[i], v[i], s);
+        C u = LambRule::update(pv, mv[0], mv[1], s);
         param_sumsq += static_cast<double>(pv) * static_cast<double>(pv);
         update_sumsq += static_cast<double>(u) * static_cast<double>(u);
       }
@@ -217,13 +216,12 @@ void cpu_lamb_apply(const std::vector<TensorEntry>& entries, const LambRule& rul
       (void)g_tag;
       const LambRule::Scalars<C> s = step.scalars<C>(e);
       V* p = static_cast<V*>(e.value);
-      const C* m = static_cast<const C*>(e.state0);
-      const C* v = static_cast<const C*>(e.state1);
+      const StateView<C> states(e, step.steps_done);
       C ratio = LambRule::trust_ratio<C>(sums[2 * t], sums[2 * t + 1], e.adapt != 0);
       C step_size = s.lr * ratio;
       for (std::int64_t i = 0; i < e.numel; ++i) {
         C pv = static_cast<C>(cpu::load(p[i]));
-        C u = LambRule::update(pv, m[i], v[i], s);
+        C u = LambRule::update(pv, states.load(0, i), states.load(1, i), s);
         pv = pv - step_size * u;
         p[i] = store_value<V>(pv);
         store_copy(e, i, pv);

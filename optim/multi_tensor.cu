@@ -103,8 +103,7 @@ __global__ void elementwise_kernel(const TensorEntry* entries, const ChunkEntry*
   const ChunkEntry c = chunks[blockIdx.x];
   const TensorEntry& e = entries[c.tensor];
   const auto s = rule.template scalars<float>(e);
-  float* const slots[3] = {static_cast<float*>(e.state0), static_cast<float*>(e.state1),
-                           static_cast<float*>(e.state2)};
+  const StateView<float> states(e, rule.steps_done);
   with_type(e.value_dtype, [&](auto v_tag) {
     with_type(e.grad_dtype, [&](auto g_tag) {
       using V = decltype(v_tag);
@@ -113,14 +112,10 @@ __global__ void elementwise_kernel(const TensorEntry* entries, const ChunkEntry*
       const G* g = static_cast<const G*>(e.grad);
       for (std::int64_t i = c.start + threadIdx.x; i < c.start + c.count; i += kThreads) {
         float pv = cuda::load(p[i]);
-        float state[Rule::kStates] = {};
-        for (int k = 0; k < Rule::kStates; ++k) {
-          if (slots[k] != nullptr) state[k] = slots[k][i];
-        }
+        float state[Rule::kStates];
+        states.template load_all<Rule::kStates>(i, state);
         Rule::element(pv, cuda::load(g[i]), state, s);
-        for (int k = 0; k < Rule::kStates; ++k) {
-          if (slots[k] != nullptr) slots[k][i] = state[k];
-        }
+        states.template store_all<Rule::kStates>(i, state);
         p[i] = cuda::store<V>(pv);
         store_copy(e, i, pv);
       }
@@ -143,15 +138,16 @@ __global__ void lamb_moments_kernel(const TensorEntry* entries, const ChunkEntry
       using G = decltype(g_tag);
       const V* p = static_cast<const V*>(e.value);
       const G* g = static_cast<const G*>(e.grad);
-      float* m = static_cast<float*>(e.state0);
-      float* v = static_cast<float*>(e.state1);
+      const StateView<float> states(e, step.steps_done);
       for (std::int64_t i = c.start + threadIdx.x; i < c.start + c.count; i += kThreads) {
-        float mv = m[i], vv = v[i];
-        LambRule::moments(cuda::load(g[i]), mv, vv, s);
-        m[i] = mv;
-        v[i] = vv;
+        float mv[2];
+        states.template load_all<2>(i, mv);
+        LambRule::moments(cuda::load(g[i]), mv[0], mv[1], s);
+        states.template store_all<2>(i, mv);
+        // The update is computed from the moments as stored, as the last stage reads them.
+        states.template load_all<2>(i, mv);
         float pv = cuda::load(p[i]);
-        float u = LambRule::update(pv, mv, vv, s);
+        float u = LambRule::update(pv, mv[0], mv[1], s);
         param_sumsq += static_cast<double>(pv) * static_cast<double>(pv);
         update_sumsq += static_cast<double>(u) * static_cast<double>(u);
       }
@@ -199,11 +195,10 @@ __global__ void lamb_apply_kernel(const TensorEntry* entries, const ChunkEntry* 
   with_type(e.value_dtype, [&](auto v_tag) {
     using V = decltype(v_tag);
     V* p = static_cast<V*>(e.value);
-    const float* m = static_cast<const float*>(e.state0);
-    const float* v = static_cast<const float*>(e.state1);
+    const StateView<float> states(e, step.steps_done);
     for (std::int64_t i = c.start + threadIdx.x; i < c.start + c.count; i += kThreads) {
       float pv = cuda::load(p[i]);
-      pv = pv - step_size * LambRule::update(pv, m[i], v[i], s);
+      pv = pv - step_size * LambRule::update(pv, states.load(0, i), states.load(1, i), s);
       p[i] = cuda::store<V>(pv);
       store_copy(e, i, pv);
     }

@@ -18,8 +18,16 @@ bool glob_match(const std::string& pattern, const std::string& name) {
   return fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
 }
 
-DType state_dtype(const Tensor& value) {
+DType state_dtype(const Tensor& value, MomentsDtype moments) {
+  if (moments == MomentsDtype::BF16) return DType::BF16;
   return value.dtype() == DType::F64 ? DType::F64 : DType::F32;
+}
+
+// FNV-1a: each parameter's own stream of rounding bits, the same in every process and piece.
+std::uint64_t name_key(const std::string& name) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  return h;
 }
 
 void check_tensor(const OptimizedTensor& t, Device device) {
@@ -152,8 +160,8 @@ std::int64_t Optimizer::step_count() const {
 
 Tensor& Optimizer::add_state(std::size_t i, const std::string& key) {
   const OptimizedTensor& t = tensors_[i];
-  auto tensor =
-      std::make_unique<Tensor>(Tensor::zeros(t.value.shape(), state_dtype(t.value), device_));
+  auto tensor = std::make_unique<Tensor>(
+      Tensor::zeros(t.value.shape(), state_dtype(t.value, options_.moments_dtype), device_));
   Tensor* raw = tensor.get();
   state_.emplace_back(t.name + "." + key, std::move(tensor));
   tensor_state_[i].emplace_back(key, raw);
@@ -190,6 +198,9 @@ std::vector<detail::TensorEntry> Optimizer::entries(const std::vector<std::strin
     e.value_dtype = static_cast<std::int32_t>(t.value.dtype());
     e.grad_dtype = static_cast<std::int32_t>(t.grad.dtype());
     e.adapt = t.no_weight_decay && options_.exclude_flagged_from_decay ? 0 : 1;
+    e.state_dtype = static_cast<std::int32_t>(state_dtype(t.value, options_.moments_dtype));
+    e.rng_key = name_key(t.name);
+    e.element_offset = t.element_offset;
     out.push_back(e);
   }
   return out;

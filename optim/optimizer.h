@@ -8,9 +8,10 @@
 // The optimizer reads OptimizedTensor::grad and updates OptimizedTensor::value in place; state
 // (moments, the step count) lives in named tensors so that checkpoints can save and restore it.
 // Weights, gradients and state must be contiguous and on one device; state is f32 (f64 for f64
-// weights on CPU). Half weights with fp32 state are allowed (O3); O2 passes fp32 masters with the
-// model's (loss-scaled) half gradients, which step() unscales on the fly, and asks the optimizer
-// to write the half copy (`model_copy`) in the same pass.
+// weights on CPU) or bf16 (OptimizerOptions::moments_dtype). Half weights with fp32 state are
+// allowed (O3); O2 passes fp32 masters with the model's (loss-scaled) half gradients, which step()
+// unscales on the fly, and asks the optimizer to write the half copy (`model_copy`) in the same
+// pass.
 
 #include <cstdint>
 #include <functional>
@@ -35,6 +36,7 @@ struct OptimizedTensor {
   bool no_weight_decay = false;
   double lr_multiplier = 1.0;  // resolved from the groups by make_optimized_tensors()
   double weight_decay = 0.0;
+  std::int64_t element_offset = 0;  // a ZeRO piece: where it starts in the whole parameter
 };
 
 // Resolves groups and flags: one OptimizedTensor per parameter (value and grad shared).

@@ -29,6 +29,10 @@ struct ParamGroupRule {
   double weight_decay = -1.0;  // < 0: the optimizer's weight_decay
 };
 
+// The dtype of the optimizer's state (moments, momentum buffers): fp32 (f64 beside f64 weights on
+// the CPU), or bf16 rounded stochastically at every store (half the bytes; llm.c, llm.q).
+enum class MomentsDtype { FP32, BF16 };
+
 struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::AdamW;
   double lr = 1e-3;  // the base rate; set_lr() changes it (schedules)
@@ -47,6 +51,7 @@ struct OptimizerOptions {
   // max / (norm + 1e-6)) (torch.nn.utils.clip_grad_norm_); LAMB: grads /= max(1, norm / max)
   // (Apex FusedLAMB).
   double max_grad_norm = 0.0;
+  MomentsDtype moments_dtype = MomentsDtype::FP32;
   std::vector<ParamGroupRule> groups;
   // Parameters flagged no_weight_decay (biases, norm weights) get weight decay 0 whatever the
   // group says, and LAMB leaves them out of the trust ratio.

@@ -31,6 +31,7 @@ ShardedOptimizer::Pieces ShardedOptimizer::make_pieces(const std::vector<Paramet
     p->value =
         whole.value.view({whole.value.numel()}).slice(0, range.offset, range.offset + range.numel);
     p->grad = range.grad;
+    out.element_offsets.push_back(range.offset);
     p->no_weight_decay = whole.no_weight_decay;
     p->fp32_in_half = whole.fp32_in_half;
     out.parameters.push_back(std::move(p));
@@ -54,7 +55,7 @@ ShardedOptimizer::ShardedOptimizer(const std::vector<Parameter*>& parameters,
       model_parameters_(parameters),
       pieces_(group != nullptr ? make_pieces(parameters, *group) : Pieces{}),
       optimizer_(group != nullptr ? piece_list() : parameters, options, amp,
-                 group != nullptr ? group->device() : Device::cpu()) {
+                 group != nullptr ? group->device() : Device::cpu(), pieces_.element_offsets) {
   for (Parameter* p : parameters) {
     full_numel_[p->name] = p->value.numel();
     if (group_ == nullptr) range_[p->name] = {0, p->value.numel()};

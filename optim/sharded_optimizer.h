@@ -76,6 +76,7 @@ class ShardedOptimizer {
   struct Pieces {
     std::vector<std::unique_ptr<Parameter>> parameters;
     std::vector<std::size_t> model_index;  // per piece: its parameter's index in the model's list
+    std::vector<std::int64_t> element_offsets;  // per piece: where it starts in its parameter
   };
   static Pieces make_pieces(const std::vector<Parameter*>& parameters, const ShardGroup& group);
   std::vector<Parameter*> piece_list() const;

@@ -9,7 +9,9 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/dtype.h"
 #include "core/host_device.h"
+#include "core/random.h"
 #include "optim/step_state.h"
 
 namespace kiln::optim::detail {
@@ -19,7 +21,7 @@ struct TensorEntry {
   void* value = nullptr;   // the weights updated (fp32 masters in O2); in unscale: the output grads
   void* grad = nullptr;    // read only by the optimizers (half in O2); in unscale: the scaled input
   void* copy = nullptr;    // half model weights refreshed from `value` after the update (O2)
-  void* state0 = nullptr;  // exp_avg or momentum_buffer (f32; f64 for f64 weights on CPU)
+  void* state0 = nullptr;  // exp_avg or momentum_buffer (state_dtype)
   void* state1 = nullptr;  // exp_avg_sq
   void* state2 = nullptr;  // max_exp_avg_sq (AMSGrad)
   std::int64_t numel = 0;
@@ -31,6 +33,10 @@ struct TensorEntry {
   std::int32_t adapt = 1;  // LAMB: apply the trust ratio (0 for no_weight_decay parameters)
   std::int32_t first_chunk = 0;
   std::int32_t chunk_count = 0;
+  std::int32_t state_dtype = 0;     // of state0..2: F32 (F64 beside f64 weights on CPU) or BF16
+  std::int32_t unused = 0;          // keeps the struct free of padding (the table compares bytes)
+  std::uint64_t rng_key = 0;        // bf16 state: the parameter's own rounding stream (its name)
+  std::int64_t element_offset = 0;  // where this tensor starts in its parameter (ZeRO pieces)
 };
 
 // A contiguous piece of one tensor handled by one CUDA block.
@@ -50,6 +56,57 @@ struct ResidentFields {
   const StepState* state = nullptr;
   double max_grad_norm = 0.0;  // the clipping setting the coefficient is computed from
   bool unscale_from_state = false;
+};
+
+// A tensor's optimizer state as a rule's compute type C sees it: f32 (f64) as stored, or bf16
+// widened on load and rounded stochastically on store. The random bits hash the parameter (its
+// name), the element's index in the whole parameter and the step, so a ZeRO piece rounds as the
+// whole parameter would, and the CPU as the GPU. One 32-bit hash serves slots 0 and 1 (its two
+// halves; the rounding reads 16 bits), a second one AMSGrad's slot 2.
+template <typename C>
+struct StateView {
+  void* slots[3];
+  bool bf16;
+  std::uint32_t seed;
+  std::int64_t offset;
+
+  KILN_HOST_DEVICE StateView(const TensorEntry& e, std::int64_t completed_steps)
+      : slots{e.state0, e.state1, e.state2},
+        bf16(e.state_dtype == static_cast<std::int32_t>(DType::BF16)),
+        seed(mix32(static_cast<std::uint32_t>(e.rng_key) ^
+                   mix32(static_cast<std::uint32_t>(e.rng_key >> 32) ^
+                         mix32(static_cast<std::uint32_t>(completed_steps))))),
+        offset(e.element_offset) {}
+
+  KILN_HOST_DEVICE C load(int k, std::int64_t i) const {
+    if (bf16)
+      return static_cast<C>(bf16_bits_widen(static_cast<const std::uint16_t*>(slots[k])[i]));
+    return static_cast<const C*>(slots[k])[i];
+  }
+  // The first N slots of element i (absent slots read 0).
+  template <int N>
+  KILN_HOST_DEVICE void load_all(std::int64_t i, C* out) const {
+    for (int k = 0; k < N; ++k) out[k] = slots[k] != nullptr ? load(k, i) : C(0);
+  }
+  template <int N>
+  KILN_HOST_DEVICE void store_all(std::int64_t i, const C* in) const {
+    if (!bf16) {
+      for (int k = 0; k < N; ++k) {
+        if (slots[k] != nullptr) static_cast<C*>(slots[k])[i] = in[k];
+      }
+      return;
+    }
+    const std::uint64_t index = static_cast<std::uint64_t>(offset + i);
+    const std::uint32_t h = mix32(static_cast<std::uint32_t>(index) ^
+                                  mix32(seed ^ static_cast<std::uint32_t>(index >> 32)));
+    const std::uint32_t words[3] = {h, h >> 16, N > 2 ? mix32(h ^ 0x9e3779b9u) : 0u};
+    for (int k = 0; k < N; ++k) {
+      if (slots[k] != nullptr) {
+        static_cast<std::uint16_t*>(slots[k])[i] =
+            bf16_bits_stochastic(static_cast<float>(in[k]), words[k]);
+      }
+    }
+  }
 };
 
 template <typename C>

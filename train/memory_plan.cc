@@ -135,7 +135,8 @@ std::vector<MemoryEstimate> counted_memory(const config::Experiment& experiment,
     weights += n * (half ? 2 : 4);
     if (casts && p->value.dim() >= 2) weights += n * 2;  // O1: the half copy GEMMs read
     if (masters && half) master += n * 4;
-    moments += n * 4 * moments_per_parameter;
+    moments +=
+        n * (o.moments_dtype() == config::OptimizerConfig::BF16 ? 2 : 4) * moments_per_parameter;
   }
   double gradients = 0;
   for (Parameter* p : model.net->parameters())

@@ -41,7 +41,7 @@ struct MemoryEstimate {
   double weights = 0;    // working weights, and O1's half casts of GEMM weights
   double gradients = 0;  // in the weights' dtype
   double master = 0;     // O2's fp32 master weights
-  double moments = 0;    // optimizer state: SGD 1, AdamW 2 (3 with amsgrad), LAMB 2 x fp32
+  double moments = 0;    // optimizer state: SGD 1, AdamW 2 (3 with amsgrad), LAMB 2 x fp32 or bf16
   double activations_per_sample = 0;  // measured
   double workspaces = 0;  // measured: cuDNN/cuBLAS workspaces, temporaries, the loader's batches
   double nccl = 0;        // estimated, world size > 1

@@ -275,6 +275,8 @@ optim::OptimizerOptions optimizer_options(const config::Experiment& e) {
   o.bias_correction = c.bias_correction();
   o.max_grad_norm = c.max_grad_norm();
   o.exclude_flagged_from_decay = c.no_weight_decay_for_bias_and_norm();
+  o.moments_dtype = c.moments_dtype() == config::OptimizerConfig::BF16 ? optim::MomentsDtype::BF16
+                                                                       : optim::MomentsDtype::FP32;
   for (const config::ParamGroup& g : c.param_groups()) {
     optim::ParamGroupRule rule;
     rule.pattern = g.name_pattern();

@@ -47,16 +47,7 @@ StepOutcome Trainer::State::micro_step_work(Context& ctx, const Tensor& inputs,
   if (begins_step(position)) sync->zero_gradients();
   sync->set_accumulating(!last);
   const bool resident = optimizer->resident();
-  Tensor logits = model.net->forward(ctx, inputs);
-  Tensor flat_targets = targets;
-  flatten_for_loss(logits, flat_targets);
-  // The loss and its gradient in one pass where it can, the gradient written over the logits;
-  // the loss scale over the micro-steps is read where it lives (ctx.step) when the kernel runs.
-  Tensor loss = loss_fn.forward_with_gradient(ctx, logits, flat_targets);
-  ops::axpy(1.0, loss, loss_sum);
-  logits = Tensor();  // the loss is done with it: its gradient overwrites it
-  Tensor dlogits = loss_fn.backward(ctx, /*reuse_logits=*/true);
-  model.net->backward(ctx, dlogits);
+  ops::axpy(1.0, loss_stage->forward_backward(ctx, inputs, targets), loss_sum);
   graphs->advance_counter();
   StepOutcome outcome;
   if (!last) return outcome;

@@ -25,6 +25,7 @@ void initialise_model(Trainer::State& s) {
     first = children.empty() ? nullptr : children.front();
   }
   load_init_from(s.e.model(), *s.model.net);
+  s.loss_stage = make_loss_stage(s.model, s.loss_fn, s.e.train().lm_head_chunks());
 }
 
 // --resume, or checkpoint.resume when it is not given: a run that continues its directory's run.

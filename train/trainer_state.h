@@ -18,6 +18,7 @@
 #include "train/fault_injection.h"
 #include "train/gradient_sync.h"
 #include "train/graphed_step.h"
+#include "train/loss_stage.h"
 #include "train/metrics_sink.h"
 #include "train/run_lock.h"
 #include "train/step_optimizer.h"
@@ -48,6 +49,7 @@ struct Trainer::State {
   std::unique_ptr<StepOptimizer> optimizer;
   std::unique_ptr<data::DataLoader> loader;
   SoftmaxCrossEntropy loss_fn;
+  std::unique_ptr<LossStage> loss_stage;  // forward, loss and backward of a micro-batch
   std::unique_ptr<MetricsSink> metrics;
   std::unique_ptr<Checkpointer> checkpointer;
   std::unique_ptr<Evaluator> evaluator;

@@ -1,7 +1,8 @@
 #pragma once
-// MultiHeadSelfAttention: the CUDA entry points (layers/cuda/attention.cu, flash_attention.cu and
-// cudnn_attention.cc). Layer sources call them on CUDA tensors without #if; a build without CUDA
-// gets, beside each declaration, a body that throws (core/cuda_op.h).
+// MultiHeadSelfAttention and GroupedQueryAttention: the CUDA entry points
+// (layers/cuda/attention.cu, flash_attention.cu and cudnn_attention.cc). Layer sources call them on
+// CUDA tensors without #if; a build without CUDA gets, beside each declaration, a body that throws
+// (core/cuda_op.h).
 
 #include "core/cuda_op.h"
 #include "layers/attention.h"
@@ -40,31 +41,38 @@ KILN_CUDA_OP("attention",
                                              const std::uint64_t* stream_source, Tensor& dscores));
 // The most bytes a fused attention backward takes for its (B*H, T, T) workspace (dS^T in the
 // flash kernels, dP in cuDNN's deterministic backward): KILN_ATTENTION_WORKSPACE_MB, default 1024.
-// The flash backward runs in chunks of (batch * head) rows that fit, cuDNN's in chunks of whole
-// sequences (halvings of the batch) that fit; cuDNN declines when one sequence does not.
+// The flash backward runs in chunks of (batch * key/value head) rows, each with its group of query
+// heads, that fit (one group at least), cuDNN's in chunks of whole sequences (halvings of the
+// batch) that fit; cuDNN declines when one sequence does not.
 KILN_CUDA_OP("attention", std::int64_t attention_workspace_limit_bytes());
-// Fused attention (layers/cuda/flash_attention.cu): whether it serves this dtype, number of
-// (batch * head) rows, head dimension and length.
+// Fused attention (layers/cuda/flash_attention.cu): whether it serves this dtype, batch, number
+// of query and key/value heads, head dimension and length.
 KILN_CUDA_OP("attention",
-             bool flash_attention_supported(DType dtype, std::int64_t batch_heads,
-                                            std::int64_t head_dim, std::int64_t tokens));
-// It reads the input projection's packed rows qkv (B*T, 3E) = [q | k | v], head h at columns
-// h*d.. of each part, contiguous and 16-byte aligned; no head-layout copies.
-// out (B*T, E) = dropout(softmax(q k^T / sqrt(d) + mask)) v per head, without the (T, T) scores
-// in memory; lse (B*H, T) fp32, what backward recomputes the probabilities from. Causal: query i
-// attends keys j <= i, and key tiles wholly above the diagonal are never computed.
+             bool flash_attention_supported(DType dtype, std::int64_t batch, std::int64_t heads,
+                                            std::int64_t kv_heads, std::int64_t head_dim,
+                                            std::int64_t tokens));
+// It reads the input projection's packed rows qkv (B*T, (H + 2 H_kv) d) = [q | k | v], head h at
+// columns h*d.. of each part, contiguous and 16-byte aligned; no head-layout copies. Multi-head
+// attention passes kv_heads = heads; grouped-query attention (kv_heads dividing heads) has query
+// head h read key/value head h / (heads / kv_heads), K and V never replicated.
+// out (B*T, H d) = dropout(softmax(q k^T / sqrt(d) + mask)) v per query head, without the (T, T)
+// scores in memory; lse (B*H, T) fp32 per query head, what backward recomputes the probabilities
+// from. Causal: query i attends keys j <= i, and key tiles wholly above the diagonal are never
+// computed.
 KILN_CUDA_OP("attention",
              void flash_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t heads,
-                                          const Tensor& mask, bool causal, double p,
-                                          std::uint64_t key, std::uint64_t stream,
+                                          std::int64_t kv_heads, const Tensor& mask, bool causal,
+                                          double p, std::uint64_t key, std::uint64_t stream,
                                           const std::uint64_t* stream_source, Tensor& out,
                                           Tensor& lse));
-// dqkv (B*T, 3E) written (=) from dout (B*T, E) and the forward's out and lse (same causal).
+// dqkv (B*T, (H + 2 H_kv) d) written (=) from dout (B*T, H d) and the forward's out and lse (same
+// heads, kv_heads and causal); dK and dV sum over each group's query heads in a fixed order.
 KILN_CUDA_OP("attention",
              void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
                                            const Tensor& lse, const Tensor& mask,
-                                           std::int64_t batch, std::int64_t heads, bool causal,
-                                           double p, std::uint64_t key, std::uint64_t stream,
+                                           std::int64_t batch, std::int64_t heads,
+                                           std::int64_t kv_heads, bool causal, double p,
+                                           std::uint64_t key, std::uint64_t stream,
                                            const std::uint64_t* stream_source, Tensor& dqkv));
 // cuDNN's fused attention (layers/cuda/cudnn_attention.cc) for the packed layout, generalised to
 // grouped-query attention: rows [q (H d) | k (H_kv d) | v (H_kv d)], d = 8..128 a multiple of 8

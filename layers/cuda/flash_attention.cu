@@ -8,9 +8,14 @@
 // dQ = scale dS K over it, with no second recomputation of S, P and dP.
 // Dropout draws Dropout's mask at the same element index as the unfused path, (bh*T + q)*T + k;
 // forward and dK/dV are compiled with and without it, so that p = 0 costs no draws or registers.
-// The kernels read q, k and v where the input projection wrote them, the packed (B*T, 3E) rows
-// [q | k | v] with head h at columns h*64.., and write the context as (B*T, E) rows and the
-// gradients into the packed (B*T, 3E) layout: no head-layout copies on either side.
+// The kernels read q, k and v where the input projection wrote them, the packed rows
+// [q (H 64) | k (H_kv 64) | v (H_kv 64)] with head h at columns h*64.. of each part, and write the
+// context as (B*T, H 64) rows and the gradients into the packed layout: no head-layout copies.
+// Grouped-query attention (H_kv < H, group = H / H_kv): query head h reads key/value head
+// h / group where it stands, K and V never replicated. The dK/dV kernel has one block per key
+// tile of a key/value head and loops over the group's query heads in order inside it, so dK and
+// dV sum over the group in one fixed order and are written once; with H_kv = H an instantiation
+// without the loop makes the one pass, the multi-head arithmetic unchanged (bit for bit).
 // Causal (query i attends keys j <= i): query and key tiles are the same 64 positions, so a
 // query tile's key tiles after its own are wholly above the diagonal and never loaded or
 // computed (forward and dQ stop at the diagonal tile; dK/dV starts at it), and only the diagonal
@@ -56,13 +61,15 @@ struct FlashArgs {
   float* delta;       // (BH, T) rowsum(dout * out)
   void* ds;           // backward: dS^T, (BH, ld_ds, ld_ds) [key][query], rounded to the input type
   int ld_ds;          // T rounded up to kTile: whole tiles of the workspace are in bounds
-  int bh_first;       // the grid's first (batch * head): backward runs in chunks of the workspace
+  int bh_first;       // the grid's first (batch * query head): backward runs in chunks of the
+                      // workspace, whole groups each
   const float* mask;  // (B, T) key mask, 1 attend, 0 padding; null for none
   bool causal;        // query i attends keys j <= i only
   int t;
-  int heads;
-  int ld_qkv;        // 3E
-  int ld_out;        // E
+  int heads;         // H, query heads
+  int group;         // H / H_kv: query heads per key/value head
+  int ld_qkv;        // (H + 2 H_kv) 64
+  int ld_out;        // H 64
   float scale;       // 1/sqrt(d)
   float scale_log2;  // scale * log2(e)
   double p;          // dropout probability, 0 for none
@@ -267,28 +274,36 @@ __device__ __forceinline__ void mma_p_rows(const float p[8][4], const T* tile, i
   mma_a_rows<T>([&](int kk, std::uint32_t a[4]) { pack_a<T>(p, kk, a); }, tile, valid, lane, acc);
 }
 
-// Where a thread stands: its (batch * head), its warp's first of 16 rows (queries, or keys in
-// dK/dV) and its lane's row group g and column pair c in the mma fragments.
+// Where a thread stands: its (batch * query head) bh, its warp's first of 16 rows (queries, or
+// keys in dK/dV) and its lane's row group g and column pair c in the mma fragments.
 struct Place {
   int bh, t, lane, g, c, first;
-  std::int64_t base_qkv;  // where this (batch * head)'s token 0 starts in q, k, v, dq, dk, dv
-  std::int64_t base_out;  // and in out, dout
+  std::int64_t base_q;    // where query head bh's token 0 starts in q, dq
+  std::int64_t base_kv;   // where its key/value head's starts in k, v, dk, dv
+  std::int64_t base_out;  // where query head bh's starts in out, dout
   const float* mask;      // this batch's key mask, or null
 };
 
-__device__ __forceinline__ Place place_of(const FlashArgs& a) {
+// group: a.group, or a constant 1 where the caller knows it (multi-head: base_kv is base_q).
+__device__ __forceinline__ Place place_of(const FlashArgs& a, int bh, int group) {
   Place p;
-  p.bh = static_cast<int>(blockIdx.y) + a.bh_first;
+  p.bh = bh;
   p.t = a.t;
   p.lane = threadIdx.x % kWarp;
   p.g = p.lane / 4;
   p.c = p.lane % 4;
   p.first = static_cast<int>(blockIdx.x) * kTile + static_cast<int>(threadIdx.x / kWarp) * 16;
   const std::int64_t batch = p.bh / a.heads, head = p.bh % a.heads;
-  p.base_qkv = batch * p.t * a.ld_qkv + head * kDim;
+  p.base_q = batch * p.t * a.ld_qkv + head * kDim;
+  p.base_kv = batch * p.t * a.ld_qkv + head / group * kDim;
   p.base_out = batch * p.t * a.ld_out + head * kDim;
   p.mask = a.mask ? a.mask + batch * p.t : nullptr;
   return p;
+}
+
+// Forward and dQ: one block row per (batch * query head).
+__device__ __forceinline__ Place query_place_of(const FlashArgs& a) {
+  return place_of(a, static_cast<int>(blockIdx.y) + a.bh_first, a.group);
 }
 
 __device__ __forceinline__ std::uint64_t dropout_stream(const FlashArgs& a) {
@@ -304,12 +319,12 @@ __device__ __forceinline__ float dropped(const FlashArgs& a, std::uint64_t strea
 template <typename T, bool kDropout>
 __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashArgs a) {
   __shared__ __align__(16) KeyValueTiles<T> tiles;
-  const Place at = place_of(a);
+  const Place at = query_place_of(a);
   const int bh = at.bh, t = at.t, lane = at.lane, g = at.g, c = at.c, ld = a.ld_qkv;
   const float* mask = at.mask;
-  const T* q = static_cast<const T*>(a.q) + at.base_qkv;
-  const T* k = static_cast<const T*>(a.k) + at.base_qkv;
-  const T* v = static_cast<const T*>(a.v) + at.base_qkv;
+  const T* q = static_cast<const T*>(a.q) + at.base_q;
+  const T* k = static_cast<const T*>(a.k) + at.base_kv;
+  const T* v = static_cast<const T*>(a.v) + at.base_kv;
   const int row[2] = {at.first + g, at.first + g + 8};
   std::uint32_t qa[4][4];
   load_rows_a(q, ld, row[0], t, c, qa);
@@ -407,26 +422,26 @@ __global__ void flash_delta_kernel(const T* __restrict__ out, const T* __restric
   if (r < rows && part == 0) delta[((token_row / t) * heads + head) * t + token_row % t] = sum;
 }
 
-// dK and dV of 64 keys (16 per warp), looping over every query tile, and dS^T of those keys
-// against every query into the workspace, for the dQ kernel.
-template <typename T, bool kDropout>
+// dK and dV of 64 keys (16 per warp) of one key/value head, looping over its group's query heads
+// in order and over every query tile of each, and dS^T of those keys against every query of each
+// query head into the workspace, for the dQ kernel. kGrouped: group > 1; without it the one query
+// head's pass is the multi-head kernel as it was (no loop over heads: its registers, its spills).
+template <typename T, bool kDropout, bool kGrouped>
 __global__ void __launch_bounds__(kThreads) flash_backward_kv_kernel(FlashArgs a) {
   __shared__ __align__(16) T q_tiles[2][kTile * kPad];  // double-buffered
   __shared__ __align__(16) T do_tiles[2][kTile * kPad];
   __shared__ float lse_tiles[2][kTile], delta_tiles[2][kTile];
-  const Place at = place_of(a);
-  const int bh = at.bh, t = at.t, lane = at.lane, g = at.g, c = at.c, ld = a.ld_qkv;
+  // One block row per (batch * key/value head) r, whose query heads are the (batch * query head)
+  // rows r * group .. r * group + group - 1; a chunk starts at a whole group.
+  const int group = kGrouped ? a.group : 1;
+  const Place at = place_of(a, (static_cast<int>(blockIdx.y) + a.bh_first / group) * group, group);
+  const int t = at.t, lane = at.lane, g = at.g, c = at.c, ld = a.ld_qkv;
   const float* mask = at.mask;
   const int key[2] = {at.first + g, at.first + g + 8};
   const bool key_on[2] = {key_attended(mask, key[0], t), key_attended(mask, key[1], t)};
   std::uint32_t ka[4][4], va[4][4];
-  load_rows_a(static_cast<const T*>(a.k) + at.base_qkv, ld, key[0], t, c, ka);
-  load_rows_a(static_cast<const T*>(a.v) + at.base_qkv, ld, key[0], t, c, va);
-  const T* q = static_cast<const T*>(a.q) + at.base_qkv;
-  const T* dout = static_cast<const T*>(a.dout) + at.base_out;
-  // This lane's column pair of its key row g in the workspace (row g + 8 is 8 ld_ds on).
-  T* ds = static_cast<T*>(a.ds) +
-          (static_cast<std::int64_t>(bh - a.bh_first) * a.ld_ds + key[0]) * a.ld_ds + 2 * c;
+  load_rows_a(static_cast<const T*>(a.k) + at.base_kv, ld, key[0], t, c, ka);
+  load_rows_a(static_cast<const T*>(a.v) + at.base_kv, ld, key[0], t, c, va);
   float dk[8][4] = {}, dv[8][4] = {};
 
   // Causal: query tiles before this block's keys are wholly above the diagonal (P = 0): not
@@ -434,87 +449,110 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kv_kernel(FlashArgs a
   const int q_start = a.causal ? static_cast<int>(blockIdx.x) * kTile : 0;
   [[maybe_unused]] const std::uint64_t stream = kDropout ? dropout_stream(a) : 0;
 
-  auto fetch = [&](int q0) {
-    const int b = (q0 / kTile) & 1;
-    load_tile_async(q, ld, q0, t, q_tiles[b]);
-    load_tile_async(dout, a.ld_out, q0, t, do_tiles[b]);
-    if (threadIdx.x < kTile) {
-      int r = q0 + threadIdx.x;
-      std::int64_t i = static_cast<std::int64_t>(bh) * t + r;
-      lse_tiles[b][threadIdx.x] = r < t ? a.lse[i] : INFINITY;
-      delta_tiles[b][threadIdx.x] = r < t ? a.delta[i] : 0.0f;
+  // Query head bh's pass: its q and dout rows, and this lane's column pair of its key row g in
+  // bh's workspace slab (row g + 8 is 8 ld_ds on).
+  auto over_query_head = [&](int bh, const T* q, const T* dout, T* ds) {
+    auto fetch = [&](int q0) {
+      const int b = (q0 / kTile) & 1;
+      load_tile_async(q, ld, q0, t, q_tiles[b]);
+      load_tile_async(dout, a.ld_out, q0, t, do_tiles[b]);
+      if (threadIdx.x < kTile) {
+        int r = q0 + threadIdx.x;
+        std::int64_t i = static_cast<std::int64_t>(bh) * t + r;
+        lse_tiles[b][threadIdx.x] = r < t ? a.lse[i] : INFINITY;
+        delta_tiles[b][threadIdx.x] = r < t ? a.delta[i] : 0.0f;
+      }
+    };
+    fetch(q_start);
+    cp_async_commit();
+    for (int q0 = q_start; q0 < t; q0 += kTile) {
+      next_tile(q0, t, fetch);
+      // This warp's keys are all past T: the dQ kernel reads their dS rows as zeros.
+      if (at.first >= t) continue;
+      // The causal diagonal tile: a query before one of this warp's 16 keys.
+      const bool diagonal = a.causal && q0 < at.first + 16;
+      auto visible = [&](int i, int col) { return key_on[i] && !(diagonal && q0 + col < key[i]); };
+      const T* qs = q_tiles[(q0 / kTile) & 1];
+      const T* dos = do_tiles[(q0 / kTile) & 1];
+      const float* lse_s = lse_tiles[(q0 / kTile) & 1];
+      const float* delta_s = delta_tiles[(q0 / kTile) & 1];
+      float p[8][4] = {}, dp[8][4] = {};
+      mma_rows_t<T>(ka, qs, t - q0, lane, p);    // S^T: keys x queries
+      mma_rows_t<T>(va, dos, t - q0, lane, dp);  // dP'^T = V dO^T
+      // Queries past T have lse +inf and delta 0 (and S, dP 0): their P and dS are exactly 0, so
+      // the workspace's padding columns hold zeros.
+      if constexpr (kDropout) {
+        float pd[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            int col = nt * 8 + 2 * c + (e & 1), query = q0 + col;
+            float pe = visible(e >> 1, col) ? exp2f(p[nt][e] * a.scale_log2 - lse_s[col]) : 0.0f;
+            float de = dp[nt][e];
+            pd[nt][e] = pe;
+            if (pe != 0.0f) {
+              pd[nt][e] = dropped(a, stream, bh, query, key[e >> 1], pe);
+              de = pd[nt][e] != 0.0f ? de * a.keep_scale : 0.0f;
+            }
+            p[nt][e] = pe * (de - delta_s[col]);  // dS^T
+          }
+        mma_p_rows<T>(pd, dos, t - q0, lane, dv);
+      } else {
+        // Without dropout P itself feeds dV, then becomes dS^T in place: no third array.
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            int col = nt * 8 + 2 * c + (e & 1);
+            p[nt][e] = visible(e >> 1, col) ? exp2f(p[nt][e] * a.scale_log2 - lse_s[col]) : 0.0f;
+          }
+        mma_p_rows<T>(p, dos, t - q0, lane, dv);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) p[nt][e] *= dp[nt][e] - delta_s[nt * 8 + 2 * c + (e & 1)];
+      }
+      // dS^T rounded once: the same fragments feed dK and, through the workspace, dQ.
+      std::uint32_t dsa[4][4];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) pack_a<T>(p, kk, dsa[kk]);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          *reinterpret_cast<std::uint32_t*>(ds + (j & 1) * 8 * a.ld_ds + q0 + kk * 16 +
+                                            (j >> 1) * 8) = dsa[kk][j];
+      mma_a_rows<T>(
+          [&](int kk, std::uint32_t f[4]) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) f[j] = dsa[kk][j];
+          },
+          qs, t - q0, lane, dk);
     }
   };
-  fetch(q_start);
-  cp_async_commit();
-  for (int q0 = q_start; q0 < t; q0 += kTile) {
-    next_tile(q0, t, fetch);
-    // This warp's keys are all past T: the dQ kernel reads their dS rows as zeros.
-    if (at.first >= t) continue;
-    // The causal diagonal tile: a query before one of this warp's 16 keys.
-    const bool diagonal = a.causal && q0 < at.first + 16;
-    auto visible = [&](int i, int col) { return key_on[i] && !(diagonal && q0 + col < key[i]); };
-    const T* qs = q_tiles[(q0 / kTile) & 1];
-    const T* dos = do_tiles[(q0 / kTile) & 1];
-    const float* lse_s = lse_tiles[(q0 / kTile) & 1];
-    const float* delta_s = delta_tiles[(q0 / kTile) & 1];
-    float p[8][4] = {}, dp[8][4] = {};
-    mma_rows_t<T>(ka, qs, t - q0, lane, p);    // S^T: keys x queries
-    mma_rows_t<T>(va, dos, t - q0, lane, dp);  // dP'^T = V dO^T
-    // Queries past T have lse +inf and delta 0 (and S, dP 0): their P and dS are exactly 0, so
-    // the workspace's padding columns hold zeros.
-    if constexpr (kDropout) {
-      float pd[8][4];
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          int col = nt * 8 + 2 * c + (e & 1), query = q0 + col;
-          float pe = visible(e >> 1, col) ? exp2f(p[nt][e] * a.scale_log2 - lse_s[col]) : 0.0f;
-          float de = dp[nt][e];
-          pd[nt][e] = pe;
-          if (pe != 0.0f) {
-            pd[nt][e] = dropped(a, stream, bh, query, key[e >> 1], pe);
-            de = pd[nt][e] != 0.0f ? de * a.keep_scale : 0.0f;
-          }
-          p[nt][e] = pe * (de - delta_s[col]);  // dS^T
-        }
-      mma_p_rows<T>(pd, dos, t - q0, lane, dv);
-    } else {
-      // Without dropout P itself feeds dV, then becomes dS^T in place: no third array.
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          int col = nt * 8 + 2 * c + (e & 1);
-          p[nt][e] = visible(e >> 1, col) ? exp2f(p[nt][e] * a.scale_log2 - lse_s[col]) : 0.0f;
-        }
-      mma_p_rows<T>(p, dos, t - q0, lane, dv);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) p[nt][e] *= dp[nt][e] - delta_s[nt * 8 + 2 * c + (e & 1)];
+
+  const T* q = static_cast<const T*>(a.q) + at.base_q;
+  const T* dout = static_cast<const T*>(a.dout) + at.base_out;
+  T* ds = static_cast<T*>(a.ds) +
+          (static_cast<std::int64_t>(at.bh - a.bh_first) * a.ld_ds + key[0]) * a.ld_ds + 2 * c;
+  if constexpr (kGrouped) {
+    // The group's query heads in order: their q and out columns 64 apart, their rows of lse and
+    // delta and their workspace slabs consecutive.
+    const std::int64_t slab = static_cast<std::int64_t>(a.ld_ds) * a.ld_ds;
+    for (int member = 0; member < group; ++member) {
+      // Other warps may still read the previous head's last tiles, in the buffer that this head's
+      // first fetch overwrites.
+      if (member > 0) __syncthreads();
+      over_query_head(at.bh + member, q + member * kDim, dout + member * kDim, ds + member * slab);
     }
-    // dS^T rounded once: the same fragments feed dK and, through the workspace, dQ.
-    std::uint32_t dsa[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) pack_a<T>(p, kk, dsa[kk]);
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        *reinterpret_cast<std::uint32_t*>(ds + (j & 1) * 8 * a.ld_ds + q0 + kk * 16 +
-                                          (j >> 1) * 8) = dsa[kk][j];
-    mma_a_rows<T>(
-        [&](int kk, std::uint32_t f[4]) {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) f[j] = dsa[kk][j];
-        },
-        qs, t - q0, lane, dk);
+  } else {
+    over_query_head(at.bh, q, dout, ds);
   }
 
-  T* dk_out = static_cast<T*>(a.dk) + at.base_qkv;
-  T* dv_out = static_cast<T*>(a.dv) + at.base_qkv;
+  // Written once, after the whole group.
+  T* dk_out = static_cast<T*>(a.dk) + at.base_kv;
+  T* dv_out = static_cast<T*>(a.dv) + at.base_kv;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     if (key[i] >= t) continue;
@@ -535,12 +573,12 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads, 6) flash_backward_dq_kernel(FlashArgs a) {
   __shared__ __align__(16) T ds_tiles[2][kTile * kPad];  // dS^T: keys x this block's queries
   __shared__ __align__(16) T k_tiles[2][kTile * kPad];
-  const Place at = place_of(a);
+  const Place at = query_place_of(a);
   const int t = at.t, lane = at.lane, g = at.g, c = at.c, ld = a.ld_qkv;
   const int q_first = static_cast<int>(blockIdx.x) * kTile;
   const T* ds = static_cast<const T*>(a.ds) +
                 static_cast<std::int64_t>(at.bh - a.bh_first) * a.ld_ds * a.ld_ds + q_first;
-  const T* k = static_cast<const T*>(a.k) + at.base_qkv;
+  const T* k = static_cast<const T*>(a.k) + at.base_kv;
   float dq[8][4] = {};
 
   // Key rows past T are zero-filled, not read: the kv kernel skips warps whose keys are all past
@@ -568,7 +606,7 @@ __global__ void __launch_bounds__(kThreads, 6) flash_backward_dq_kernel(FlashArg
   }
 
   const int row[2] = {at.first + g, at.first + g + 8};
-  T* dq_out = static_cast<T*>(a.dq) + at.base_qkv;
+  T* dq_out = static_cast<T*>(a.dq) + at.base_q;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     if (row[i] >= t) continue;
@@ -580,15 +618,17 @@ __global__ void __launch_bounds__(kThreads, 6) flash_backward_dq_kernel(FlashArg
   }
 }
 
-// q, k, v of the packed (B*T, 3E) projection; the output and its gradient (B*T, E).
-FlashArgs args_of(const Tensor& qkv, std::int64_t batch, std::int64_t heads, const Tensor& mask,
-                  bool causal, double p, std::uint64_t key, std::uint64_t stream,
-                  const std::uint64_t* stream_source) {
-  const std::int64_t e = qkv.size(1) / 3;
+// q, k, v of the packed (B*T, (H + 2 H_kv) 64) projection; the output and its gradient
+// (B*T, H 64).
+FlashArgs args_of(const Tensor& qkv, std::int64_t batch, std::int64_t heads, std::int64_t kv_heads,
+                  const Tensor& mask, bool causal, double p, std::uint64_t key,
+                  std::uint64_t stream, const std::uint64_t* stream_source) {
+  const std::int64_t e = heads * kDim, ekv = kv_heads * kDim;
   FlashArgs a{};
   a.t = static_cast<int>(qkv.size(0) / batch);
   a.heads = static_cast<int>(heads);
-  a.ld_qkv = static_cast<int>(3 * e);
+  a.group = static_cast<int>(heads / kv_heads);
+  a.ld_qkv = static_cast<int>(e + 2 * ekv);
   a.ld_out = static_cast<int>(e);
   a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(kDim)));
   a.scale_log2 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(kDim)) / std::log(2.0));
@@ -600,14 +640,15 @@ FlashArgs args_of(const Tensor& qkv, std::int64_t batch, std::int64_t heads, con
   a.mask = mask.defined() ? static_cast<const float*>(mask.data()) : nullptr;
   a.causal = causal;
   const char* base = static_cast<const char*>(qkv.data());
-  const std::size_t part = static_cast<std::size_t>(e) * dtype_size(qkv.dtype());
+  const std::size_t size = dtype_size(qkv.dtype());
   a.q = base;
-  a.k = base + part;
-  a.v = base + 2 * part;
+  a.k = base + static_cast<std::size_t>(e) * size;
+  a.v = base + static_cast<std::size_t>(e + ekv) * size;
   return a;
 }
 
-// Blocks for `count` (batch * head) rows from a.bh_first on.
+// Blocks for `count` rows of (batch * head) from a.bh_first on (query heads; key/value heads in
+// the dK/dV kernel).
 dim3 grid_of(const FlashArgs& a, std::int64_t count) {
   return dim3(static_cast<unsigned>((a.t + kTile - 1) / kTile), static_cast<unsigned>(count));
 }
@@ -616,15 +657,20 @@ cudaStream_t stream_of(const Tensor& t) {
   return static_cast<cudaStream_t>(current_stream(t.device()));
 }
 
-void check_packed(const Tensor& qkv, std::int64_t batch, std::int64_t heads,
+void check_packed(const Tensor& qkv, std::int64_t batch, std::int64_t heads, std::int64_t kv_heads,
                   std::initializer_list<const Tensor*> rows_of_e) {
-  KILN_CHECK(qkv.dim() == 2 && qkv.is_contiguous() && qkv.size(1) == 3 * heads * kDim &&
-                 batch > 0 && qkv.size(0) % batch == 0,
-             "flash attention: expected packed qkv (B*T, 3*heads*64), got " + qkv.str());
+  KILN_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0,
+             "flash attention: heads " + std::to_string(heads) +
+                 " must be a positive multiple of kv_heads " + std::to_string(kv_heads));
+  KILN_CHECK(
+      qkv.dim() == 2 && qkv.is_contiguous() && qkv.size(1) == (heads + 2 * kv_heads) * kDim &&
+          batch > 0 && qkv.size(0) % batch == 0,
+      "flash attention: expected packed qkv (B*T, (heads + 2*kv_heads)*64), got " + qkv.str());
   for (const Tensor* t : rows_of_e) {
-    KILN_CHECK(t->is_contiguous() && t->numel() == qkv.numel() / 3 && t->dtype() == qkv.dtype(),
-               "flash attention: expected (B*T, E) " + std::string(dtype_name(qkv.dtype())) +
-                   ", got " + t->str());
+    KILN_CHECK(
+        t->is_contiguous() && t->numel() == qkv.size(0) * heads * kDim && t->dtype() == qkv.dtype(),
+        "flash attention: expected (B*T, heads*64) " + std::string(dtype_name(qkv.dtype())) +
+            ", got " + t->str());
   }
 }
 
@@ -642,22 +688,23 @@ std::int64_t attention_workspace_limit_bytes() {
   return static_cast<std::int64_t>(mb * 1048576.0);
 }
 
-bool flash_attention_supported(DType dtype, std::int64_t batch_heads, std::int64_t head_dim,
-                               std::int64_t tokens) {
-  // One block row per (batch * head) in the grid's y dimension, whose limit is 65535.
+bool flash_attention_supported(DType dtype, std::int64_t batch, std::int64_t heads,
+                               std::int64_t kv_heads, std::int64_t head_dim, std::int64_t tokens) {
+  // One block row per (batch * query head) in the grid's y dimension, whose limit is 65535.
   return (dtype == DType::F16 || dtype == DType::BF16) && head_dim == kDim && tokens > 0 &&
-         tokens < (1 << 20) && batch_heads > 0 && batch_heads <= 65535;
+         tokens < (1 << 20) && batch > 0 && heads > 0 && kv_heads > 0 && heads % kv_heads == 0 &&
+         heads <= 65535 / batch;
 }
 
 void flash_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t heads,
-                             const Tensor& mask, bool causal, double p, std::uint64_t key,
-                             std::uint64_t stream, const std::uint64_t* stream_source, Tensor& out,
-                             Tensor& lse) {
+                             std::int64_t kv_heads, const Tensor& mask, bool causal, double p,
+                             std::uint64_t key, std::uint64_t stream,
+                             const std::uint64_t* stream_source, Tensor& out, Tensor& lse) {
   if (qkv.numel() == 0) return;
-  check_packed(qkv, batch, heads, {&out});
+  check_packed(qkv, batch, heads, kv_heads, {&out});
   KILN_CHECK(aligned16({qkv.data(), out.data()}),
              "flash attention: qkv and out must be 16-byte aligned");
-  FlashArgs a = args_of(qkv, batch, heads, mask, causal, p, key, stream, stream_source);
+  FlashArgs a = args_of(qkv, batch, heads, kv_heads, mask, causal, p, key, stream, stream_source);
   a.out = out.data();
   a.lse = static_cast<float*>(lse.data());
   cudaStream_t s = stream_of(qkv);
@@ -679,35 +726,37 @@ void flash_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t
 
 void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
                               const Tensor& lse, const Tensor& mask, std::int64_t batch,
-                              std::int64_t heads, bool causal, double p, std::uint64_t key,
-                              std::uint64_t stream, const std::uint64_t* stream_source,
-                              Tensor& dqkv) {
+                              std::int64_t heads, std::int64_t kv_heads, bool causal, double p,
+                              std::uint64_t key, std::uint64_t stream,
+                              const std::uint64_t* stream_source, Tensor& dqkv) {
   if (qkv.numel() == 0) return;
-  check_packed(qkv, batch, heads, {&out, &dout});
+  check_packed(qkv, batch, heads, kv_heads, {&out, &dout});
   KILN_CHECK(dqkv.is_contiguous() && dqkv.shape() == qkv.shape() && dqkv.dtype() == qkv.dtype(),
              "flash attention: dqkv " + dqkv.str() + " must be shaped like qkv " + qkv.str());
   KILN_CHECK(aligned16({qkv.data(), out.data(), dout.data(), dqkv.data()}),
              "flash attention: operands must be 16-byte aligned");
-  FlashArgs a = args_of(qkv, batch, heads, mask, causal, p, key, stream, stream_source);
-  const std::int64_t rows = qkv.size(0) * heads;  // (token row, head) pairs
+  FlashArgs a = args_of(qkv, batch, heads, kv_heads, mask, causal, p, key, stream, stream_source);
+  const std::int64_t rows = qkv.size(0) * heads;  // (token row, query head) pairs
   Tensor delta = Tensor::empty({rows}, DType::F32, qkv.device());
-  const std::size_t part = static_cast<std::size_t>(qkv.size(1) / 3) * dtype_size(qkv.dtype());
+  // dq, dk, dv start where q, k, v do in the packed rows.
+  const char* base = static_cast<const char*>(qkv.data());
   a.dout = dout.data();
   a.dq = dqkv.data();
-  a.dk = static_cast<char*>(dqkv.data()) + part;
-  a.dv = static_cast<char*>(dqkv.data()) + 2 * part;
+  a.dk = static_cast<char*>(dqkv.data()) + (static_cast<const char*>(a.k) - base);
+  a.dv = static_cast<char*>(dqkv.data()) + (static_cast<const char*>(a.v) - base);
   a.lse = static_cast<float*>(const_cast<void*>(lse.data()));
   a.delta = static_cast<float*>(delta.data());
-  // dS^T for the dQ kernel, whole 64 x 64 tiles of it in bounds; as many (batch * head) rows at a
-  // time as the workspace limit holds, so long sequences cost time, not memory.
+  // dS^T for the dQ kernel, whole 64 x 64 tiles of it in bounds; as many (batch * key/value head)
+  // rows at a time, each with its group of query heads, as the workspace limit holds, so long
+  // sequences cost time, not memory (one group at least).
   a.ld_ds = (a.t + kTile - 1) / kTile * kTile;
-  const std::int64_t bh_total = batch * heads;
+  const std::int64_t group = heads / kv_heads, kv_total = batch * kv_heads;
   const std::int64_t per_bh = static_cast<std::int64_t>(a.ld_ds) * a.ld_ds;
-  const std::int64_t chunk =
-      std::clamp<std::int64_t>(attention_workspace_limit_bytes() /
-                                   (per_bh * static_cast<std::int64_t>(dtype_size(qkv.dtype()))),
-                               1, bh_total);
-  Tensor ds = Tensor::empty({chunk * per_bh}, qkv.dtype(), qkv.device());
+  const std::int64_t chunk = std::clamp<std::int64_t>(
+      attention_workspace_limit_bytes() /
+          (per_bh * group * static_cast<std::int64_t>(dtype_size(qkv.dtype()))),
+      1, kv_total);
+  Tensor ds = Tensor::empty({chunk * group * per_bh}, qkv.dtype(), qkv.device());
   a.ds = ds.data();
   cudaStream_t s = stream_of(qkv);
   auto launch = [&](auto tag) {
@@ -716,16 +765,20 @@ void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor
         static_cast<const T*>(out.data()), static_cast<const T*>(dout.data()), rows, a.t, a.heads,
         a.ld_out, a.delta);
     KILN_CUDA_LAUNCH_CHECK();
-    for (std::int64_t first = 0; first < bh_total; first += chunk) {
-      a.bh_first = static_cast<int>(first);
-      const dim3 grid = grid_of(a, std::min(chunk, bh_total - first));
+    for (std::int64_t first = 0; first < kv_total; first += chunk) {
+      const std::int64_t count = std::min(chunk, kv_total - first);
+      a.bh_first = static_cast<int>(first * group);  // the chunk's first query head row
+      const dim3 kv_grid = grid_of(a, count), q_grid = grid_of(a, count * group);
+      void (*kv_kernel)(FlashArgs) = flash_backward_kv_kernel<T, false, false>;
       if (a.p > 0.0) {
-        flash_backward_kv_kernel<T, true><<<grid, kThreads, 0, s>>>(a);
-      } else {
-        flash_backward_kv_kernel<T, false><<<grid, kThreads, 0, s>>>(a);
+        kv_kernel = group > 1 ? flash_backward_kv_kernel<T, true, true>
+                              : flash_backward_kv_kernel<T, true, false>;
+      } else if (group > 1) {
+        kv_kernel = flash_backward_kv_kernel<T, false, true>;
       }
+      kv_kernel<<<kv_grid, kThreads, 0, s>>>(a);
       KILN_CUDA_LAUNCH_CHECK();
-      flash_backward_dq_kernel<T><<<grid, kThreads, 0, s>>>(a);
+      flash_backward_dq_kernel<T><<<q_grid, kThreads, 0, s>>>(a);
       KILN_CUDA_LAUNCH_CHECK();
     }
   };

@@ -382,54 +382,81 @@ void softmax_cross_entropy_backward(const Tensor& logits, const Tensor& targets,
   });
 }
 
-bool softmax_cross_entropy_fused(const Tensor& logits, const Tensor& targets, double smoothing,
-                                 std::int64_t ignore_index, const double* scale_source,
-                                 std::int64_t scale_divisor, Tensor& row_lse, Tensor& loss,
-                                 Tensor& counted, Tensor& correct, Tensor& invalid,
-                                 Tensor& dlogits) {
-  std::int64_t rows = logits.size(0), classes = logits.size(1);
+bool softmax_cross_entropy_fusable(const Tensor& logits, const Tensor& dlogits) {
   const DType dtype = logits.dtype();
   if ((dtype != DType::F32 && dtype != DType::F16 && dtype != DType::BF16) ||
       dlogits.dtype() != dtype)
     return false;
   const std::int64_t pack = 16 / static_cast<std::int64_t>(dtype_size(logits.dtype()));
-  if (logits.stride(0) % pack != 0 || dlogits.stride(0) % pack != 0 ||
-      !aligned16({logits.data(), dlogits.data()}))
-    return false;
-  Device device = logits.device();
-  auto stream = static_cast<cudaStream_t>(current_stream(device));
-  Tensor row_loss = Tensor::empty({rows}, DType::F32, device);   // (N)
-  Tensor row_flags = Tensor::empty({rows}, DType::I32, device);  // (N)
+  return logits.stride(0) % pack == 0 && dlogits.stride(0) % pack == 0 &&
+         aligned16({logits.data(), dlogits.data()});
+}
+
+void softmax_cross_entropy_count(const Tensor& targets, std::int64_t classes,
+                                 std::int64_t ignore_index, Tensor& counted) {
+  auto stream = static_cast<cudaStream_t>(current_stream(targets.device()));
   cross_entropy_count_kernel<<<1, kFinalThreads, 0, stream>>>(
-      static_cast<const std::int64_t*>(targets.data()), rows, classes, ignore_index,
+      static_cast<const std::int64_t*>(targets.data()), targets.numel(), classes, ignore_index,
       static_cast<float*>(counted.data()));
   KILN_CUDA_LAUNCH_CHECK();
+}
+
+void softmax_cross_entropy_fused_rows(const Tensor& logits, const Tensor& targets,
+                                      std::int64_t first_row, double smoothing,
+                                      std::int64_t ignore_index, const double* scale_source,
+                                      std::int64_t scale_divisor, const Tensor& counted,
+                                      Tensor& row_lse, Tensor& row_loss, Tensor& row_flags,
+                                      Tensor& dlogits) {
+  KILN_CHECK(softmax_cross_entropy_fusable(logits, dlogits),
+             "SoftmaxCrossEntropy: rows in chunks need 16-byte aligned half or f32 rows");
+  const std::int64_t rows = logits.size(0), classes = logits.size(1);
+  if (rows == 0) return;
+  auto stream = static_cast<cudaStream_t>(current_stream(logits.device()));
   const float scale_value = static_cast<float>(1.0 / static_cast<double>(scale_divisor));
   auto launch = [&](auto type) {
     using T = decltype(type);
     cross_entropy_fused_kernel<T><<<static_cast<unsigned>(rows), kFusedThreads, 0, stream>>>(
         static_cast<const T*>(logits.data()), logits.stride(0),
-        static_cast<const std::int64_t*>(targets.data()), classes, static_cast<float>(smoothing),
-        ignore_index, static_cast<const float*>(counted.data()), scale_value, scale_source,
-        scale_divisor, static_cast<T*>(dlogits.data()), dlogits.stride(0),
-        static_cast<float*>(row_lse.data()), static_cast<float*>(row_loss.data()),
-        static_cast<int*>(row_flags.data()));
+        static_cast<const std::int64_t*>(targets.data()) + first_row, classes,
+        static_cast<float>(smoothing), ignore_index, static_cast<const float*>(counted.data()),
+        scale_value, scale_source, scale_divisor, static_cast<T*>(dlogits.data()),
+        dlogits.stride(0), static_cast<float*>(row_lse.data()) + first_row,
+        static_cast<float*>(row_loss.data()) + first_row,
+        static_cast<int*>(row_flags.data()) + first_row);
     KILN_CUDA_LAUNCH_CHECK();
   };
-  if (rows > 0) {
-    if (logits.dtype() == DType::BF16) {
-      launch(__nv_bfloat16());
-    } else if (logits.dtype() == DType::F16) {
-      launch(__half());
-    } else {
-      launch(float());
-    }
+  if (logits.dtype() == DType::BF16) {
+    launch(__nv_bfloat16());
+  } else if (logits.dtype() == DType::F16) {
+    launch(__half());
+  } else {
+    launch(float());
   }
+}
+
+void softmax_cross_entropy_finish(const Tensor& row_loss, const Tensor& row_flags, Tensor& loss,
+                                  Tensor& counted, Tensor& correct, Tensor& invalid) {
+  auto stream = static_cast<cudaStream_t>(current_stream(row_loss.device()));
   cross_entropy_finish_kernel<<<1, kFinalThreads, 0, stream>>>(
-      static_cast<const float*>(row_loss.data()), static_cast<const int*>(row_flags.data()), rows,
-      static_cast<float*>(loss.data()), static_cast<float*>(counted.data()),
+      static_cast<const float*>(row_loss.data()), static_cast<const int*>(row_flags.data()),
+      row_loss.numel(), static_cast<float*>(loss.data()), static_cast<float*>(counted.data()),
       static_cast<float*>(correct.data()), static_cast<int*>(invalid.data()));
   KILN_CUDA_LAUNCH_CHECK();
+}
+
+bool softmax_cross_entropy_fused(const Tensor& logits, const Tensor& targets, double smoothing,
+                                 std::int64_t ignore_index, const double* scale_source,
+                                 std::int64_t scale_divisor, Tensor& row_lse, Tensor& loss,
+                                 Tensor& counted, Tensor& correct, Tensor& invalid,
+                                 Tensor& dlogits) {
+  if (!softmax_cross_entropy_fusable(logits, dlogits)) return false;
+  const std::int64_t rows = logits.size(0);
+  Tensor row_loss = Tensor::empty({rows}, DType::F32, logits.device());   // (N)
+  Tensor row_flags = Tensor::empty({rows}, DType::I32, logits.device());  // (N)
+  softmax_cross_entropy_count(targets, logits.size(1), ignore_index, counted);
+  softmax_cross_entropy_fused_rows(logits, targets, 0, smoothing, ignore_index, scale_source,
+                                   scale_divisor, counted, row_lse, row_loss, row_flags, dlogits);
+  softmax_cross_entropy_finish(row_loss, row_flags, loss, counted, correct, invalid);
   return true;
 }
 

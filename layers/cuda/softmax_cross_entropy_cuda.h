@@ -38,6 +38,26 @@ KILN_CUDA_OP("SoftmaxCrossEntropy",
                                               std::int64_t scale_divisor, Tensor& row_lse,
                                               Tensor& loss, Tensor& counted, Tensor& correct,
                                               Tensor& invalid, Tensor& dlogits));
+// The fused pass over a batch in chunks of rows (the language-model head's chunks, whose logits
+// never exist whole): count the batch's counted rows from all its targets; then for each chunk,
+// the fused pass over its rows, which start at `first_row` of the batch (targets, row_lse,
+// row_loss and row_flags are the batch's); then finish over all rows, in the same fixed order as
+// softmax_cross_entropy_fused, which is these three on one chunk.
+KILN_CUDA_OP("SoftmaxCrossEntropy",
+             bool softmax_cross_entropy_fusable(const Tensor& logits, const Tensor& dlogits));
+KILN_CUDA_OP("SoftmaxCrossEntropy",
+             void softmax_cross_entropy_count(const Tensor& targets, std::int64_t classes,
+                                              std::int64_t ignore_index, Tensor& counted));
+KILN_CUDA_OP("SoftmaxCrossEntropy",
+             void softmax_cross_entropy_fused_rows(
+                 const Tensor& logits, const Tensor& targets, std::int64_t first_row,
+                 double smoothing, std::int64_t ignore_index, const double* scale_source,
+                 std::int64_t scale_divisor, const Tensor& counted, Tensor& row_lse,
+                 Tensor& row_loss, Tensor& row_flags, Tensor& dlogits));
+KILN_CUDA_OP("SoftmaxCrossEntropy",
+             void softmax_cross_entropy_finish(const Tensor& row_loss, const Tensor& row_flags,
+                                               Tensor& loss, Tensor& counted, Tensor& correct,
+                                               Tensor& invalid));
 }  // namespace cuda
 
 }  // namespace kiln

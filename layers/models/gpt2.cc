@@ -28,7 +28,7 @@ namespace {
 
 constexpr double kGptLayerNormEps = 1e-5;
 
-class Gpt2LMHeadModel : public Layer {
+class Gpt2LMHeadModel : public HeadedLanguageModel {
  public:
   explicit Gpt2LMHeadModel(const ModelOptions& o)
       : vocab_(o.vocab_size), hidden_(o.hidden_size), max_positions_(o.max_positions) {
@@ -46,6 +46,7 @@ class Gpt2LMHeadModel : public Layer {
                        std::make_unique<LayerNorm>(o.hidden_size, kGptLayerNormEps));
     lm_head_ = &add_child(
         "lm_head", std::make_unique<TiedDecoder>(&wte_->weight(), vocab_, hidden_, /*bias=*/false));
+    head_ = lm_head_;
   }
   std::string type() const override { return "GPT2LMHeadModel"; }
   Shape output_shape(const Shape& input) const override { return {input[0], input[1], vocab_}; }
@@ -73,7 +74,7 @@ class Gpt2LMHeadModel : public Layer {
   }
 
  protected:
-  Tensor forward_impl(Context& ctx, const Tensor& ids) override {  // (B, T) -> (B, T, V)
+  Tensor forward_body(Context& ctx, const Tensor& ids) override {  // (B, T) -> (B, T, E)
     KILN_CHECK(ids.dim() == 2, "GPT-2: expected ids (B, T), got " + ids.str());
     const std::int64_t b = ids.size(0), t = ids.size(1);
     const std::int64_t past = ctx.call.kv_cache ? ctx.call.kv_cache->past : 0;
@@ -89,14 +90,13 @@ class Gpt2LMHeadModel : public Layer {
     Tensor h = wte_->forward(ctx, ids);
     ops::add(h, wpe_->forward(ctx, positions), h);
     h = drop_->forward(ctx, h);
-    return lm_head_->forward(ctx, ln_f_->forward(ctx, blocks_.forward(ctx, std::move(h))));
+    return ln_f_->forward(ctx, blocks_.forward(ctx, std::move(h)));
   }
-  Tensor backward_impl(Context& ctx, const Tensor& dy) override {
-    Tensor g = ln_f_->backward(ctx, lm_head_->backward(ctx, dy));
+  void backward_body(Context& ctx, const Tensor& dh) override {
+    Tensor g = ln_f_->backward(ctx, dh);
     g = drop_->backward(ctx, blocks_.backward(ctx, std::move(g)));
     wpe_->backward(ctx, g);
     wte_->backward(ctx, g);  // after lm_head's: it fires on_grad_ready for the summed gradient
-    return Tensor();         // ids have no gradient
   }
 
  private:

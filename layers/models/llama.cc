@@ -68,7 +68,7 @@ class LlamaDecoderLayer : public Layer {
   SwiGluMlp* mlp_;
 };
 
-class LlamaForCausalLM : public Layer {
+class LlamaForCausalLM : public HeadedLanguageModel {
  public:
   explicit LlamaForCausalLM(const ModelOptions& o)
       : vocab_(o.vocab_size), hidden_(o.hidden_size), max_positions_(o.max_positions) {
@@ -129,7 +129,7 @@ class LlamaForCausalLM : public Layer {
   }
 
  protected:
-  Tensor forward_impl(Context& ctx, const Tensor& ids) override {  // (B, T) -> (B, T, V)
+  Tensor forward_body(Context& ctx, const Tensor& ids) override {  // (B, T) -> (B, T, E)
     KILN_CHECK(ids.dim() == 2, "llama: expected ids (B, T), got " + ids.str());
     const std::int64_t past = ctx.call.kv_cache ? ctx.call.kv_cache->past : 0;
     if (past + ids.size(1) > max_positions_)
@@ -137,13 +137,12 @@ class LlamaForCausalLM : public Layer {
                        " positions exceed max_positions " + std::to_string(max_positions_));
     Tensor h = embed_->forward(ctx, ids);
     for (Layer* layer : layers_) h = layer->forward(ctx, h);
-    return head_->forward(ctx, norm_->forward(ctx, h));
+    return norm_->forward(ctx, h);
   }
-  Tensor backward_impl(Context& ctx, const Tensor& dy) override {
-    Tensor g = norm_->backward(ctx, head_->backward(ctx, dy));
+  void backward_body(Context& ctx, const Tensor& dh) override {
+    Tensor g = norm_->backward(ctx, dh);
     for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) g = (*it)->backward(ctx, g);
     embed_->backward(ctx, g);  // after a tied head's: it fires on_grad_ready for the sum
-    return Tensor();           // ids have no gradient
   }
 
  private:
@@ -151,7 +150,6 @@ class LlamaForCausalLM : public Layer {
   Embedding* embed_;
   std::vector<LlamaDecoderLayer*> layers_;
   RMSNorm* norm_;
-  Layer* head_;
 };
 
 }  // namespace

@@ -57,6 +57,28 @@ struct ModelOptions {
 
 enum class Task { Classification, MaskedLM, CausalLM };
 
+// A causal language model whose last layer, the head, maps hidden states to vocabulary scores row
+// by row (GPT-2, the llama family): training may run the head over chunks of rows together with
+// the loss (train/loss_stage.h), so that the (B*T, V) logits never exist whole.
+class HeadedLanguageModel : public Layer {
+ public:
+  Layer& head() { return *head_; }
+  // The layers below the head: ids (B, T) -> the head's input (B, T, E).
+  virtual Tensor forward_body(Context& ctx, const Tensor& ids) = 0;
+  // Backward through them from the gradient of the head's input (the ids have none).
+  virtual void backward_body(Context& ctx, const Tensor& dh) = 0;
+
+ protected:
+  Tensor forward_impl(Context& ctx, const Tensor& ids) final {
+    return head_->forward(ctx, forward_body(ctx, ids));
+  }
+  Tensor backward_impl(Context& ctx, const Tensor& dy) final {
+    backward_body(ctx, head_->backward(ctx, dy));
+    return Tensor();
+  }
+  Layer* head_ = nullptr;  // set by the model, a child of it
+};
+
 struct Model {
   std::unique_ptr<Layer> net;
   Shape sample_shape;              // one input sample: (C, H, W), (features) or (T)

@@ -149,7 +149,8 @@ void LossScaler::load_state(const State& state) {
 
 MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<Parameter*>& params,
                                                  const OptimizerOptions& optim,
-                                                 const AmpOptions& amp, Device device)
+                                                 const AmpOptions& amp, Device device,
+                                                 const std::vector<std::int64_t>& element_offsets)
     : amp_((validate(amp), amp)), scaler_(amp.scaler, resolved_mode(amp)), params_(params) {
   device_ = params_.empty() ? device : params_.front()->value.device();
   masters_.resize(params_.size());
@@ -159,6 +160,7 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<Parameter*>& 
     OptimizedTensor t;
     t.name = p.name;
     t.no_weight_decay = p.no_weight_decay;
+    if (!element_offsets.empty()) t.element_offset = element_offsets.at(i);
     std::tie(t.lr_multiplier, t.weight_decay) = resolve_group(p.name, p.no_weight_decay, optim);
     if (uses_master_weights(amp) && is_half(p.value.dtype())) {
       masters_[i] = Tensor::empty(p.value.shape(), DType::F32, p.value.device());

@@ -140,9 +140,11 @@ class MixedPrecisionOptimizer {
   // parameter_dtype(amp)); in O2 the fp32 masters are copied from them here. The optimizer keeps
   // each parameter's `grad` tensor as it is now: rebind gradients (DataParallel buckets) first.
   // `device` places the step's flags when `params` is empty (a ZeRO rank whose shard of a tiny
-  // model is only padding); otherwise the parameters' device is used.
+  // model is only padding); otherwise the parameters' device is used. `element_offsets`: where
+  // each of `params` starts in its whole parameter when they are ZeRO pieces (empty: all 0).
   MixedPrecisionOptimizer(const std::vector<Parameter*>& params, const OptimizerOptions& optim,
-                          const AmpOptions& amp, Device device = Device::cpu());
+                          const AmpOptions& amp, Device device = Device::cpu(),
+                          const std::vector<std::int64_t>& element_offsets = {});
   ~MixedPrecisionOptimizer();
   MixedPrecisionOptimizer(const MixedPrecisionOptimizer&) = delete;
   MixedPrecisionOptimizer& operator=(const MixedPrecisionOptimizer&) = delete;

@@ -22,6 +22,7 @@ struct AdamWRule {
   bool amsgrad = false;
   double grad_multiplier = 1.0;
   float grad_unscale = 1.0f;
+  std::int64_t steps_done = 0;  // completed steps: the stream of bf16 state rounding
   detail::ResidentFields resident;
 
   static void check(const OptimizerOptions& o) { check_betas(o, kName); }
@@ -37,6 +38,7 @@ struct AdamWRule {
   KILN_HOST_DEVICE void load_counts(std::int64_t completed_steps, double grad_norm,
                                     double max_grad_norm) {
     step = completed_steps + 1;
+    steps_done = completed_steps;
     grad_multiplier = detail::clip_coefficient(grad_norm, max_grad_norm);
   }
 

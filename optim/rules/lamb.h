@@ -23,6 +23,7 @@ struct LambRule {
   bool bias_correction = true;
   double clip_divisor = 1.0;  // max(1, global_norm / max_grad_norm), Apex FusedLAMB
   float grad_unscale = 1.0f;
+  std::int64_t steps_done = 0;  // completed steps: the stream of bf16 state rounding
   detail::ResidentFields resident;
 
   static void check(const OptimizerOptions& o) { check_betas(o, kName); }
@@ -37,6 +38,7 @@ struct LambRule {
   KILN_HOST_DEVICE void load_counts(std::int64_t completed_steps, double grad_norm,
                                     double max_grad_norm) {
     step = completed_steps + 1;
+    steps_done = completed_steps;
     clip_divisor = detail::lamb_clip_divisor(grad_norm, max_grad_norm);
   }
 

@@ -22,6 +22,7 @@ struct SgdRule {
   bool first_step = true;        // the momentum buffer starts as the gradient
   double grad_multiplier = 1.0;  // gradient clipping coefficient
   float grad_unscale = 1.0f;
+  std::int64_t steps_done = 0;  // completed steps: the stream of bf16 state rounding
   detail::ResidentFields resident;
 
   static void check(const OptimizerOptions& o) {
@@ -45,6 +46,7 @@ struct SgdRule {
   KILN_HOST_DEVICE void load_counts(std::int64_t completed_steps, double grad_norm,
                                     double max_grad_norm) {
     first_step = completed_steps == 0;
+    steps_done = completed_steps;
     grad_multiplier = detail::clip_coefficient(grad_norm, max_grad_norm);
   }
 

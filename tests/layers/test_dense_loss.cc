@@ -193,5 +193,45 @@ TEST(SoftmaxCrossEntropy, NonPositiveLossScaleDivisorIsAnError) {
   EXPECT_THROW(loss_fn.backward(ctx), Error);
 }
 
+TEST(SoftmaxCrossEntropy, RowsInChunksEqualTheWholeBatchBitForBit) {
+  // The chunked head's loss (train/loss_stage.h): the batch's rows in uneven chunks give the
+  // whole batch's loss, counts and gradient to the bit, with smoothing, ignored rows and a loss
+  // scale over micro-steps.
+  Tensor targets = Tensor::from_vector<std::int64_t>({0, 4, -100, 3, 2, 1, 4, -100, 0}, {9});
+  for (DType dtype : {DType::F32, DType::F64}) {
+    Tensor logits = Tensor::empty({9, 5}, dtype);
+    ops::fill_uniform(logits, -2, 2, 17);
+    double scale = 1024.0;
+    Context ctx;
+    ctx.step.loss_scale = &scale;
+    ctx.step.loss_scale_divisor = 3;
+    SoftmaxCrossEntropy whole(0.1);
+    const double want = whole.forward(ctx, logits, targets).item();
+    const double want_correct = whole.correct_count().item();
+    std::vector<double> want_grad = whole.backward(ctx).to(DType::F64).to_vector<double>();
+
+    SoftmaxCrossEntropy chunked(0.1);
+    Tensor rows = logits.clone();
+    chunked.begin_rows(targets, 5);
+    for (auto [first, last] : {std::pair<int, int>{0, 4}, {4, 5}, {5, 9}})
+      chunked.forward_rows_with_gradient(ctx, rows.slice(0, first, last), first);
+    EXPECT_EQ(chunked.finish_rows().item(), want);
+    EXPECT_EQ(chunked.counted_rows().item(), 7.0);
+    EXPECT_EQ(chunked.correct_count().item(), want_correct);
+    EXPECT_EQ(rows.to(DType::F64).to_vector<double>(), want_grad);
+  }
+}
+
+TEST(SoftmaxCrossEntropy, RowsOutsideTheBatchOrABadTargetAreErrors) {
+  SoftmaxCrossEntropy loss_fn;
+  Context ctx;
+  EXPECT_THROW(loss_fn.forward_rows_with_gradient(ctx, Tensor::zeros({2, 3}, DType::F32), 0),
+               Error);  // before begin_rows
+  loss_fn.begin_rows(Tensor::from_vector<std::int64_t>({0, 2, 1}, {3}), 3);
+  EXPECT_THROW(loss_fn.forward_rows_with_gradient(ctx, Tensor::zeros({2, 3}, DType::F32), 2),
+               Error);  // rows 2..3 of 3
+  EXPECT_THROW(loss_fn.begin_rows(Tensor::from_vector<std::int64_t>({0, 3}, {2}), 3), InputError);
+}
+
 }  // namespace
 }  // namespace kiln

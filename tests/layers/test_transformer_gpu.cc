@@ -18,6 +18,7 @@
 #include "core/ops.h"
 #include "core/stream.h"
 #include "layers/attention.h"
+#include "layers/cuda/attention_cuda.h"
 #include "layers/cuda/embedding_cuda.h"
 #include "layers/cuda/layernorm_cuda.h"
 #include "layers/embedding.h"
@@ -676,6 +677,20 @@ TEST_P(TransformerGpu, TinyModelsMatchCpu) {
   }
 }
 
+// Grouped-query attention with q/k/v bias (Qwen2) and rotary positions.
+GroupedQueryAttentionConfig gqa_config(std::int64_t hidden, std::int64_t heads,
+                                       std::int64_t kv_heads, std::int64_t max_positions,
+                                       double theta) {
+  GroupedQueryAttentionConfig c;
+  c.hidden = hidden;
+  c.heads = heads;
+  c.kv_heads = kv_heads;
+  c.qkv_bias = true;
+  c.max_positions = max_positions;
+  c.rotary.theta = theta;
+  return c;
+}
+
 // The llama family's layers (issue 35): RMSNorm (Qwen2.5-0.5B's 896 columns and a small one, with
 // the packed kernels in half), the SwiGLU MLP, grouped-query attention with rotary positions on
 // cuDNN's fused path and on the unfused one, and tiny Llama / Qwen2 models.
@@ -693,14 +708,8 @@ TEST_P(TransformerGpu, LlamaLayersMatchCpu) {
   for (std::int64_t head_dim : {64, 128}) {
     for (const char* unfused : {"0", "1"}) {
       setenv("KILN_ATTENTION_UNFUSED", unfused, 1);
-      GroupedQueryAttentionConfig c;
-      c.hidden = 256;
-      c.heads = 4;
-      c.kv_heads = 2;
+      GroupedQueryAttentionConfig c = gqa_config(256, 4, 2, 256, 10000.0);
       c.head_dim = head_dim;
-      c.qkv_bias = true;
-      c.max_positions = 256;
-      c.rotary.theta = 10000.0;
       GroupedQueryAttention attn(c);
       seed += 5;
       compare_layer(attn, random_cpu({2, 97, 256}, dt, seed), {2, 97, 256}, dt,
@@ -774,11 +783,193 @@ TEST_P(TransformerGpu, TinyLlamaModelsMatchCpu) {
   }
 }
 
+TEST_P(TransformerGpu, GroupedQueryAttentionOnFlashKernelsMatchesCpu) {
+  // With cuDNN off, grouped-query attention at d = 64 in half takes Kiln's flash kernels on the
+  // packed rows (f32 the unfused path): groups of 1, 2 and 7 query heads per key/value head
+  // (Qwen2.5-0.5B's 14 / 2), T whole tiles and T with a partial last one, forward and backward.
+  DType dt = GetParam();
+  std::uint64_t seed = fresh_seed();
+  ASSERT_EQ(setenv("KILN_ATTENTION_CUDNN", "0", 1), 0);
+  ASSERT_EQ(unsetenv("KILN_ATTENTION_UNFUSED"), 0);
+  for (std::int64_t kv_heads : {14, 7, 2}) {
+    for (std::int64_t t : {256, 97}) {
+      GroupedQueryAttention attn(gqa_config(896, 14, kv_heads, 256, 1e6));
+      seed += 5;
+      // x in +-0.5: at E = 896 the scores stay as spread as the 256-wide layers' above.
+      compare_layer(attn, random_cpu({2, t, 896}, dt, seed, 0.5), {2, t, 896}, dt,
+                    training_context(seed), dt == DType::F32 ? 200 : 32, seed + 1,
+                    "gqa flash H=14 H_kv=" + std::to_string(kv_heads) + " T=" + std::to_string(t));
+    }
+  }
+  ASSERT_EQ(unsetenv("KILN_ATTENTION_CUDNN"), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, TransformerGpu,
                          ::testing::Values(DType::F32, DType::F16, DType::BF16),
                          [](const ::testing::TestParamInfo<DType>& info) {
                            return std::string(dtype_name(info.param));
                          });
+
+// ---------------------------------------------------------------------------------------------
+// The flash kernels with grouped-query heads, called directly on packed rows.
+
+constexpr std::int64_t kFlashDim = 64;
+
+struct FlashResult {
+  Tensor out, lse, dqkv;  // on the CPU; out and dqkv in f32
+};
+
+// Kiln's flash kernels forward and backward on packed rows qkv (B*T, (H + 2 H_kv) 64) on the GPU,
+// their outputs poisoned first; dropout (p > 0) at key 1234, step 7.
+FlashResult flash_run(const Tensor& qkv, const Tensor& dout, std::int64_t b, std::int64_t h,
+                      std::int64_t hkv, const Tensor& mask, bool causal, double p) {
+  const DType dt = qkv.dtype();
+  const std::int64_t n = qkv.size(0);
+  Tensor out = poisoned({n, h * kFlashDim}, dt), lse = poisoned({b * h, n / b}, DType::F32);
+  Tensor dqkv = poisoned(qkv.shape(), dt);
+  cuda::flash_attention_forward(qkv, b, h, hkv, mask, causal, p, 1234, 7, nullptr, out, lse);
+  cuda::flash_attention_backward(qkv, out, dout, lse, mask, b, h, hkv, causal, p, 1234, 7, nullptr,
+                                 dqkv);
+  return {out.to(Device::cpu(), DType::F32), lse.to(Device::cpu()),
+          dqkv.to(Device::cpu(), DType::F32)};
+}
+
+// Columns [lo, hi) of (N, C) rows, contiguous.
+Tensor columns(const Tensor& rows, std::int64_t lo, std::int64_t hi) {
+  return rows.slice(1, lo, hi).contiguous();
+}
+
+TEST(FlashGroupedQueryAttention, MatchesTheKernelsOnReplicatedHeads) {
+  // Grouped-query rows against the same rows with K and V copied per query head (multi-head, the
+  // path GPT-2 and BERT take): out, lse and dQ bit for bit (the same arithmetic on the same
+  // values), dK and dV the replicated heads' gradients summed over each group. Causal, a padding
+  // mask, dropout; T with a partial last tile.
+  if (cuda_device_count() == 0) GTEST_FAIL() << "no GPU visible: the gpu suite needs one";
+  std::uint64_t seed = fresh_seed();
+  const std::int64_t b = 3, t = 197, n = b * t, d = kFlashDim;
+  struct Heads {
+    std::int64_t h, hkv;
+  };
+  struct Variant {
+    bool causal, masked;
+    double p;
+  };
+  for (DType dt : {DType::F16, DType::BF16}) {
+    for (Heads z : {Heads{14, 7}, Heads{14, 2}, Heads{4, 1}}) {
+      for (Variant v :
+           {Variant{true, false, 0.0}, Variant{false, true, 0.1}, Variant{true, true, 0.1}}) {
+        const std::int64_t g = z.h / z.hkv, width = (z.h + 2 * z.hkv) * d, wide = 3 * z.h * d;
+        const std::string what = std::string(dtype_name(dt)) + " H=" + std::to_string(z.h) +
+                                 " H_kv=" + std::to_string(z.hkv) + (v.causal ? " causal" : "") +
+                                 (v.masked ? " masked" : "") + " p=" + std::to_string(v.p);
+        std::vector<float> packed = random_cpu({n, width}, dt, ++seed, 2.0).to_vector<float>();
+        // Query head i's copy of key/value head i / g.
+        std::vector<float> replicated(static_cast<std::size_t>(n * wide));
+        for (std::int64_t r = 0; r < n; ++r)
+          for (std::int64_t i = 0; i < z.h; ++i)
+            for (std::int64_t x = 0; x < d; ++x) {
+              const std::size_t to = static_cast<std::size_t>(r * wide + i * d + x);
+              const std::size_t from = static_cast<std::size_t>(r * width);
+              replicated[to] = packed[from + static_cast<std::size_t>(i * d + x)];
+              for (std::int64_t part = 1; part <= 2; ++part)
+                replicated[to + static_cast<std::size_t>(part * z.h * d)] =
+                    packed[from + static_cast<std::size_t>(z.h * d + (part - 1) * z.hkv * d +
+                                                           i / g * d + x)];
+            }
+        Tensor dout = random_cpu({n, z.h * d}, dt, ++seed).to(kGpu, dt);
+        Tensor mask = v.masked ? padding_mask(b, t).to(kGpu) : Tensor();
+        FlashResult gqa = flash_run(Tensor::from_vector(packed, {n, width}).to(kGpu, dt), dout, b,
+                                    z.h, z.hkv, mask, v.causal, v.p);
+        FlashResult mha = flash_run(Tensor::from_vector(replicated, {n, wide}).to(kGpu, dt), dout,
+                                    b, z.h, z.h, mask, v.causal, v.p);
+        EXPECT_EQ(gqa.out.to_vector<float>(), mha.out.to_vector<float>()) << what << " out";
+        EXPECT_EQ(gqa.lse.to_vector<float>(), mha.lse.to_vector<float>()) << what << " lse";
+        EXPECT_EQ(columns(gqa.dqkv, 0, z.h * d).to_vector<float>(),
+                  columns(mha.dqkv, 0, z.h * d).to_vector<float>())
+            << what << " dq";
+        expect_close(columns(gqa.dqkv, 0, z.h * d), columns(mha.dqkv, 0, z.h * d), dt, what + " dq",
+                     1);  // refuses an all-zero dQ
+        std::vector<float> rep = mha.dqkv.to_vector<float>();
+        for (std::int64_t part = 1; part <= 2; ++part) {
+          // The replicated heads' rounded gradients, summed over each group in double.
+          std::vector<double> sum(static_cast<std::size_t>(n * z.hkv * d), 0.0);
+          for (std::int64_t r = 0; r < n; ++r)
+            for (std::int64_t i = 0; i < z.h; ++i)
+              for (std::int64_t x = 0; x < d; ++x)
+                sum[static_cast<std::size_t>((r * z.hkv + i / g) * d + x)] +=
+                    rep[static_cast<std::size_t>(r * wide + part * z.h * d + i * d + x)];
+          const std::int64_t lo = z.h * d + (part - 1) * z.hkv * d;
+          expect_close(columns(gqa.dqkv, lo, lo + z.hkv * d),
+                       Tensor::from_vector(sum, {n, z.hkv * d}), dt,
+                       what + (part == 1 ? " dk" : " dv"), 8);
+        }
+      }
+    }
+  }
+}
+
+TEST(FlashGroupedQueryAttention, BackwardInWorkspaceChunksIsBitwiseEqual) {
+  // 14 query heads over 2 key/value heads at T = 197: a group's dS^T is 7 x 128 KiB. A limit of
+  // 2 MiB holds 2 of the 6 groups (three chunks), 0.5 MiB less than one (one group a chunk):
+  // both must give the gradients of one chunk bit for bit.
+  if (cuda_device_count() == 0) GTEST_FAIL() << "no GPU visible: the gpu suite needs one";
+  std::uint64_t seed = fresh_seed();
+  const std::int64_t b = 3, t = 197, n = b * t, h = 14, hkv = 2;
+  for (DType dt : {DType::F16, DType::BF16}) {
+    Tensor qkv = random_cpu({n, (h + 2 * hkv) * kFlashDim}, dt, ++seed, 2.0).to(kGpu, dt);
+    Tensor dout = random_cpu({n, h * kFlashDim}, dt, ++seed).to(kGpu, dt);
+    Tensor mask = padding_mask(b, t).to(kGpu);
+    std::vector<std::vector<float>> dqkv;
+    for (const char* limit : {"", "2", "0.5"}) {
+      if (*limit == '\0') {
+        ASSERT_EQ(unsetenv("KILN_ATTENTION_WORKSPACE_MB"), 0);
+      } else {
+        ASSERT_EQ(setenv("KILN_ATTENTION_WORKSPACE_MB", limit, 1), 0);
+      }
+      dqkv.push_back(flash_run(qkv, dout, b, h, hkv, mask, true, 0.1).dqkv.to_vector<float>());
+    }
+    ASSERT_EQ(unsetenv("KILN_ATTENTION_WORKSPACE_MB"), 0);
+    EXPECT_TRUE(dqkv[0] == dqkv[1]) << dtype_name(dt) << ": three chunks differ from one";
+    EXPECT_TRUE(dqkv[0] == dqkv[2]) << dtype_name(dt) << ": chunks of one group differ from one";
+  }
+}
+
+TEST(FlashGroupedQueryAttention, MatchesCudnn) {
+  // The same packed GQA rows through cuDNN's fused attention and through the flash kernels,
+  // causal and not: out, dQ, dK and dV agree within the half tolerance, so either path may serve
+  // a run (the flash kernels take over where cuDNN declines or KILN_ATTENTION_CUDNN=0).
+  if (cuda_device_count() == 0) GTEST_FAIL() << "no GPU visible: the gpu suite needs one";
+  ASSERT_EQ(unsetenv("KILN_ATTENTION_CUDNN"), 0);
+  std::uint64_t seed = fresh_seed();
+  const std::int64_t b = 2, h = 14, d = kFlashDim;
+  for (DType dt : {DType::F16, DType::BF16}) {
+    for (std::int64_t hkv : {14, 7, 2}) {
+      for (std::int64_t t : {256, 197}) {
+        for (bool causal : {true, false}) {
+          const std::int64_t n = b * t, width = (h + 2 * hkv) * d;
+          const std::string what = std::string(dtype_name(dt)) + " H_kv=" + std::to_string(hkv) +
+                                   " T=" + std::to_string(t) + (causal ? " causal" : "");
+          Tensor qkv = random_cpu({n, width}, dt, ++seed, 2.0).to(kGpu, dt);
+          Tensor dout = random_cpu({n, h * d}, dt, ++seed).to(kGpu, dt);
+          Tensor out = poisoned({n, h * d}, dt), lse = poisoned({b * h, t}, DType::F32);
+          Tensor dqkv = poisoned({n, width}, dt);
+          ASSERT_TRUE(cuda::cudnn_attention_forward(qkv, b, h, hkv, causal, out, lse))
+              << what << ": cuDNN declined (its stderr line says why)";
+          cuda::cudnn_attention_backward(qkv, out, dout, lse, b, h, hkv, causal, dqkv);
+          ASSERT_TRUE(cuda::flash_attention_supported(dt, b, h, hkv, d, t)) << what;
+          FlashResult flash = flash_run(qkv, dout, b, h, hkv, Tensor(), causal, 0.0);
+          expect_close(flash.out, out.to(Device::cpu(), DType::F32), dt, what + " out", 24);
+          Tensor want = dqkv.to(Device::cpu(), DType::F32);
+          const std::int64_t bounds[4] = {0, h * d, (h + hkv) * d, width};
+          const char* names[3] = {" dq", " dk", " dv"};
+          for (int i = 0; i < 3; ++i)
+            expect_close(columns(flash.dqkv, bounds[i], bounds[i + 1]),
+                         columns(want, bounds[i], bounds[i + 1]), dt, what + names[i], 24);
+        }
+      }
+    }
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Determinism.

@@ -34,6 +34,12 @@ RECOMPUTE = ["model.name=gpt2", "model.gpt.vocab_size=64", "model.gpt.seq_len=64
              "model.gpt.hidden_size=32", "model.gpt.num_layers=6", "model.gpt.num_heads=2",
              "model.gpt.intermediate_size=128", "model.gpt.max_positions=64", "data.kind=SYNTHETIC",
              "train.batch_per_gpu=8", "train.max_memory_mb=6"]
+# A GPT whose logits (512 rows x 4096 words, 8 MiB in f32) exceed LOGITS' cap unless the head
+# runs in chunks of rows.
+LOGITS = ["model.name=gpt2", "model.gpt.vocab_size=4096", "model.gpt.seq_len=32", "model.gpt.max_positions=32",
+          "model.gpt.hidden_size=16", "model.gpt.num_layers=1", "model.gpt.num_heads=2",
+          "model.gpt.intermediate_size=32", "data.kind=SYNTHETIC", "train.batch_per_gpu=16",
+          "train.max_memory_mb=6"]
 # On the CPU, the loss scaler runs with O1 in bf16.
 SCALED = ["precision.opt_level=O1", "precision.half=BF16", "precision.loss_scale.dynamic=true",
           "precision.loss_scale.init_scale=1024", "precision.loss_scale.growth_interval=1"]
@@ -187,6 +193,7 @@ CASES = {
     "optimizer.no_weight_decay_for_bias_and_norm": (["optimizer.weight_decay=0.5", "optimizer.lr=0.05"],
                                                     ["optimizer.weight_decay=0.5", "optimizer.lr=0.05",
                                                      "optimizer.no_weight_decay_for_bias_and_norm=false"], differs("weights")),
+    "optimizer.moments_dtype": ([], ["optimizer.moments_dtype=BF16"], differs("weights")),
     "optimizer.param_groups.name_pattern": ([], ["optimizer.param_groups[0]={name_pattern: \"*.bias\" lr_multiplier: 0}"], differs("weights")),
     "optimizer.param_groups.lr_multiplier": (["optimizer.param_groups[0]={name_pattern: \"*\"}"],
                                              ["optimizer.param_groups[0]={name_pattern: \"*\" lr_multiplier: 3}"], differs("losses")),
@@ -238,6 +245,7 @@ CASES = {
     "train.cuda_graphs": (SCALED, SCALED + ["train.cuda_graphs=true"], resident_same_result),
     "train.max_memory_mb": ([], ["train.max_memory_mb=1"], fails_with("memory")),
     "train.recompute": (RECOMPUTE, RECOMPUTE + ["train.recompute=BLOCKS"], fits_only_when_changed),
+    "train.lm_head_chunks": (LOGITS, LOGITS + ["train.lm_head_chunks=8"], fits_only_when_changed),
     "train.preemption_grace_s": "tests/train/test_preemption_grace.sh: past the grace period the process exits 1 naming it",
     "train.deterministic": "test_train_run_setup (RunSetup.DeterministicSetsReductionOrder): NCCL_ALGO, cuBLAS workspace and "
                            "heuristic cuDNN algorithms; bit-identical GPU runs in test_gpu_attention_resume.sh",

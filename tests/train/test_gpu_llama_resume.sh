@@ -2,12 +2,16 @@
 # The llama family on one GPU (label gpu): a small Llama (GQA 4:2, tied) and a small Qwen2 (q/k/v
 # biases, untied) in bf16 O2 with CUDA graphs and cuDNN's grouped-query attention, deterministic:
 # 3 steps, a checkpoint, a new process, 3 more, must equal 6 uninterrupted steps bit for bit
-# (losses, weights, optimizer state).
+# (losses, weights, optimizer state); the same with the head over 4 chunks of rows
+# (train.lm_head_chunks: the fused loss per chunk), whose losses equal the whole logits' within
+# bf16's rounding of the head's summed weight gradient.
 source "$(dirname "$0")/lib.sh"
 export NCCL_NVLS_ENABLE=0
 GPUS=$(nvidia-smi -L 2>/dev/null | grep -c GPU || true)
 [ "$GPUS" -ge 1 ] || { echo "SKIP: needs a GPU"; exit 0; }
+for chunks in 1 4; do
 for model in llama qwen2; do
+  run=$model-c$chunks
   tied=true; [ "$model" = qwen2 ] && tied=false
   ARGS=(--config "$SRC/tests/train/tiny_llama.pbtxt" --set model.name=$model
         --set model.llama.hidden_size=256 --set model.llama.seq_len=128
@@ -17,17 +21,32 @@ for model in llama qwen2; do
         --set train.device=CUDA --set train.deterministic=true --set precision.opt_level=O2
         --set precision.half=BF16 --set train.steps=6 --set train.batch_per_gpu=4
         --set train.global_batch=4 --set train.eval_every=0 --set data.eval_split=none
-        --set checkpoint.every_steps=3 --set checkpoint.keep_last=2 --set checkpoint.resume=)
-  "$KILN" train "${ARGS[@]}" --set logging.dir="$WORK/$model-a" > "$WORK/$model-a.log" 2>&1 \
-    || { cat "$WORK/$model-a.log"; fail "$model reference run"; }
-  grep -q "declines" "$WORK/$model-a.log" && { cat "$WORK/$model-a.log"; fail "cuDNN declined the attention"; }
-  "$KILN" train "${ARGS[@]}" --set logging.dir="$WORK/$model-b" > "$WORK/$model-b1.log" 2>&1 \
-    || { cat "$WORK/$model-b1.log"; fail "$model first run"; }
-  rm -rf "$WORK/$model-b/checkpoints/step-000006"
-  keep_until "$WORK/$model-b/metrics.jsonl" 3
-  "$KILN" train "${ARGS[@]}" --set logging.dir="$WORK/$model-b" --resume latest > "$WORK/$model-b2.log" 2>&1 \
-    || { cat "$WORK/$model-b2.log"; fail "$model resumed run"; }
-  grep -q "resumed from .*step-000003 at step 3" "$WORK/$model-b2.log" || { cat "$WORK/$model-b2.log"; fail "resume message"; }
-  same_run "$WORK/$model-a" "$WORK/$model-b" 6
-  pass "$model bf16 O2 with CUDA graphs and cuDNN GQA attention: 3 + 3 steps equal 6 uninterrupted bit for bit"
+        --set checkpoint.every_steps=3 --set checkpoint.keep_last=2 --set checkpoint.resume=
+        --set train.lm_head_chunks=$chunks)
+  "$KILN" train "${ARGS[@]}" --set logging.dir="$WORK/$run-a" > "$WORK/$run-a.log" 2>&1 \
+    || { cat "$WORK/$run-a.log"; fail "$run reference run"; }
+  grep -q "declines" "$WORK/$run-a.log" && { cat "$WORK/$run-a.log"; fail "cuDNN declined the attention"; }
+  "$KILN" train "${ARGS[@]}" --set logging.dir="$WORK/$run-b" > "$WORK/$run-b1.log" 2>&1 \
+    || { cat "$WORK/$run-b1.log"; fail "$run first run"; }
+  rm -rf "$WORK/$run-b/checkpoints/step-000006"
+  keep_until "$WORK/$run-b/metrics.jsonl" 3
+  "$KILN" train "${ARGS[@]}" --set logging.dir="$WORK/$run-b" --resume latest > "$WORK/$run-b2.log" 2>&1 \
+    || { cat "$WORK/$run-b2.log"; fail "$run resumed run"; }
+  grep -q "resumed from .*step-000003 at step 3" "$WORK/$run-b2.log" || { cat "$WORK/$run-b2.log"; fail "resume message"; }
+  same_run "$WORK/$run-a" "$WORK/$run-b" 6
+  pass "$model bf16 O2 with CUDA graphs and cuDNN GQA attention, head in $chunks chunk(s): 3 + 3 steps equal 6 uninterrupted bit for bit"
 done
+done
+for model in llama qwen2; do
+  python3 - "$WORK/$model-c1-a/metrics.jsonl" "$WORK/$model-c4-a/metrics.jsonl" <<'PY' \
+    || fail "$model: the head in 4 chunks does not train as the whole logits"
+import json, sys
+def losses(p): return [json.loads(l)["loss"] for l in open(p) if '"loss"' in l]
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+print(f"whole {a}\nchunks {b}\nlargest relative difference {worst:.2e}")
+assert len(a) == len(b) == 6 and worst < 1e-2, worst
+PY
+  pass "$model: the head in 4 chunks trains as the whole logits (bf16)"
+done
+

@@ -2,8 +2,8 @@
 # The llama family on llm.c's uint32 token shards, on the CPU (issue 35): a tiny Llama (2 layers,
 # GQA 4:2, vocabulary 1000, tied) and a tiny Qwen2 (q/k/v biases, untied) learn a repeating token
 # pattern (training and validation loss under 0.1); mpirun -np 2 with the same global batch gives
-# the losses of one process, as do ZeRO-2 and recomputed blocks; a run resumed at step 50 ends as
-# the uninterrupted one, bit for bit.
+# the losses of one process, as do ZeRO-2, recomputed blocks and the head in chunks of rows; a run
+# resumed at step 50 ends as the uninterrupted one, bit for bit.
 source "$(dirname "$0")/lib.sh"
 CONFIG=$SRC/tests/train/tiny_llama.pbtxt
 mkdir -p "$WORK/shards"
@@ -84,6 +84,17 @@ pass "mpirun -np 2 (4 per rank) trains as one process with the global batch of 8
 run zero 2 --set train.batch_per_gpu=4 --set parallel.zero_stage=2
 same_losses "$WORK/one/metrics.jsonl" "$WORK/zero/metrics.jsonl" || fail "ZeRO-2 differs"
 pass "ZeRO-2 over 2 ranks trains as one process"
+
+run chunks 1 --set train.lm_head_chunks=3
+same_losses "$WORK/one/metrics.jsonl" "$WORK/chunks/metrics.jsonl" || fail "the chunked head differs"
+pass "the tied head over 3 chunks of rows (train.lm_head_chunks) trains as the whole logits"
+
+# The untied head's weight is reduced once, after its last chunk, not after the first.
+run qwen_chunks 2 --set model.name=qwen2 --set model.llama.qkv_bias=true \
+  --set model.llama.tie_embeddings=false --set train.batch_per_gpu=4 --set train.lm_head_chunks=3
+same_losses "$WORK/qwen/metrics.jsonl" "$WORK/qwen_chunks/metrics.jsonl" \
+  || fail "the chunked untied head over 2 ranks differs"
+pass "the untied head over 3 chunks on 2 ranks trains as one process with the whole logits"
 
 run recompute 1 --set train.recompute=BLOCKS
 same_losses "$WORK/one/metrics.jsonl" "$WORK/recompute/metrics.jsonl" || fail "recompute differs"

@@ -36,15 +36,17 @@ W=$WORK
 SCALED=(precision.opt_level=O1 precision.half=BF16 precision.loss_scale.dynamic=true precision.loss_scale.init_scale=1024)
 
 # Each case one run per stage: AdamW (the default) with accumulation, SGD with momentum, LAMB with
-# its global clip norm, and an inf injected on the last rank at step 5 under the loss scaler.
+# its global clip norm, an inf injected on the last rank at step 5 under the loss scaler, and
+# AdamW with bf16 moments (each shard's stochastic rounding draws the whole parameter's bits).
 # Stages 1 and 2 share the optimizer path (stage 2 only frees the full gradient buffers), so the
 # cases other than SGD check one of them: 20-step runs cost seconds each on CI's 2 cores.
-for case in ${CASES:-accum sgd lamb inf}; do
+for case in ${CASES:-accum sgd lamb inf bf16}; do
   case $case in
     accum) o=(train.accumulation_steps=2); tol=0; stages="0 1" ;;
     sgd) o=(optimizer.kind=SGD optimizer.lr=0.05 optimizer.momentum=0.9); tol=0; stages="0 1 2" ;;
     lamb) o=(optimizer.kind=LAMB optimizer.max_grad_norm=0.5); tol=1e-6; stages="0 2" ;;
     inf) o=("${SCALED[@]}"); tol=0; stages="0 2" ;;
+    bf16) o=(optimizer.moments_dtype=BF16); tol=0; stages="0 2" ;;
   esac
   [ "$NP" != 2 ] && [ "$case" = sgd ] && stages="0 2"
   for z in $stages; do

@@ -29,7 +29,9 @@ targets ids[:, 1:], loss = mean cross entropy over the B*T positions.
      the same class with the same shape and rotary frequencies, and gives the original model's
      logits (1e-6). Then 5 steps at lr 1e-3 and their export: the folder holds the checkpoint's
      tensors, and from_pretrained's logits equal Kiln's own of the exported folder (`kiln replay
-     --weights OUT`) within 1e-5.
+     --weights OUT`) within 1e-5. And `kiln sample --temperature 0` from the lr-1e-30
+     checkpoint equals transformers' generate(do_sample=False) token for token (24 new tokens
+     after 8 of the batch's). --no-compare runs this part alone.
   --f64: also Kiln's CPU float64 (`kiln replay --dtype f64`) against torch float64: the first
      step's logits and gradients within 1e-8 (an exact check; small shapes).
 Prints PASS/FAIL lines; exits 1 on any FAIL. --device cpu runs torch and Kiln on the CPU.
@@ -37,9 +39,11 @@ Prints PASS/FAIL lines; exits 1 on any FAIL. --device cpu runs torch and Kiln on
 import argparse
 import contextlib
 import inspect
+import json
 import os
 import random
 import struct
+import subprocess
 import sys
 import tempfile
 
@@ -231,8 +235,8 @@ def write_tokens(d, vocab):
             f.write(struct.pack(f"<{len(tokens)}I", *tokens))
 
 
-def train_and_export(args, d, hf, tag, steps, lr, device):
-    """kiln train from the folder, then kiln export --hf of its last checkpoint; the folder."""
+def kiln_command(args, d, hf, tag, steps, lr, device):
+    """A function giving `kiln CMD` of the run `tag` (from the folder, on the tokens in d)."""
     cfg = f"{d}/{tag}.pbtxt"
     with open(cfg, "w") as f:
         f.write(f'name: "llama_parity_{tag}"\n')
@@ -243,7 +247,12 @@ def train_and_export(args, d, hf, tag, steps, lr, device):
             "optimizer.kind=ADAMW", f"optimizer.lr={lr}", "optimizer.weight_decay=0",
             "schedule.warmup_steps=0", f"checkpoint.dir={d}/{tag}-ckpt", f"logging.dir={d}/{tag}-logs",
             "logging.jsonl=false"]
-    args_of = lambda cmd: [args.kiln, cmd, "--config", cfg] + [a for s in sets for a in ("--set", s)]
+    return lambda cmd: [args.kiln, cmd, "--config", cfg] + [a for s in sets for a in ("--set", s)]
+
+
+def train_and_export(args, d, hf, tag, steps, lr, device):
+    """kiln train from the folder, then kiln export --hf of its last checkpoint; the folder."""
+    args_of = kiln_command(args, d, hf, tag, steps, lr, device)
     label = f"{tag}: kiln train from the folder"
     if not run_kiln(args_of("train") + ["--quiet"], label, args.timeout):
         return None
@@ -256,8 +265,36 @@ def train_and_export(args, d, hf, tag, steps, lr, device):
 
 def from_pretrained(path):
     from transformers import AutoModelForCausalLM
-    m, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
+    # Eager attention, as the original model (make_model): the same computation, so that the
+    # lr-1e-30 export gives the original logits to rounding, not to SDPA's different summation.
+    m, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True,
+                                                   attn_implementation="eager")
     return m.float(), info
+
+
+def greedy_sample(args, name, d, hf, model, x, device, new_tokens=24):
+    """`kiln sample --temperature 0` from the lr-1e-30 run's checkpoint (the original weights)
+    against transformers' generate(do_sample=False), token for token."""
+    label = f"{name} greedy sample"
+    prompt = [int(t) for t in x[0, :8]]
+    cmd = kiln_command(args, d, hf, f"{name}-still", 1, 1e-30, device)("sample") + [
+        "--checkpoint", "latest", "--prompt-tokens", " ".join(map(str, prompt)),
+        "--temperature", "0", "--max-new-tokens", str(new_tokens), "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    if r.returncode != 0:
+        fail(label, f"kiln sample exited {r.returncode}: {(r.stderr or r.stdout).strip()[-600:]}")
+        return
+    ours = json.loads(r.stdout.strip().splitlines()[-1])["tokens"]
+    if ours[:len(prompt)] == prompt and len(ours) == len(prompt) + new_tokens:
+        ours = ours[len(prompt):]
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt], device=device), do_sample=False,
+                             max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                             attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device))
+    theirs = [int(t) for t in out[0, len(prompt):]]
+    check(ours == theirs, label, f"kiln {ours} against transformers {theirs}")
+    print(f"     {label}: {len(theirs)} tokens, {'equal' if ours == theirs else 'different'}",
+          flush=True)
 
 
 def roundtrip(args, name, d, hf, model, state, x, device):
@@ -286,6 +323,7 @@ def roundtrip(args, name, d, hf, model, state, x, device):
         a = m(x.to(device)).logits.double().cpu()
         b = model(x.to(device)).logits.double().cpu()
     report(label, "logits of the exported folder (lr 1e-30: the original weights)", rel(a, b), 1e-6)
+    greedy_sample(args, name, d, hf, model, x, device)
     # Trained: the folder holds the checkpoint's tensors and gives Kiln's logits.
     out = train_and_export(args, d, hf, f"{name}-trained", 5, 1e-3, device)
     if out is None:
@@ -324,6 +362,8 @@ def main():
     p.add_argument("--f64", action="store_true", help="Kiln CPU float64 against torch float64")
     p.add_argument("--f64-limit", type=float, default=1e-8)
     p.add_argument("--no-roundtrip", action="store_true", help="skip the export to transformers")
+    p.add_argument("--no-compare", action="store_true",
+                   help="only the export to transformers and the greedy sample")
     p.add_argument("--timeout", type=int, default=600, help="seconds per kiln command")
     args = p.parse_args()
     args.kiln = os.path.join(args.build, "bin", "kiln")
@@ -347,7 +387,8 @@ def main():
                 continue
             x, y = batch_of(model.config.vocab_size, args.batch, args.seq, 1234)
             save_file({"input": x, "target": y}, f"{d}/b.safetensors")
-            compare(args, name, f"{label} T={args.seq}", d, hf, model, state, x, y, device)
+            if not args.no_compare:
+                compare(args, name, f"{label} T={args.seq}", d, hf, model, state, x, y, device)
             if not args.no_roundtrip:
                 roundtrip(args, name, d, hf, model, state, x, device)
     print(f"{'FAIL' if common.failures else 'PASS'} llama parity: {common.failures} failure(s)")
