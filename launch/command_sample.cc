@@ -15,9 +15,9 @@
 #include "configs/experiment.h"
 #include "core/check.h"
 #include "core/json_writer.h"
+#include "data/gpt2_tokenizer.h"
+#include "data/hf_tokenizer.h"
 #include "infer/generation.h"
-#include "infer/gpt2_tokenizer.h"
-#include "infer/hf_tokenizer.h"
 #include "launch/commands.h"
 #include "train/checkpoint.h"
 #include "train/init_from.h"
@@ -100,11 +100,11 @@ class SampleTokenizer {
     if (!json && !bpe) return nullptr;
     auto t = std::make_unique<SampleTokenizer>();
     if (json) {
-      t->hf_ = std::make_unique<infer::HfTokenizer>(
-          infer::HfTokenizer::load(vm["tokenizer"].as<std::string>()));
+      t->hf_ = std::make_unique<data::HfTokenizer>(
+          data::HfTokenizer::load(vm["tokenizer"].as<std::string>()));
     } else {
-      t->gpt2_ = std::make_unique<infer::Gpt2Tokenizer>(infer::Gpt2Tokenizer::load(
-          vm["vocab"].as<std::string>(), vm["merges"].as<std::string>()));
+      t->gpt2_ = std::make_unique<data::Gpt2Tokenizer>(
+          data::Gpt2Tokenizer::load(vm["vocab"].as<std::string>(), vm["merges"].as<std::string>()));
     }
     return t;
   }
@@ -119,8 +119,8 @@ class SampleTokenizer {
   }
 
  private:
-  std::unique_ptr<infer::HfTokenizer> hf_;
-  std::unique_ptr<infer::Gpt2Tokenizer> gpt2_;
+  std::unique_ptr<data::HfTokenizer> hf_;
+  std::unique_ptr<data::Gpt2Tokenizer> gpt2_;
 };
 
 void print_ids(const std::vector<std::int64_t>& ids) {

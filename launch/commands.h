@@ -20,6 +20,7 @@ int run_plan(const Arguments& args);
 int run_replay(const Arguments& args);
 int run_export(const Arguments& args);
 int run_sample(const Arguments& args);
+int run_tokenize(const Arguments& args);
 int run_doctor(const Arguments& args);
 
 }  // namespace kiln::launch

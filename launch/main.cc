@@ -34,6 +34,7 @@ const std::map<std::string, Command>& commands() {
       {"export", {kiln::launch::run_export, "the eval-mode model as ONNX (docs/deploy.md)"}},
       {"sample", {kiln::launch::run_sample, "generate from a GPT-2 model (docs/sample.md)"}},
       {"doctor", {kiln::launch::run_doctor, "check a (multi-node) job: GPUs, links, disk"}},
+      {"tokenize", {kiln::launch::run_tokenize, "text into llm.c token shards (docs/data.md)"}},
   };
   return table;
 }

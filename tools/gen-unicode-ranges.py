@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Writes the Unicode tables of infer/unicode_text.cc from Python's unicodedata:
-infer/unicode_ranges.inc, the code point ranges of Unicode's letters (\\p{L}) and numbers (\\p{N})
-that the pre-tokenization patterns use, and infer/unicode_nfc.inc, what NFC needs (canonical
+"""Writes the Unicode tables of data/unicode_text.cc from Python's unicodedata:
+data/unicode_ranges.inc, the code point ranges of Unicode's letters (\\p{L}) and numbers (\\p{N})
+that the pre-tokenization patterns use, and data/unicode_nfc.inc, what NFC needs (canonical
 combining classes, full canonical decompositions, primary composites).
 
-    python3 tools/gen-unicode-ranges.py > infer/unicode_ranges.inc
-    python3 tools/gen-unicode-ranges.py nfc > infer/unicode_nfc.inc
+    python3 tools/gen-unicode-ranges.py > data/unicode_ranges.inc
+    python3 tools/gen-unicode-ranges.py nfc > data/unicode_nfc.inc
 """
 import sys
 import unicodedata

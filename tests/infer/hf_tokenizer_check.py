@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Kiln's tokenizer.json reader (infer/hf_tokenizer.h) against Hugging Face's `tokenizers`, id for id.
+"""Kiln's tokenizer.json reader (data/hf_tokenizer.h) against Hugging Face's `tokenizers`, id for id.
 
 Trains small byte-level BPE tokenizers with `tokenizers` itself (no download) on
 tests/infer/tokenizer_corpus.txt, one per family Kiln reads: GPT-2's (ByteLevel alone, merges

@@ -1,5 +1,5 @@
 // hf_tokenizer_ids TOKENIZER_JSON REQUESTS_JSONL: answers hf_tokenizer_check.py's requests, one
-// JSON object a line, with HfTokenizer (infer/hf_tokenizer.h), one JSON line each on stdout:
+// JSON object a line, with HfTokenizer (data/hf_tokenizer.h), one JSON line each on stdout:
 //   {"encode": TEXT}        -> {"ids": [...], "ids_plain": [...], "decoded": S, "decoded_skip": S}
 //                              (add_special_tokens true / false; decode of "ids" keeping / skipping
 //                              special tokens)
@@ -17,8 +17,8 @@
 #include "core/file_kind.h"
 #include "core/json_value.h"
 #include "core/json_writer.h"
-#include "infer/hf_tokenizer.h"
-#include "infer/unicode_text.h"
+#include "data/hf_tokenizer.h"
+#include "data/unicode_text.h"
 
 namespace {
 
@@ -32,7 +32,7 @@ void ids_field(JsonWriter& w, const char* name, const std::vector<std::int64_t>&
   w.end_array();
 }
 
-std::string answer(const kiln::infer::HfTokenizer& t, const JsonValue& request) {
+std::string answer(const kiln::data::HfTokenizer& t, const JsonValue& request) {
   JsonWriter w;
   w.begin_object();
   if (const JsonValue* text = request.find("encode")) {
@@ -47,7 +47,7 @@ std::string answer(const kiln::infer::HfTokenizer& t, const JsonValue& request) 
     w.field("text", t.decode(ids, false));
     w.field("text_skip", t.decode(ids, true));
   } else if (const JsonValue* nfc_text = request.find("nfc")) {
-    w.field("nfc", kiln::infer::nfc(nfc_text->string));
+    w.field("nfc", kiln::data::nfc(nfc_text->string));
   } else if (const JsonValue* token = request.find("token_to_id")) {
     w.field("id", static_cast<long long>(t.token_to_id(token->string)));
   } else {
@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   try {
-    const kiln::infer::HfTokenizer t = kiln::infer::HfTokenizer::load(argv[1]);
+    const kiln::data::HfTokenizer t = kiln::data::HfTokenizer::load(argv[1]);
     const std::string requests = kiln::read_regular_file(argv[2], "the requests");
     std::istringstream lines(requests);
     std::string line;

@@ -12,8 +12,8 @@
 #include <set>
 
 #include "core/check.h"
+#include "data/gpt2_tokenizer.h"
 #include "infer/generation.h"
-#include "infer/gpt2_tokenizer.h"
 #include "layers/models/model.h"
 #include "tests/infer/tokenizer_test_util.h"
 
@@ -21,6 +21,9 @@ namespace kiln::infer {
 namespace {
 
 using Ids = std::vector<std::int64_t>;
+using data::gpt2_byte_symbols;
+using data::gpt2_pretokenize;
+using data::Gpt2Tokenizer;
 using testing::error_of;
 using testing::scratch_file;
 

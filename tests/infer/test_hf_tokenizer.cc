@@ -1,4 +1,4 @@
-// Hugging Face's tokenizer.json (infer/hf_tokenizer.h) on small files written here, with the ids
+// Hugging Face's tokenizer.json (data/hf_tokenizer.h) on small files written here, with the ids
 // worked out by hand; the pre-tokenization patterns of Llama 3 and Qwen2 and NFC on cases whose
 // answers are tokenizers' and Python's unicodedata's. The comparison with tokenizers itself on
 // tokenizers it trains is hf_tokenizer_check.py.
@@ -12,16 +12,16 @@
 
 #include "core/check.h"
 #include "core/json_writer.h"
-#include "infer/hf_tokenizer.h"
-#include "infer/unicode_text.h"
+#include "data/hf_tokenizer.h"
+#include "data/unicode_text.h"
 #include "tests/infer/tokenizer_test_util.h"
 
-namespace kiln::infer {
+namespace kiln::data {
 namespace {
 
 using Ids = std::vector<std::int64_t>;
-using testing::error_of;
-using testing::scratch_file;
+using infer::testing::error_of;
+using infer::testing::scratch_file;
 using Pieces = std::vector<std::string>;
 
 // A tokenizer.json: byte b is id b (its GPT-2 symbol), then `vocab`, `merges` by rank.
@@ -394,4 +394,4 @@ TEST(HfTokenizer, ErrorsNameTheFileAndTheProblem) {
 }
 
 }  // namespace
-}  // namespace kiln::infer
+}  // namespace kiln::data

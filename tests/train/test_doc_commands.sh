@@ -42,14 +42,17 @@
 #   --vocab, --merges FILE: a byte-level BPE vocab.json and merges.txt in GPT-2's format written
 #                 here, covering exactly the model's vocabulary (model.gpt.vocab_size)
 #   --tokenizer FILE: the same tokenizer as Hugging Face's tokenizer.json, written here
+#   tokenize      --tokenizer: that tokenizer.json with <|endoftext|> added; each --input: a
+#                   small file of the documented kind (.txt, .jsonl, .gz) written here; --output:
+#                   a folder of the scratch directory
 source "$(dirname "$0")/lib.sh"
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 python3 - "$KILN" "$SRC" "$WORK" "${MPIEXEC:-mpirun}" <<'PY'
-import atexit, json, os, re, shlex, shutil, signal, struct, subprocess, sys, tempfile, time
+import atexit, gzip, json, os, re, shlex, shutil, signal, struct, subprocess, sys, tempfile, time
 
 kiln, src, work, mpiexec = sys.argv[1:5]
 SUBCOMMANDS = {"train", "eval", "export", "config", "model", "bench", "autobatch", "plan", "info",
-               "replay", "sample", "doctor"}
+               "replay", "sample", "doctor", "tokenize"}
 
 
 def code_blocks(path, only_after=None):
@@ -209,6 +212,45 @@ def write_bpe_files(vocab_size):
     return tuple(os.path.join(d, name) for name in ("vocab.json", "merges.txt", "tokenizer.json"))
 
 
+def tokenize_form(args):
+    """kiln tokenize's arguments with a tokenizer, a corpus and an output folder written here."""
+    counter[0] += 1
+    scratch = os.path.join(work, "tokenize-%d" % counter[0])
+    os.makedirs(scratch, exist_ok=True)
+    tokenizer = write_bpe_files(512)[2]
+    with open(tokenizer, encoding="utf-8") as f:
+        data = json.load(f)
+    data["added_tokens"] = [{"id": 512, "content": "<|endoftext|>", "single_word": False,
+                             "lstrip": False, "rstrip": False, "normalized": False,
+                             "special": True}]
+    tokenizer = os.path.join(scratch, "tokenizer.json")
+    with open(tokenizer, "w", encoding="utf-8") as f:
+        json.dump(data, f, ensure_ascii=False)
+    out, i = [], 0
+    while i < len(args):
+        a = args[i]
+        if a in ("--tokenizer", "--input", "--output") and i + 1 < len(args):
+            value = args[i + 1]
+            if a == "--tokenizer":
+                value = tokenizer
+            elif a == "--output":
+                value = os.path.join(scratch, os.path.basename(value.rstrip("/")) or "out")
+            else:  # a file of the documented kind
+                value = os.path.join(scratch, os.path.basename(value).replace("*", "doc"))
+                text = "".join('{"text": "document %d of the corpus"}\n' % k for k in range(20))
+                if ".jsonl" not in value:
+                    text = "a text document of the corpus\n" * 20
+                data = text.encode("utf-8")
+                with open(value, "wb") as f:
+                    f.write(gzip.compress(data) if value.endswith(".gz") else data)
+            out += [a, value]
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
 def gpt_vocab_size(args):
     """model.gpt.vocab_size of the experiment these --config/--set arguments make."""
     out = subprocess.run([kiln, "config"] + config_and_sets(args) +
@@ -225,6 +267,8 @@ def gpt_vocab_size(args):
 def cpu_form(kiln_args, ranks):
     """The kiln arguments of a documented command in their CPU-feasible form."""
     sub, args = kiln_args[0], kiln_args[1:]
+    if sub == "tokenize":
+        return [kiln, sub] + tokenize_form(args)
     args = [a.replace("/data/cifar-10-batches-bin", CIFAR).replace("/data/fineweb10B", FINEWEB)
             for a in args]
     stem = config_stem(args)

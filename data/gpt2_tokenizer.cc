@@ -1,13 +1,13 @@
-#include "infer/gpt2_tokenizer.h"
+#include "data/gpt2_tokenizer.h"
 
 #include <sstream>
 
 #include "core/check.h"
 #include "core/file_kind.h"
 #include "core/json_value.h"
-#include "infer/unicode_text.h"
+#include "data/unicode_text.h"
 
-namespace kiln::infer {
+namespace kiln::data {
 namespace {
 
 const char* const kEndOfText = "<|endoftext|>";
@@ -114,4 +114,4 @@ std::string Gpt2Tokenizer::decode(const std::vector<std::int64_t>& ids) const {
   return replace_invalid_utf8(bytes);
 }
 
-}  // namespace kiln::infer
+}  // namespace kiln::data

@@ -13,7 +13,7 @@
 //   normalizer      null or NFC (alone or in a Sequence)
 //   pre_tokenizer   ByteLevel (add_prefix_space, use_regex: GPT-2's pattern), or a Sequence of
 //                   Split steps (Isolated, not inverted, with GPT-2's, Llama 3's or Qwen2's regex,
-//                   recognised by its exact text: infer/pretokenize.h) ending in ByteLevel
+//                   recognised by its exact text: data/pretokenize.h) ending in ByteLevel
 //   post_processor  null, ByteLevel, TemplateProcessing (its `single` template: Llama 3's BOS),
 //                   RobertaProcessing (<s> text </s>), or a Sequence of these
 //   decoder         ByteLevel
@@ -25,14 +25,16 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
-#include "infer/byte_level_bpe.h"
-#include "infer/pretokenize.h"
+#include "data/byte_level_bpe.h"
+#include "data/pretokenize.h"
+#include "data/unicode_text.h"
 
-namespace kiln::infer {
+namespace kiln::data {
 
 class HfTokenizer {
  public:
@@ -46,6 +48,29 @@ class HfTokenizer {
   // pre-tokenization, BPE, then (with add_special_tokens) the post-processor's template.
   // InputError for a byte whose symbol the vocabulary lacks (without an unk_token).
   std::vector<std::int64_t> encode(const std::string& text, bool add_special_tokens = true) const;
+
+  struct EncodeOptions {
+    bool add_special_tokens = true;
+    // Special added tokens written in the text are encoded as text, never matched (tokenizers'
+    // encode_special_tokens = True, transformers' split_special_tokens=True, tiktoken's
+    // encode_ordinary): a document cannot forge a separator. Other added tokens still match.
+    bool split_special_tokens = false;
+  };
+  // What a thread keeps between encode calls for speed: the tokens of the pieces it has encoded
+  // (BpePieceCache) and buffers. The ids are the same with or without it. One per thread.
+  class EncodeCache {
+   public:
+    EncodeCache() = default;
+
+   private:
+    friend class HfTokenizer;
+    BpePieceCache pieces;
+    std::vector<TextChar> chars;
+    std::vector<std::vector<std::size_t>> ends;  // one per pre-tokenizer step
+  };
+  // The ids of `text` appended to `ids`; `cache` may be nullptr.
+  void encode(const std::string& text, const EncodeOptions& options, EncodeCache* cache,
+              std::vector<std::int64_t>* ids) const;
   // tokenizers' decode(ids, skip_special_tokens=...): each token's byte symbols back to bytes (a
   // token with other characters, such as an added one, as its own UTF-8), a character cut
   // between tokens as U+FFFD. An id that no token has is skipped, as tokenizers does (a model's
@@ -89,12 +114,13 @@ class HfTokenizer {
   class AddedTokenTrie;
   struct Split {
     const AddedToken* token;  // nullptr: text between added tokens
-    std::string text;
+    std::string_view text;    // into the text split
   };
 
   HfTokenizer() = default;
-  std::vector<Split> split_added(const std::string& text, bool normalized) const;
-  void encode_pre_tokenized(const std::string& text, std::vector<std::int64_t>* ids) const;
+  std::vector<Split> split_added(std::string_view text, bool normalized, bool split_special) const;
+  void encode_pre_tokenized(std::string_view text, std::size_t step, EncodeCache* cache,
+                            std::vector<std::int64_t>* ids) const;
 
   std::shared_ptr<const ByteLevelBpe> bpe_;
   std::vector<AddedToken> added_;
@@ -107,4 +133,4 @@ class HfTokenizer {
   std::vector<std::vector<TemplatePiece>> templates_;  // applied in order
 };
 
-}  // namespace kiln::infer
+}  // namespace kiln::data

@@ -1,10 +1,11 @@
-#include "infer/unicode_text.h"
+#include "data/unicode_text.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "core/json_string.h"
 
-namespace kiln::infer {
+namespace kiln::data {
 namespace {
 
 struct CodePointRange {
@@ -20,8 +21,8 @@ struct Decomposition {
 struct Composition {
   std::uint32_t first, second, composite;
 };
-#include "infer/unicode_nfc.inc"
-#include "infer/unicode_ranges.inc"
+#include "data/unicode_nfc.inc"
+#include "data/unicode_ranges.inc"
 
 // The range of `ranges` (sorted, disjoint) holding cp, or nullptr.
 template <typename Range, std::size_t N>
@@ -120,7 +121,7 @@ void append_nfc(const std::vector<std::uint32_t>& cps, std::string* out) {
 
 }  // namespace
 
-std::size_t utf8_next(const std::string& s, std::size_t i, std::uint32_t* cp) {
+std::size_t utf8_next(std::string_view s, std::size_t i, std::uint32_t* cp) {
   const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
   const unsigned char b0 = byte(i);
   *cp = kInvalidCodePoint;
@@ -158,20 +159,53 @@ std::size_t utf8_next(const std::string& s, std::size_t i, std::uint32_t* cp) {
   return k;
 }
 
-std::vector<TextChar> text_chars(const std::string& text) {
+std::vector<TextChar> text_chars(std::string_view text) {
   std::vector<TextChar> chars;
-  chars.reserve(text.size());
+  text_chars(text, &chars);
+  return chars;
+}
+
+void text_chars(std::string_view text, std::vector<TextChar>* chars) {
+  chars->clear();
+  chars->reserve(text.size());
   for (std::size_t i = 0; i < text.size();) {
+    const auto b = static_cast<unsigned char>(text[i]);
+    if (b < 0x80) {  // ASCII, most of most texts
+      chars->push_back({b, i, i + 1});
+      ++i;
+      continue;
+    }
     std::uint32_t cp;
     const std::size_t n = utf8_next(text, i, &cp);
     if (cp == kInvalidCodePoint) {
-      for (std::size_t k = 0; k < n; ++k) chars.push_back({kInvalidCodePoint, i + k, i + k + 1});
+      for (std::size_t k = 0; k < n; ++k) chars->push_back({kInvalidCodePoint, i + k, i + k + 1});
     } else {
-      chars.push_back({cp, i, i + n});
+      chars->push_back({cp, i, i + n});
     }
     i += n;
   }
-  return chars;
+}
+
+std::size_t find_invalid_utf8(std::string_view bytes) {
+  for (std::size_t i = 0; i < bytes.size();) {
+    // Eight ASCII bytes at a time.
+    while (i + 8 <= bytes.size()) {
+      std::uint64_t word;
+      std::memcpy(&word, bytes.data() + i, 8);
+      if ((word & 0x8080808080808080ull) != 0) break;
+      i += 8;
+    }
+    if (i == bytes.size()) break;
+    if (static_cast<unsigned char>(bytes[i]) < 0x80) {
+      ++i;
+      continue;
+    }
+    std::uint32_t cp;
+    const std::size_t n = utf8_next(bytes, i, &cp);
+    if (cp == kInvalidCodePoint) return i;
+    i += n;
+  }
+  return bytes.size();
 }
 
 std::string replace_invalid_utf8(const std::string& bytes) {
@@ -190,9 +224,11 @@ std::string replace_invalid_utf8(const std::string& bytes) {
 }
 
 bool is_letter(std::uint32_t cp) {
+  if (cp < 0x80) return (cp | 0x20) >= 'a' && (cp | 0x20) <= 'z';
   return cp != kInvalidCodePoint && find_range(kLetterRanges, cp) != nullptr;
 }
 bool is_number(std::uint32_t cp) {
+  if (cp < 0x80) return cp >= '0' && cp <= '9';
   return cp != kInvalidCodePoint && find_range(kNumberRanges, cp) != nullptr;
 }
 bool is_space(std::uint32_t cp) {
@@ -224,4 +260,4 @@ std::string nfc(const std::string& text) {
   return out;
 }
 
-}  // namespace kiln::infer
+}  // namespace kiln::data

@@ -4,7 +4,7 @@
 // line, by rank, after a "#version" line).
 //
 // encode: the text is split by GPT-2's pre-tokenization pattern (SplitPattern::Gpt2 in
-// infer/pretokenize.h); each piece goes through byte-level BPE (infer/byte_level_bpe.h). The
+// data/pretokenize.h); each piece goes through byte-level BPE (data/byte_level_bpe.h). The
 // special token "<|endoftext|>", where the vocabulary has it, is recognised in the text as itself
 // (as transformers does), not spelled out as characters.
 // decode: ids -> symbols -> bytes; invalid UTF-8 (a multi-byte character cut between tokens) comes
@@ -16,10 +16,10 @@
 #include <utility>
 #include <vector>
 
-#include "infer/byte_level_bpe.h"
-#include "infer/pretokenize.h"
+#include "data/byte_level_bpe.h"
+#include "data/pretokenize.h"
 
-namespace kiln::infer {
+namespace kiln::data {
 
 class Gpt2Tokenizer {
  public:
@@ -60,4 +60,4 @@ std::vector<std::pair<std::string, std::int64_t>> parse_json_string_to_int(const
 std::vector<std::pair<std::string, std::string>> parse_bpe_merges(const std::string& text,
                                                                   const std::string& file);
 
-}  // namespace kiln::infer
+}  // namespace kiln::data

@@ -1,13 +1,13 @@
-#include "infer/byte_level_bpe.h"
+#include "data/byte_level_bpe.h"
 
 #include <algorithm>
 #include <queue>
 
 #include "core/check.h"
 #include "core/json_string.h"
-#include "infer/unicode_text.h"
+#include "data/unicode_text.h"
 
-namespace kiln::infer {
+namespace kiln::data {
 namespace {
 
 // Reverse of gpt2_byte_symbols(): symbol code point -> byte.
@@ -25,7 +25,7 @@ const std::unordered_map<std::uint32_t, unsigned char>& symbol_bytes() {
   return map;
 }
 
-std::string byte_symbols(const std::string& bytes) {
+std::string byte_symbols(std::string_view bytes) {
   std::string s;
   for (unsigned char b : bytes) s += gpt2_byte_symbols()[b];
   return s;
@@ -110,8 +110,77 @@ std::int64_t ByteLevelBpe::id(const std::string& token) const {
   return it == ids_.end() ? -1 : it->second;
 }
 
-void ByteLevelBpe::encode_piece(const std::string& piece, std::vector<std::int64_t>* ids) const {
+BpePieceCache::BpePieceCache(std::size_t max_pieces)
+    : max_pieces_(std::max<std::size_t>(max_pieces, 8)), slots_(16) {}
+
+void BpePieceCache::clear() {
+  std::fill(slots_.begin(), slots_.end(), Slot{});
+  keys_.clear();
+  ids_.clear();
+  count_ = 0;
+}
+
+void BpePieceCache::grow() {
+  std::vector<Slot> old(slots_.size() * 2);
+  old.swap(slots_);
+  const std::size_t mask = slots_.size() - 1;
+  for (const Slot& slot : old) {
+    if (slot.id_count == 0) continue;
+    std::size_t i = slot.hash & mask;
+    while (slots_[i].id_count != 0) i = (i + 1) & mask;
+    slots_[i] = slot;
+  }
+}
+
+bool BpePieceCache::find(std::string_view piece, std::vector<std::int64_t>* ids) const {
+  const std::size_t hash = std::hash<std::string_view>{}(piece);
+  const std::size_t mask = slots_.size() - 1;
+  for (std::size_t i = hash & mask;; i = (i + 1) & mask) {
+    const Slot& slot = slots_[i];
+    if (slot.id_count == 0) return false;
+    if (slot.hash == hash && std::string_view(keys_).substr(slot.key, slot.key_size) == piece) {
+      ids->insert(ids->end(), ids_.begin() + slot.ids, ids_.begin() + slot.ids + slot.id_count);
+      return true;
+    }
+  }
+}
+
+void BpePieceCache::insert(std::string_view piece, const std::int64_t* ids, std::size_t n) {
+  // Pieces too long to repeat, or beyond the 32-bit offsets, are not kept.
+  if (n == 0 || piece.size() > 256 || keys_.size() + piece.size() > 0xFFFFFFFFu ||
+      ids_.size() + n > 0xFFFFFFFFu) {
+    return;
+  }
+  if (count_ >= max_pieces_) clear();
+  if (2 * (count_ + 1) > slots_.size()) grow();  // at most half full: probes stay short
+  const std::size_t hash = std::hash<std::string_view>{}(piece);
+  const std::size_t mask = slots_.size() - 1;
+  std::size_t i = hash & mask;
+  while (slots_[i].id_count != 0) {
+    if (slots_[i].hash == hash &&
+        std::string_view(keys_).substr(slots_[i].key, slots_[i].key_size) == piece) {
+      return;  // already here
+    }
+    i = (i + 1) & mask;
+  }
+  slots_[i] = {hash, static_cast<std::uint32_t>(keys_.size()),
+               static_cast<std::uint32_t>(piece.size()), static_cast<std::uint32_t>(ids_.size()),
+               static_cast<std::uint32_t>(n)};
+  keys_.append(piece);
+  ids_.insert(ids_.end(), ids, ids + n);
+  ++count_;
+}
+
+void ByteLevelBpe::encode_piece(std::string_view piece, std::vector<std::int64_t>* ids,
+                                BpePieceCache* cache) const {
   if (piece.empty()) return;
+  if (cache != nullptr && cache->find(piece, ids)) return;
+  const std::size_t first = ids->size();
+  encode_uncached(piece, ids);
+  if (cache != nullptr) cache->insert(piece, ids->data() + first, ids->size() - first);
+}
+
+void ByteLevelBpe::encode_uncached(std::string_view piece, std::vector<std::int64_t>* ids) const {
   if (options_.ignore_merges) {
     const std::int64_t whole = id(byte_symbols(piece));
     if (whole >= 0) {
@@ -133,7 +202,7 @@ void ByteLevelBpe::encode_piece(const std::string& piece, std::vector<std::int64
       unk_pending = true;
     } else {
       throw InputError(source_ + ": the symbol '" + gpt2_byte_symbols()[b] +
-                       "' (of the text's piece '" + replace_invalid_utf8(piece) +
+                       "' (of the text's piece '" + replace_invalid_utf8(std::string(piece)) +
                        "') is not in the vocabulary; a byte-level BPE vocabulary has all 256 "
                        "byte symbols");
     }
@@ -196,4 +265,4 @@ void ByteLevelBpe::merge_all(std::vector<std::int64_t>* word) const {
   }
 }
 
-}  // namespace kiln::infer
+}  // namespace kiln::data

@@ -11,11 +11,12 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
-namespace kiln::infer {
+namespace kiln::data {
 
 // GPT-2's reversible byte -> printable character map (bytes_to_unicode), as UTF-8 strings:
 // printable Latin-1 bytes stand for themselves, the others map to U+0100, U+0101, ... in order.
@@ -34,6 +35,32 @@ struct BpeOptions {
   bool fuse_unk = false;  // consecutive unknown bytes make one unk_token
 };
 
+// The tokens of pieces already encoded, by the piece's bytes (tokenizers' BPE cache): text repeats
+// its words, so most pieces are found here instead of merged again. One per thread; it holds at
+// most `max_pieces` pieces and starts afresh when full, so memory stays bounded. Lookups cost one
+// hash of the piece and no allocation.
+class BpePieceCache {
+ public:
+  explicit BpePieceCache(std::size_t max_pieces = std::size_t{1} << 17);
+  // The piece's tokens appended to `ids`; false when the piece is not here.
+  bool find(std::string_view piece, std::vector<std::int64_t>* ids) const;
+  void insert(std::string_view piece, const std::int64_t* ids, std::size_t n);
+  std::size_t size() const { return count_; }
+
+ private:
+  struct Slot {
+    std::size_t hash = 0;
+    std::uint32_t key = 0, key_size = 0;  // into keys_
+    std::uint32_t ids = 0, id_count = 0;  // into ids_; id_count 0: empty slot
+  };
+  void clear();
+  void grow();
+  std::size_t max_pieces_, count_ = 0;
+  std::vector<Slot> slots_;  // open addressing, a power of two, at most half full, grown on need
+  std::string keys_;
+  std::vector<std::int64_t> ids_;
+};
+
 class ByteLevelBpe {
  public:
   // InputError naming `source`: an id negative, past 2^32 - 1 or used twice, a token given twice,
@@ -45,7 +72,9 @@ class ByteLevelBpe {
 
   // Appends the tokens of one piece's bytes. InputError (naming the source, the symbol and the
   // piece) for a byte whose symbol the vocabulary lacks, without an unk_token.
-  void encode_piece(const std::string& piece, std::vector<std::int64_t>* ids) const;
+  // With a cache: the tokens of a piece seen before come from it (the same tokens).
+  void encode_piece(std::string_view piece, std::vector<std::int64_t>* ids,
+                    BpePieceCache* cache = nullptr) const;
 
   // The token with this id, or nullptr.
   const std::string* token(std::int64_t id) const;
@@ -64,6 +93,7 @@ class ByteLevelBpe {
   static std::uint64_t pair_key(std::int64_t a, std::int64_t b) {
     return (static_cast<std::uint64_t>(a) << 32) | static_cast<std::uint64_t>(b);
   }
+  void encode_uncached(std::string_view piece, std::vector<std::int64_t>* ids) const;
   void merge_all(std::vector<std::int64_t>* word) const;
 
   std::string source_;
@@ -76,4 +106,4 @@ class ByteLevelBpe {
   std::unordered_map<std::uint64_t, Merge> merges_;
 };
 
-}  // namespace kiln::infer
+}  // namespace kiln::data

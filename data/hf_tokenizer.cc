@@ -1,14 +1,15 @@
-#include "infer/hf_tokenizer.h"
+#include "data/hf_tokenizer.h"
 
 #include <algorithm>
+#include <array>
 #include <map>
 
 #include "core/check.h"
 #include "core/file_kind.h"
 #include "core/json_value.h"
-#include "infer/unicode_text.h"
+#include "data/unicode_text.h"
 
-namespace kiln::infer {
+namespace kiln::data {
 
 // Added tokens (by their index in added_) by their bytes: the longest that starts at a position
 // (tokenizers' Aho-Corasick automaton with MatchKind::LeftmostLongest, walked one start position
@@ -16,6 +17,7 @@ namespace kiln::infer {
 class HfTokenizer::AddedTokenTrie {
  public:
   void add(const std::string& pattern, std::size_t token) {
+    if (!pattern.empty()) first_bytes_[static_cast<unsigned char>(pattern[0])] = true;
     std::size_t node = 0;
     for (unsigned char b : pattern) {
       auto [it, fresh] = nodes_[node].next.emplace(b, nodes_.size());
@@ -25,8 +27,9 @@ class HfTokenizer::AddedTokenTrie {
     nodes_[node].token = static_cast<std::ptrdiff_t>(token);
   }
   // The longest pattern at text[pos]: its token (-1 for none) and its length.
-  std::ptrdiff_t longest_at(const std::string& text, std::size_t pos, std::size_t* length) const {
+  std::ptrdiff_t longest_at(std::string_view text, std::size_t pos, std::size_t* length) const {
     std::ptrdiff_t found = -1;
+    if (!first_bytes_[static_cast<unsigned char>(text[pos])]) return found;
     for (std::size_t node = 0, i = pos; i < text.size(); ++i) {
       auto it = nodes_[node].next.find(static_cast<unsigned char>(text[i]));
       if (it == nodes_[node].next.end()) break;
@@ -45,6 +48,7 @@ class HfTokenizer::AddedTokenTrie {
     std::ptrdiff_t token = -1;
   };
   std::vector<Node> nodes_{1};
+  std::array<bool, 256> first_bytes_{};  // the bytes a pattern starts with: most text skips fast
 };
 
 namespace {
@@ -247,7 +251,7 @@ std::vector<HfTokenizer::PreTokenizerStep> read_pre_tokenizer(const TokenizerJso
         j.fail(*regex, path + ".pattern.Regex",
                "the pattern '" + regex->string +
                    "' is not one Kiln has: it reads GPT-2's, Llama 3's and Qwen2's exactly, "
-                   "hand-written over code points (infer/pretokenize.h)");
+                   "hand-written over code points (data/pretokenize.h)");
       }
       if (j.string(step, path, "behavior") != "Isolated") {
         j.fail(*step.find("behavior"), path + ".behavior", "Kiln reads \"Isolated\" only");
@@ -417,8 +421,8 @@ HfTokenizer HfTokenizer::from_json(const std::string& text, const std::string& s
   return t;
 }
 
-std::vector<HfTokenizer::Split> HfTokenizer::split_added(const std::string& text,
-                                                         bool normalized) const {
+std::vector<HfTokenizer::Split> HfTokenizer::split_added(std::string_view text, bool normalized,
+                                                         bool split_special) const {
   const AddedTokenTrie& trie = normalized ? *normalized_trie_ : *raw_trie_;
   std::vector<Split> out;
   // tokenizers' AddedVocabulary::find_matches: lstrip and rstrip take in the white space
@@ -434,6 +438,8 @@ std::vector<HfTokenizer::Split> HfTokenizer::split_added(const std::string& text
     const AddedToken* token = &added_[static_cast<std::size_t>(found)];
     std::size_t start = pos, stop = pos + length;
     pos = stop;
+    // tokenizers finds the match, then drops it: its bytes stay in the text around them.
+    if (split_special && token->special) continue;
     if (token->lstrip) {
       const std::vector<TextChar> before = text_chars(text.substr(done, start - done));
       std::size_t k = before.size();
@@ -454,56 +460,86 @@ std::vector<HfTokenizer::Split> HfTokenizer::split_added(const std::string& text
   return out;
 }
 
-void HfTokenizer::encode_pre_tokenized(const std::string& text,
+// Step `step` of the pre-tokenizer on `text`, then the later steps on each piece, then BPE.
+void HfTokenizer::encode_pre_tokenized(std::string_view text, std::size_t step, EncodeCache* cache,
                                        std::vector<std::int64_t>* ids) const {
-  std::vector<std::string> pieces{text};
-  for (const PreTokenizerStep& step : pre_tokenizer_) {
-    std::vector<std::string> next;
-    for (std::string& piece : pieces) {
-      if (piece.empty()) continue;
-      if (step.byte_level && step.add_prefix_space && piece[0] != ' ') piece.insert(0, " ");
-      if (step.byte_level && !step.use_regex) {
-        next.push_back(std::move(piece));
-        continue;
-      }
-      for (std::string& p :
-           split_by_pattern(piece, step.byte_level ? SplitPattern::Gpt2 : step.pattern)) {
-        next.push_back(std::move(p));
-      }
-    }
-    pieces = std::move(next);
+  if (text.empty()) return;
+  if (step == pre_tokenizer_.size()) {
+    bpe_->encode_piece(text, ids, cache != nullptr ? &cache->pieces : nullptr);
+    return;
   }
-  for (const std::string& piece : pieces) bpe_->encode_piece(piece, ids);
+  const PreTokenizerStep& s = pre_tokenizer_[step];
+  std::string prefixed;
+  if (s.byte_level && s.add_prefix_space && text[0] != ' ') {
+    prefixed = " " + std::string(text);
+    text = prefixed;
+  }
+  if (s.byte_level && !s.use_regex) {
+    encode_pre_tokenized(text, step + 1, cache, ids);
+    return;
+  }
+  EncodeCache& c = *cache;  // encode() always passes one
+  if (c.ends.size() < pre_tokenizer_.size()) c.ends.resize(pre_tokenizer_.size());
+  // This step's piece ends live in c.ends[step] while the later steps use their own.
+  std::vector<std::size_t>& ends = c.ends[step];
+  split_by_pattern(text, s.byte_level ? SplitPattern::Gpt2 : s.pattern, &c.chars, &ends);
+  std::size_t begin = 0;
+  for (std::size_t k = 0; k < ends.size(); ++k) {
+    const std::size_t end = ends[k];
+    encode_pre_tokenized(text.substr(begin, end - begin), step + 1, &c, ids);
+    begin = end;
+  }
 }
 
 std::vector<std::int64_t> HfTokenizer::encode(const std::string& text,
                                               bool add_special_tokens) const {
   std::vector<std::int64_t> ids;
-  for (const Split& outer : split_added(text, false)) {
+  EncodeOptions options;
+  options.add_special_tokens = add_special_tokens;
+  encode(text, options, nullptr, &ids);
+  return ids;
+}
+
+void HfTokenizer::encode(const std::string& text, const EncodeOptions& options, EncodeCache* cache,
+                         std::vector<std::int64_t>* out) const {
+  std::unique_ptr<EncodeCache> local;  // made only for a caller without a cache
+  if (cache == nullptr) local = std::make_unique<EncodeCache>();
+  EncodeCache* c = cache != nullptr ? cache : local.get();
+  const bool templated = !templates_.empty();
+  std::vector<std::int64_t> own;
+  std::vector<std::int64_t>* ids = templated ? &own : out;
+  for (const Split& outer : split_added(text, false, options.split_special_tokens)) {
     if (outer.token != nullptr) {
-      ids.push_back(outer.token->id);
+      ids->push_back(outer.token->id);
       continue;
     }
-    for (const Split& inner : split_added(nfc_ ? nfc(outer.text) : outer.text, true)) {
+    std::string normalized;
+    std::string_view text_normalized = outer.text;
+    if (nfc_) {
+      normalized = nfc(std::string(outer.text));
+      text_normalized = normalized;
+    }
+    for (const Split& inner : split_added(text_normalized, true, options.split_special_tokens)) {
       if (inner.token != nullptr) {
-        ids.push_back(inner.token->id);
+        ids->push_back(inner.token->id);
       } else {
-        encode_pre_tokenized(inner.text, &ids);
+        encode_pre_tokenized(inner.text, 0, c, ids);
       }
     }
   }
+  if (!templated) return;
   for (const std::vector<TemplatePiece>& pieces : templates_) {
-    std::vector<std::int64_t> out;
+    std::vector<std::int64_t> next;
     for (const TemplatePiece& p : pieces) {
       if (p.sequence) {
-        out.insert(out.end(), ids.begin(), ids.end());
-      } else if (add_special_tokens) {
-        out.insert(out.end(), p.ids.begin(), p.ids.end());
+        next.insert(next.end(), own.begin(), own.end());
+      } else if (options.add_special_tokens) {
+        next.insert(next.end(), p.ids.begin(), p.ids.end());
       }
     }
-    ids = std::move(out);
+    own = std::move(next);
   }
-  return ids;
+  out->insert(out->end(), own.begin(), own.end());
 }
 
 const std::string* HfTokenizer::id_to_token(std::int64_t id) const {
@@ -549,4 +585,4 @@ std::int64_t HfTokenizer::end_of_text_id() const {
   return ids.empty() ? -1 : ids.front();
 }
 
-}  // namespace kiln::infer
+}  // namespace kiln::data

@@ -1,8 +1,6 @@
-#include "infer/pretokenize.h"
+#include "data/pretokenize.h"
 
-#include "infer/unicode_text.h"
-
-namespace kiln::infer {
+namespace kiln::data {
 namespace {
 
 struct KnownPattern {
@@ -126,18 +124,33 @@ bool find_split_pattern(const std::string& regex, SplitPattern* pattern) {
   return false;
 }
 
-std::vector<std::string> split_by_pattern(const std::string& text, SplitPattern pattern) {
-  const std::vector<TextChar> c = text_chars(text);
+void split_by_pattern(std::string_view text, SplitPattern pattern, std::vector<TextChar>* chars,
+                      std::vector<std::size_t>* ends) {
+  text_chars(text, chars);
+  const std::vector<TextChar>& c = *chars;
   const Matcher match(c);
-  std::vector<std::string> pieces;
+  ends->clear();
   for (std::size_t i = 0; i < c.size();) {
-    std::size_t end = pattern == SplitPattern::Gpt2    ? match.gpt2(i)
-                      : pattern == SplitPattern::Qwen2 ? match.llama3(i, 1)
-                                                       : match.llama3(i, 3);
-    pieces.push_back(text.substr(c[i].begin, c[end - 1].end - c[i].begin));
+    const std::size_t end = pattern == SplitPattern::Gpt2    ? match.gpt2(i)
+                            : pattern == SplitPattern::Qwen2 ? match.llama3(i, 1)
+                                                             : match.llama3(i, 3);
+    ends->push_back(c[end - 1].end);
     i = end;
+  }
+}
+
+std::vector<std::string> split_by_pattern(const std::string& text, SplitPattern pattern) {
+  std::vector<TextChar> chars;
+  std::vector<std::size_t> ends;
+  split_by_pattern(text, pattern, &chars, &ends);
+  std::vector<std::string> pieces;
+  pieces.reserve(ends.size());
+  std::size_t begin = 0;
+  for (std::size_t end : ends) {
+    pieces.push_back(text.substr(begin, end - begin));
+    begin = end;
   }
   return pieces;
 }
 
-}  // namespace kiln::infer
+}  // namespace kiln::data
