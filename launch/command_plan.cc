@@ -138,6 +138,12 @@ void print_table(const train::MemoryPlan& plan, const std::string& path) {
                 activations, workspaces, mib(m.nccl), mib(m.total(plan.measured ? plan.batch : 0)),
                 fits_word(plan, m), largest.c_str());
   }
+  if (!plan.estimates.empty() && plan.estimates.front().host > 0) {
+    std::printf(
+        "train.offload: %.1f MiB of host memory (masters, moments, pinned weights and "
+        "gradients)\n",
+        mib(plan.estimates.front().host));
+  }
   const Verdict v = verdict(plan);
   if (!v.line.empty()) std::printf("%s\n", v.line.c_str());
 }
@@ -171,6 +177,7 @@ void print_json(const train::MemoryPlan& plan, const std::string& path) {
       j.field("workspaces_mb", mib(m.workspaces));
     }
     j.field("nccl_mb", mib(m.nccl));
+    j.field("host_mb", mib(m.host));
     j.field("total_mb", mib(m.total(plan.measured ? plan.batch : 0)));
     if (plan.limit > 0 && plan.measured) {
       j.field("fits", m.total(plan.batch) <= plan.limit);

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/cpu/element.h"
+#include "core/cpu/parallel.h"
 
 namespace kiln::optim::detail {
 namespace {
@@ -45,11 +46,34 @@ inline T store_value(C v) {
   }
 }
 
+// A run of one tensor's elements: the unit the host passes split across cores.
+struct Span {
+  std::size_t tensor;
+  std::int64_t start, count;
+};
+
+std::vector<Span> spans_of(const std::vector<TensorEntry>& entries, std::int64_t* total) {
+  std::vector<Span> spans;
+  *total = 0;
+  for (std::size_t t = 0; t < entries.size(); ++t) {
+    for (std::int64_t start = 0; start < entries[t].numel; start += kChunkElements) {
+      spans.push_back({t, start, std::min(kChunkElements, entries[t].numel - start)});
+    }
+    *total += entries[t].numel;
+  }
+  return spans;
+}
+
 // One pass of an element-wise rule: each element's weight, gradient and the rule's state values
-// are loaded, updated by Rule::element and stored back (the CUDA kernel does the same).
+// are loaded, updated by Rule::element and stored back (the CUDA kernel does the same). Elements
+// are independent, so the spans run on every core.
 template <typename Rule>
 void cpu_elementwise(const std::vector<TensorEntry>& entries, const Rule& rule) {
-  for (const TensorEntry& e : entries) {
+  std::int64_t total = 0;
+  const std::vector<Span> spans = spans_of(entries, &total);
+  cpu::parallel_blocks(static_cast<std::int64_t>(spans.size()), total, [&](std::int64_t b) {
+    const Span& span = spans[static_cast<std::size_t>(b)];
+    const TensorEntry& e = entries[span.tensor];
     dispatch_value_grad(e, [&](auto v_tag, auto g_tag) {
       using V = decltype(v_tag);
       using G = decltype(g_tag);
@@ -58,7 +82,7 @@ void cpu_elementwise(const std::vector<TensorEntry>& entries, const Rule& rule) 
       V* p = static_cast<V*>(e.value);
       const G* g = static_cast<const G*>(e.grad);
       const StateView<C> states(e, rule.steps_done);
-      for (std::int64_t i = 0; i < e.numel; ++i) {
+      for (std::int64_t i = span.start; i < span.start + span.count; ++i) {
         C pv = static_cast<C>(cpu::load(p[i]));
         C state[Rule::kStates];
         states.template load_all<Rule::kStates>(i, state);
@@ -68,7 +92,7 @@ void cpu_elementwise(const std::vector<TensorEntry>& entries, const Rule& rule) 
         store_copy(e, i, pv);
       }
     });
-  }
+  });
 }
 
 }  // namespace
@@ -135,8 +159,15 @@ float* MultiTensorTable::tensor_scalars() {
 
 double cpu_unscale_check_sumsq(const std::vector<TensorEntry>& entries, double inv_scale,
                                bool write, bool* found_inf) {
-  double sumsq = 0.0;
-  for (const TensorEntry& e : entries) {
+  // Each span's sum of squares on its own, added up in span order: the same on any number of
+  // cores.
+  std::int64_t total = 0;
+  const std::vector<Span> spans = spans_of(entries, &total);
+  std::vector<double> partial(spans.size(), 0.0);
+  std::vector<char> inf(spans.size(), 0);
+  cpu::parallel_blocks(static_cast<std::int64_t>(spans.size()), total, [&](std::int64_t b) {
+    const Span& span = spans[static_cast<std::size_t>(b)];
+    const TensorEntry& e = entries[span.tensor];
     dispatch_value_grad(e, [&](auto v_tag, auto g_tag) {
       using V = decltype(v_tag);
       using G = decltype(g_tag);
@@ -144,29 +175,42 @@ double cpu_unscale_check_sumsq(const std::vector<TensorEntry>& entries, double i
       const G* in = static_cast<const G*>(e.grad);
       V* out = static_cast<V*>(e.value);
       C factor = static_cast<C>(inv_scale);
-      for (std::int64_t i = 0; i < e.numel; ++i) {
+      double sumsq = 0.0;
+      bool bad = false;
+      for (std::int64_t i = span.start; i < span.start + span.count; ++i) {
         C g = static_cast<C>(cpu::load(in[i]));
-        if (!finite(g)) *found_inf = true;
+        if (!finite(g)) bad = true;
         C x = g * factor;
         sumsq += static_cast<double>(x) * static_cast<double>(x);
         if (write) out[i] = store_value<V>(x);
       }
+      partial[static_cast<std::size_t>(b)] = sumsq;
+      inf[static_cast<std::size_t>(b)] = bad ? 1 : 0;
     });
+  });
+  double sumsq = 0.0;
+  for (std::size_t b = 0; b < spans.size(); ++b) {
+    sumsq += partial[b];
+    if (inf[b] != 0) *found_inf = true;
   }
   return sumsq;
 }
 
 void cpu_scale_grads(const std::vector<TensorEntry>& entries, double factor) {
-  for (const TensorEntry& e : entries) {
+  std::int64_t total = 0;
+  const std::vector<Span> spans = spans_of(entries, &total);
+  cpu::parallel_blocks(static_cast<std::int64_t>(spans.size()), total, [&](std::int64_t b) {
+    const Span& span = spans[static_cast<std::size_t>(b)];
+    const TensorEntry& e = entries[span.tensor];
     KILN_DISPATCH_FLOATING(dtype_of(e.grad_dtype), G, {
       using C = ComputeOf<G>;
       G* g = static_cast<G*>(e.grad);
       C f = static_cast<C>(factor);
-      for (std::int64_t i = 0; i < e.numel; ++i) {
+      for (std::int64_t i = span.start; i < span.start + span.count; ++i) {
         g[i] = store_value<G>(static_cast<C>(cpu::load(g[i])) * f);
       }
     });
-  }
+  });
 }
 
 std::vector<double> cpu_lamb_moments_sumsq(const std::vector<TensorEntry>& entries,

@@ -156,7 +156,10 @@ std::vector<MemoryEstimate> counted_memory(const config::Experiment& experiment,
 
   std::vector<MemoryEstimate> out;
   const double ranks = world_size;
-  for (int stage = 0; stage <= 2; ++stage) {
+  // Offload keeps the optimizer in host memory, beside host twins of the weights and gradients;
+  // it runs without ZeRO.
+  const bool offload = e.train().offload() != config::TrainConfig::OFFLOAD_NONE;
+  for (int stage = 0; stage <= (offload ? 0 : 2); ++stage) {
     for (bool recompute : {false, true}) {
       MemoryEstimate m;
       m.zero_stage = stage;
@@ -168,6 +171,10 @@ std::vector<MemoryEstimate> counted_memory(const config::Experiment& experiment,
       m.master = stage >= 1 ? master / ranks : master;
       m.moments = stage >= 1 ? moments / ranks : moments;
       m.nccl = nccl;
+      if (offload) {
+        m.host = master + moments + weights + gradients;
+        m.master = m.moments = 0;
+      }
       out.push_back(m);
     }
   }

@@ -45,6 +45,7 @@ struct MemoryEstimate {
   double activations_per_sample = 0;  // measured
   double workspaces = 0;  // measured: cuDNN/cuBLAS workspaces, temporaries, the loader's batches
   double nccl = 0;        // estimated, world size > 1
+  double host = 0;        // train.offload: masters, moments and the pinned twins (not in total())
   // Everything at `batch` samples per GPU.
   double total(std::int64_t batch) const;
   // The largest batch whose total is at most `limit` bytes; 0 if not even 1 fits.

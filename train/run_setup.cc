@@ -188,6 +188,10 @@ StepMode choose_step_mode(const config::Experiment& e, bool cuda, int world_size
         "every step";
     return StepMode::Eager;
   }
+  if (t.offload() != config::TrainConfig::OFFLOAD_NONE) {
+    *note = "cuda_graphs: off, train.offload runs each step's update on the host";
+    return StepMode::Eager;
+  }
   if (e.parallel().compression() == config::ParallelConfig::POWERSGD) {
     *note =
         "cuda_graphs: off, parallel.compression POWERSGD resets its error feedback on the "

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "optim/amp/amp.h"
+#include "optim/host_offload.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "train/run_setup.h"
@@ -18,18 +19,41 @@ PrecisionChoice precision_for(const config::Experiment& experiment, Device devic
 struct StepOptimizer::Impl {
   Impl(const std::vector<Parameter*>& parameters, const NamedTensors& fp32_init,
        const config::Experiment& e, std::int64_t total, optim::ShardGroup* group)
-      : shards(parameters, fp32_init, optimizer_options(e), amp_options(e), group),
+      : offload(e.train().offload() == config::TrainConfig::OPTIMIZER
+                    ? std::make_unique<optim::HostOffload>(parameters)
+                    : nullptr),
+        shards(offload ? offload->parameters() : parameters, fp32_init, optimizer_options(e),
+               amp_options(e), group),
         optimizer(shards.optimizer()),
         schedule(schedule_options(e, total)),
-        total_steps(total) {}
+        total_steps(total) {
+    if (offload) {
+      KILN_CHECK(group == nullptr, "train.offload with ZeRO's shards");
+      // The masters' first half rounding (O2) was written into the host twins.
+      offload->weights_to_device();
+      if (!parameters.empty()) {
+        device_scale = Tensor::zeros({1}, DType::F64, parameters.front()->value.device());
+      }
+      publish_scale();
+    }
+  }
+  // train.offload OPTIMIZER: the optimizer runs on host twins of the parameters.
+  std::unique_ptr<optim::HostOffload> offload;
   optim::ShardedOptimizer shards;
   optim::MixedPrecisionOptimizer& optimizer;
   optim::LrSchedule schedule;
   std::int64_t total_steps;
   std::int64_t skipped_before_resident = 0;
   Communicator* found_inf_comm = nullptr;  // whose all-reduce the found-inf hook runs
+  // With offload, the loss scale the backward reads: a device copy of the host optimizer's.
+  Tensor device_scale;
   // Every rank's found-inf flag summed before the skip decision, so that all ranks skip alike.
   void agree_on_found_inf(Communicator* comm);
+  void publish_scale() {
+    if (!device_scale.defined()) return;
+    device_scale.copy_from(
+        Tensor::from_vector(std::vector<double>{optimizer.scaler().scale()}, {1}));
+  }
 };
 
 StepOptimizer::StepOptimizer(const std::vector<Parameter*>& parameters,
@@ -54,7 +78,12 @@ StepOutcome StepOptimizer::step(std::int64_t step, Communicator* comm) {
   double lr = impl_->schedule.lr_at(step);
   impl_->optimizer.set_lr(lr);
   impl_->agree_on_found_inf(comm);
+  if (impl_->offload) impl_->offload->gradients_to_host();
   optim::StepResult r = impl_->shards.step();
+  if (impl_->offload) {
+    if (!r.skipped) impl_->offload->weights_to_device();
+    impl_->publish_scale();
+  }
   StepOutcome o;
   o.skipped = r.skipped;
   o.found_inf = r.found_inf;
@@ -66,6 +95,8 @@ StepOutcome StepOptimizer::step(std::int64_t step, Communicator* comm) {
 
 void StepOptimizer::make_resident(std::int64_t next_step, std::int64_t skipped_so_far) {
   impl_->skipped_before_resident = skipped_so_far;
+  KILN_CHECK(!impl_->offload,
+             "device-resident optimizer steps with train.offload (the update runs on the host)");
   KILN_CHECK(!impl_->shards.sharded(),
              "device-resident optimizer steps with parallel.zero_stage > 0 (ZeRO combines norms "
              "on the host)");
@@ -82,6 +113,7 @@ bool StepOptimizer::resident() const {
 }
 
 const double* StepOptimizer::loss_scale_source() const {
+  if (impl_->device_scale.defined()) return impl_->device_scale.data<double>();
   return impl_->optimizer.loss_scale_source();
 }
 
@@ -116,7 +148,10 @@ std::map<std::string, std::string> StepOptimizer::shard_metadata() const {
 
 void StepOptimizer::load_state(const std::vector<const SafetensorsFile*>& files,
                                const std::string& what) {
+  // The model's weights were just restored: the host twins take them before the masters load.
+  if (impl_->offload) impl_->offload->weights_to_host();
   impl_->shards.load_state(files, what);
+  if (impl_->offload) impl_->offload->weights_to_device();
 }
 
 std::vector<Parameter*> StepOptimizer::updated_parameters() {
@@ -136,6 +171,7 @@ void StepOptimizer::load_scaler_state(const config::LossScalerState& state) {
   st.scale = state.scale();
   st.growth_tracker = state.growth_tracker();
   impl_->optimizer.load_scaler_state(st);
+  impl_->publish_scale();
 }
 
 }  // namespace kiln::train
