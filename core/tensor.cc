@@ -49,27 +49,47 @@ Shape contiguous_strides(const Shape& shape) {
 }
 
 Storage::Storage(std::size_t bytes, Device device, void* stream)
-    : bytes_(bytes), device_(device), owned_(true) {
-  data_ = allocator_for(device).allocate(bytes, stream);
+    : bytes_(bytes), device_(device), owner_(&allocator_for(device)) {
+  data_ = owner_->allocate(bytes, stream);
+}
+
+Storage::Storage(std::size_t bytes, Device device, CachingAllocator& from)
+    : bytes_(bytes), device_(device), owner_(&from) {
+  data_ = owner_->allocate(bytes);
 }
 
 Storage::Storage(void* external, std::size_t bytes, Device device)
-    : data_(external), bytes_(bytes), device_(device), owned_(false) {}
+    : data_(external), bytes_(bytes), device_(device) {}
 
 Storage::~Storage() {
-  if (owned_) allocator_for(device_).free(data_);
+  if (owner_ != nullptr) owner_->free(data_);
 }
 
-Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+template <typename MakeStorage>
+Tensor Tensor::allocated(const Shape& shape, DType dtype, MakeStorage make_storage) {
   for (std::int64_t s : shape) {
     KILN_CHECK(s >= 0, "negative size in shape " + shape_str(shape));
   }
   Tensor t;
-  std::size_t bytes = std::max<std::size_t>(shape_numel(shape) * dtype_size(dtype), 1);
-  t.storage_ = std::make_shared<Storage>(bytes, device, current_stream(device));
+  t.storage_ = make_storage(std::max<std::size_t>(shape_numel(shape) * dtype_size(dtype), 1));
   t.shape_ = shape;
   t.strides_ = contiguous_strides(shape);
   t.dtype_ = dtype;
+  return t;
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  return allocated(shape, dtype, [&](std::size_t bytes) {
+    return std::make_shared<Storage>(bytes, device, current_stream(device));
+  });
+}
+
+Tensor Tensor::zeros_in_host_memory(const Shape& shape, DType dtype, Device device) {
+  Tensor t = allocated(shape, dtype, [&](std::size_t bytes) {
+    return std::make_shared<Storage>(bytes, device,
+                                     device.is_cuda() ? pinned_allocator() : host_allocator());
+  });
+  t.fill(0.0);
   return t;
 }
 

@@ -21,10 +21,14 @@ std::string shape_str(const Shape& shape);  // "(2, 3, 4)"
 std::int64_t shape_numel(const Shape& shape);
 Shape contiguous_strides(const Shape& shape);
 
+class CachingAllocator;
+
 // Memory a tensor views. Owning storage returns its bytes to the caching allocator it came from.
 class Storage {
  public:
-  Storage(std::size_t bytes, Device device, void* stream);    // allocates
+  Storage(std::size_t bytes, Device device, void* stream);  // allocates from device's allocator
+  // Allocates from `from` memory that `device` addresses directly (pinned host memory for a GPU).
+  Storage(std::size_t bytes, Device device, CachingAllocator& from);
   Storage(void* external, std::size_t bytes, Device device);  // wraps, does not own
   ~Storage();
   Storage(const Storage&) = delete;
@@ -38,7 +42,7 @@ class Storage {
   void* data_ = nullptr;
   std::size_t bytes_ = 0;
   Device device_;
-  bool owned_ = false;
+  CachingAllocator* owner_ = nullptr;  // null: wrapped, not owned
 };
 
 class Tensor {
@@ -46,6 +50,9 @@ class Tensor {
   Tensor() = default;  // undefined: defined() is false
 
   static Tensor empty(const Shape& shape, DType dtype, Device device = Device::cpu());
+  // Zeros in pinned host memory that `device` reads and writes in place (CUDA's unified
+  // addressing: kernels reach it over the bus, no copy); on the CPU, host memory.
+  static Tensor zeros_in_host_memory(const Shape& shape, DType dtype, Device device);
   static Tensor zeros(const Shape& shape, DType dtype, Device device = Device::cpu());
   static Tensor full(const Shape& shape, double value, DType dtype, Device device = Device::cpu());
   // Views memory owned by someone else (a flat gradient bucket, a mapped file).
@@ -107,6 +114,10 @@ class Tensor {
   double item() const;  // a one-element tensor's value
 
  private:
+  // A contiguous tensor over the storage make_storage(bytes) returns.
+  template <typename MakeStorage>
+  static Tensor allocated(const Shape& shape, DType dtype, MakeStorage make_storage);
+
   std::shared_ptr<Storage> storage_;
   std::int64_t offset_ = 0;
   Shape shape_;

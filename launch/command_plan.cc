@@ -139,10 +139,19 @@ void print_table(const train::MemoryPlan& plan, const std::string& path) {
                 fits_word(plan, m), largest.c_str());
   }
   if (!plan.estimates.empty() && plan.estimates.front().host > 0) {
+    // The host's share per rank, by ZeRO stage (recomputation leaves it alone).
+    std::string per_stage;
+    for (const train::MemoryEstimate& m : plan.estimates) {
+      if (m.recompute) continue;
+      char part[64];
+      std::snprintf(part, sizeof part, "%s%.1f MiB with stage %d", per_stage.empty() ? "" : ", ",
+                    mib(m.host), m.zero_stage);
+      per_stage += part;
+    }
     std::printf(
-        "train.offload: %.1f MiB of host memory (masters, moments, pinned weights and "
-        "gradients)\n",
-        mib(plan.estimates.front().host));
+        "train.offload: pinned host memory per rank (masters, moments; HOST_CORES adds twins of "
+        "the weights and gradients): %s\n",
+        per_stage.c_str());
   }
   const Verdict v = verdict(plan);
   if (!v.line.empty()) std::printf("%s\n", v.line.c_str());

@@ -160,8 +160,11 @@ std::int64_t Optimizer::step_count() const {
 
 Tensor& Optimizer::add_state(std::size_t i, const std::string& key) {
   const OptimizedTensor& t = tensors_[i];
-  auto tensor = std::make_unique<Tensor>(
-      Tensor::zeros(t.value.shape(), state_dtype(t.value, options_.moments_dtype), device_));
+  const DType dtype = state_dtype(t.value, options_.moments_dtype);
+  auto tensor =
+      std::make_unique<Tensor>(options_.state_memory == StateMemory::kPinnedHost
+                                   ? Tensor::zeros_in_host_memory(t.value.shape(), dtype, device_)
+                                   : Tensor::zeros(t.value.shape(), dtype, device_));
   Tensor* raw = tensor.get();
   state_.emplace_back(t.name + "." + key, std::move(tensor));
   tensor_state_[i].emplace_back(key, raw);

@@ -32,6 +32,7 @@ struct ParamGroupRule {
 // The dtype of the optimizer's state (moments, momentum buffers): fp32 (f64 beside f64 weights on
 // the CPU), or bf16 rounded stochastically at every store (half the bytes; llm.c, llm.q).
 enum class MomentsDtype { FP32, BF16 };
+enum class StateMemory { kDevice, kPinnedHost };
 
 struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::AdamW;
@@ -52,6 +53,9 @@ struct OptimizerOptions {
   // (Apex FusedLAMB).
   double max_grad_norm = 0.0;
   MomentsDtype moments_dtype = MomentsDtype::FP32;
+  // Where the state (moments, O2's masters) lives: beside the weights, or in pinned host memory
+  // the device's kernels read and write over the bus (train.offload DEVICE_KERNELS).
+  StateMemory state_memory = StateMemory::kDevice;
   std::vector<ParamGroupRule> groups;
   // Parameters flagged no_weight_decay (biases, norm weights) get weight decay 0 whatever the
   // group says, and LAMB leaves them out of the trust ratio.

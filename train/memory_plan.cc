@@ -10,6 +10,7 @@
 #include "core/device.h"
 #include "layers/models/model.h"
 #include "train/model_options.h"
+#include "train/run_setup.h"
 #include "train/trainer.h"
 
 namespace kiln::train {
@@ -156,10 +157,11 @@ std::vector<MemoryEstimate> counted_memory(const config::Experiment& experiment,
 
   std::vector<MemoryEstimate> out;
   const double ranks = world_size;
-  // Offload keeps the optimizer in host memory, beside host twins of the weights and gradients;
-  // it runs without ZeRO.
-  const bool offload = e.train().offload() != config::TrainConfig::OFFLOAD_NONE;
-  for (int stage = 0; stage <= (offload ? 0 : 2); ++stage) {
+  // Offload keeps the optimizer's masters and moments (ZeRO's shard of them) in host memory; the
+  // host cores' update adds host twins of the weights and gradients and runs without ZeRO.
+  const auto offload = offload_update(e);
+  const bool twins = offload == config::TrainConfig::HOST_CORES;
+  for (int stage = 0; stage <= (twins ? 0 : 2); ++stage) {
     for (bool recompute : {false, true}) {
       MemoryEstimate m;
       m.zero_stage = stage;
@@ -172,7 +174,7 @@ std::vector<MemoryEstimate> counted_memory(const config::Experiment& experiment,
       m.moments = stage >= 1 ? moments / ranks : moments;
       m.nccl = nccl;
       if (offload) {
-        m.host = master + moments + weights + gradients;
+        m.host = m.master + m.moments + (twins ? weights + gradients : 0);
         m.master = m.moments = 0;
       }
       out.push_back(m);

@@ -188,8 +188,8 @@ StepMode choose_step_mode(const config::Experiment& e, bool cuda, int world_size
         "every step";
     return StepMode::Eager;
   }
-  if (t.offload() != config::TrainConfig::OFFLOAD_NONE) {
-    *note = "cuda_graphs: off, train.offload runs each step's update on the host";
+  if (offload_update(e) == config::TrainConfig::HOST_CORES) {
+    *note = "cuda_graphs: off, train.offload runs each step's update on the host's cores";
     return StepMode::Eager;
   }
   if (e.parallel().compression() == config::ParallelConfig::POWERSGD) {
@@ -257,6 +257,11 @@ optim::AmpOptions amp_options(const config::Experiment& e) {
   return a;
 }
 
+std::optional<config::TrainConfig::OffloadUpdate> offload_update(const config::Experiment& e) {
+  if (e.train().offload() == config::TrainConfig::OFFLOAD_NONE) return std::nullopt;
+  return e.train().offload_update();
+}
+
 optim::OptimizerOptions optimizer_options(const config::Experiment& e) {
   const config::OptimizerConfig& c = e.optimizer();
   optim::OptimizerOptions o;
@@ -281,6 +286,9 @@ optim::OptimizerOptions optimizer_options(const config::Experiment& e) {
   o.exclude_flagged_from_decay = c.no_weight_decay_for_bias_and_norm();
   o.moments_dtype = c.moments_dtype() == config::OptimizerConfig::BF16 ? optim::MomentsDtype::BF16
                                                                        : optim::MomentsDtype::FP32;
+  if (offload_update(e) == config::TrainConfig::DEVICE_KERNELS) {
+    o.state_memory = optim::StateMemory::kPinnedHost;
+  }
   for (const config::ParamGroup& g : c.param_groups()) {
     optim::ParamGroupRule rule;
     rule.pattern = g.name_pattern();

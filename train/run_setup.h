@@ -3,6 +3,7 @@
 // experiment asks for (determinism, algorithm search, memory limits), whether a progress bar
 // is wanted, and the data options the loader and datasets are built from.
 
+#include <optional>
 #include <string>
 
 #include "comm/communicator.h"
@@ -56,6 +57,8 @@ data::LoaderOptions loader_options(const config::Experiment& experiment,
 // precision.*, optimizer.* and schedule.* as optim/'s options.
 optim::AmpOptions amp_options(const config::Experiment& experiment);
 optim::OptimizerOptions optimizer_options(const config::Experiment& experiment);
+// Which processor updates the offloaded optimizer (train.offload_update); nullopt without offload.
+std::optional<config::TrainConfig::OffloadUpdate> offload_update(const config::Experiment& e);
 optim::ScheduleOptions schedule_options(const config::Experiment& experiment,
                                         std::int64_t total_steps);
 

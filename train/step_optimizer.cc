@@ -19,7 +19,7 @@ PrecisionChoice precision_for(const config::Experiment& experiment, Device devic
 struct StepOptimizer::Impl {
   Impl(const std::vector<Parameter*>& parameters, const NamedTensors& fp32_init,
        const config::Experiment& e, std::int64_t total, optim::ShardGroup* group)
-      : offload(e.train().offload() == config::TrainConfig::OPTIMIZER
+      : offload(offload_update(e) == config::TrainConfig::HOST_CORES
                     ? std::make_unique<optim::HostOffload>(parameters)
                     : nullptr),
         shards(offload ? offload->parameters() : parameters, fp32_init, optimizer_options(e),
@@ -37,7 +37,7 @@ struct StepOptimizer::Impl {
       publish_scale();
     }
   }
-  // train.offload OPTIMIZER: the optimizer runs on host twins of the parameters.
+  // train.offload with HOST_CORES: the optimizer runs on host twins of the parameters.
   std::unique_ptr<optim::HostOffload> offload;
   optim::ShardedOptimizer shards;
   optim::MixedPrecisionOptimizer& optimizer;

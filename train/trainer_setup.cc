@@ -161,12 +161,12 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
   check_warmup_fits(s);
   // The optimizer's own tensors (masters, moments) as the allocator counts them: ZeRO divides
   // them by the world size.
-  if (s.e.train().offload() != config::TrainConfig::OFFLOAD_NONE && world.size > 1) {
+  if (offload_update(s.e) == config::TrainConfig::HOST_CORES && world.size > 1) {
     throw InputError("train.offload = " + config::TrainConfig::Offload_Name(s.e.train().offload()) +
-                     " with " + std::to_string(world.size) +
-                     " ranks: offload runs one rank per run for now (each rank would hold the "
-                     "whole optimizer in host memory); run one rank, or set train.offload: "
-                     "OFFLOAD_NONE with parallel.zero_stage 1 or 2");
+                     " with train.offload_update HOST_CORES and " + std::to_string(world.size) +
+                     " ranks: the host cores' update runs one rank per run for now (each rank "
+                     "would hold the whole optimizer in host memory); run one rank, or set "
+                     "train.offload_update: DEVICE_KERNELS (ZeRO shards it)");
   }
   const std::size_t allocated_before = allocator_for(s.device).stats().allocated_bytes;
   s.optimizer = std::make_unique<StepOptimizer>(s.model.net->parameters(), fp32_init, s.e,

@@ -257,8 +257,9 @@ void copy(const Tensor& src, Tensor& dst) {
   cudaStream_t stream = stream_of(dst);
   if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous()) {
     if (src.data() != dst.data()) {
+      // Default: either side may be pinned host memory the device addresses (optimizer state).
       KILN_CUDA_CHECK(
-          cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDeviceToDevice, stream));
+          cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDefault, stream));
     }
     return;
   }
@@ -298,7 +299,8 @@ void memcpy_async(void* dst, Device dst_device, const void* src, Device src_devi
     KILN_CUDA_CHECK(
         cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index, bytes, stream));
   } else {
-    KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream));
+    // The pointers tell where the bytes are: a "device" tensor may live in pinned host memory.
+    KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
   }
   // The host reads what it copied back as soon as this returns.
   if (kind == cudaMemcpyDeviceToHost) KILN_CUDA_CHECK(cudaStreamSynchronize(stream));

@@ -163,7 +163,10 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<Parameter*>& 
     if (!element_offsets.empty()) t.element_offset = element_offsets.at(i);
     std::tie(t.lr_multiplier, t.weight_decay) = resolve_group(p.name, p.no_weight_decay, optim);
     if (uses_master_weights(amp) && is_half(p.value.dtype())) {
-      masters_[i] = Tensor::empty(p.value.shape(), DType::F32, p.value.device());
+      masters_[i] =
+          optim.state_memory == StateMemory::kPinnedHost
+              ? Tensor::zeros_in_host_memory(p.value.shape(), DType::F32, p.value.device())
+              : Tensor::empty(p.value.shape(), DType::F32, p.value.device());
       masters_[i].copy_from(p.value);
       // No fp32 master gradient: the optimizer reads the scaled half gradient and unscales it.
       t.value = masters_[i];

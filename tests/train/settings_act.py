@@ -248,6 +248,8 @@ CASES = {
     "train.lm_head_chunks": (LOGITS, LOGITS + ["train.lm_head_chunks=8"], fits_only_when_changed),
     "train.offload": "tests/train/test_offload.sh: the update runs on host twins bit for bit as on the device, "
                      "kiln plan counts masters and moments as host memory, two ranks are refused",
+    "train.offload_update": "tests/train/test_offload.sh: DEVICE_KERNELS keeps resident steps and ZeRO-1 on 2 ranks, "
+                            "HOST_CORES turns them off and refuses 2 ranks",
     "train.preemption_grace_s": "tests/train/test_preemption_grace.sh: past the grace period the process exits 1 naming it",
     "train.deterministic": "test_train_run_setup (RunSetup.DeterministicSetsReductionOrder): NCCL_ALGO, cuBLAS workspace and "
                            "heuristic cuDNN algorithms; bit-identical GPU runs in test_gpu_attention_resume.sh",

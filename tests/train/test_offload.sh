@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# train.offload OPTIMIZER on the CPU backend (label cpu): the optimizer on host twins of the
-# parameters gives the same losses, weights and optimizer state as the optimizer beside them, bit
-# for bit (AdamW; O1 bf16 with a loss scaler and an injected inf; bf16 moments; SGD); a run with
-# offload resumes bit for bit; more than one rank is refused with exit 2; kiln plan moves the
-# masters and moments to host memory.
+# train.offload OPTIMIZER on the CPU backend: the optimizer on host twins of the parameters
+# (HOST_CORES) and the device kernels over state in host memory (DEVICE_KERNELS) give the same
+# losses, weights and optimizer state as the optimizer beside the weights, bit for bit (AdamW; O1
+# bf16 with a loss scaler and an injected inf; bf16 moments; SGD); a run with offload resumes bit
+# for bit; HOST_CORES with more than one rank is refused with exit 2; DEVICE_KERNELS keeps the
+# resident steps and ZeRO; kiln plan moves the masters and moments to host memory.
 source "$(dirname "$0")/lib.sh"
 run() {  # dir overrides...
   local dir=$1; shift
@@ -39,46 +40,84 @@ for case in adamw scaled bf16 sgd; do
     bf16) o=(optimizer.moments_dtype=BF16 precision.opt_level=O1 precision.half=BF16) ;;
     sgd) o=(optimizer.kind=SGD optimizer.lr=0.05 optimizer.momentum=0.9) ;;
   esac
-  for offload in OFFLOAD_NONE OPTIMIZER; do
+  # OPTIMIZER: the host cores' update; DEVICE: the device kernels' update over host memory.
+  for offload in OFFLOAD_NONE OPTIMIZER DEVICE; do
+    sets=(train.offload=$offload train.offload_update=HOST_CORES)
+    [ $offload = DEVICE ] && sets=(train.offload=OPTIMIZER train.offload_update=DEVICE_KERNELS)
     if [ "$case" = scaled ]; then
-      KILN_FAULT_KIND=inf-grad KILN_FAULT_STEP=5 run "$W/$case-$offload" "${o[@]}" train.offload=$offload
+      KILN_FAULT_KIND=inf-grad KILN_FAULT_STEP=5 run "$W/$case-$offload" "${o[@]}" "${sets[@]}"
       [ "$(grep -c 'step skipped: inf/NaN' "$W/$case-$offload.log")" = 1 ] \
         || { tail -20 "$W/$case-$offload.log"; fail "$case $offload: the injected inf did not skip one step"; }
     else
-      run "$W/$case-$offload" "${o[@]}" train.offload=$offload
+      run "$W/$case-$offload" "${o[@]}" "${sets[@]}"
     fi
   done
-  diff <(losses "$W/$case-OFFLOAD_NONE/metrics.jsonl") <(losses "$W/$case-OPTIMIZER/metrics.jsonl") \
-    || fail "$case: the losses with offload differ"
-  same_tensors "$W/$case-OFFLOAD_NONE" "$W/$case-OPTIMIZER" 20 || fail "$case: the checkpoints with offload differ"
-  pass "$case: train.offload OPTIMIZER equals the optimizer on the device bit for bit over 20 steps"
+  for offload in OPTIMIZER DEVICE; do
+    diff <(losses "$W/$case-OFFLOAD_NONE/metrics.jsonl") <(losses "$W/$case-$offload/metrics.jsonl") \
+      || fail "$case: the losses with offload $offload differ"
+    same_tensors "$W/$case-OFFLOAD_NONE" "$W/$case-$offload" 20 || fail "$case: the checkpoints with offload $offload differ"
+  done
+  pass "$case: train.offload OPTIMIZER (host cores, device kernels) equals the optimizer on the device bit for bit over 20 steps"
 done
 
 # Resume: 10 steps and a checkpoint, a new process, 10 more, equal 20 uninterrupted.
-run "$W/resumed" train.offload=OPTIMIZER
+run "$W/resumed" train.offload=OPTIMIZER train.offload_update=HOST_CORES
 rm -rf "$W/resumed/checkpoints/step-000020"
 keep_until "$W/resumed/metrics.jsonl" 10
 "$KILN" train --config "$TINY" --set logging.dir="$W/resumed" --set train.offload=OPTIMIZER \
-  --resume latest > "$W/resumed2.log" 2>&1 || { tail -30 "$W/resumed2.log"; fail "resumed run"; }
+  --set train.offload_update=HOST_CORES --resume latest > "$W/resumed2.log" 2>&1 || { tail -30 "$W/resumed2.log"; fail "resumed run"; }
 same_run "$W/adamw-OPTIMIZER" "$W/resumed" 20
 pass "offload: 10 + 10 steps after a resume equal 20 uninterrupted bit for bit"
 
-expect_exit2 "offload runs one rank per run" -- "${MPIRUN[@]}" -np 2 "$KILN" train --config "$TINY" \
-  --set logging.dir="$W/np2" --set train.offload=OPTIMIZER
-pass "offload with 2 ranks is refused: $(grep -m1 -o 'train.offload = OPTIMIZER with 2 ranks[^;]*' "$WORK/out.log")"
+expect_exit2 "the host cores' update runs one rank per run" -- "${MPIRUN[@]}" -np 2 "$KILN" train \
+  --config "$TINY" --set logging.dir="$W/np2" --set train.offload=OPTIMIZER --set train.offload_update=HOST_CORES
+pass "host-core offload with 2 ranks is refused: $(grep -m1 -o 'train.offload = OPTIMIZER with[^;]*' "$WORK/out.log")"
 
-"$KILN" plan --config "$TINY" --world-size 1 --set train.offload=OPTIMIZER --json > "$W/plan.json" 2> "$W/plan.err" \
-  || { cat "$W/plan.err"; fail "kiln plan with offload"; }
-"$KILN" plan --config "$TINY" --world-size 1 --json > "$W/plan0.json" 2> "$W/plan0.err" || { cat "$W/plan0.err"; fail "kiln plan"; }
-python3 - "$W/plan.json" "$W/plan0.json" <<'PY' || fail "kiln plan does not move the optimizer to the host"
+# The device kernels' update keeps the steps resident (the CPU's stand-in for CUDA graphs) ...
+run "$W/graphs-none" train.cuda_graphs=true
+run "$W/graphs-device" train.cuda_graphs=true train.offload=OPTIMIZER train.offload_update=DEVICE_KERNELS
+grep -q "cuda_graphs: the CPU" "$W/graphs-device.log" || fail "the device kernels' offload turned the resident steps off"
+same_run "$W/graphs-none" "$W/graphs-device" 20
+pass "DEVICE_KERNELS keeps the resident steps, bit for bit as without offload"
+
+# ... and ZeRO: each rank's shard of masters and moments in its own host memory.
+for dir in z1-none z1-device; do
+  sets=(--set parallel.zero_stage=1)
+  [ $dir = z1-device ] && sets+=(--set train.offload=OPTIMIZER --set train.offload_update=DEVICE_KERNELS)
+  "${MPIRUN[@]}" -np 2 "$KILN" train --config "$TINY" --set logging.dir="$W/$dir" "${sets[@]}" \
+    > "$W/$dir.log" 2>&1 || { tail -30 "$W/$dir.log"; fail "ZeRO-1 run $dir"; }
+done
+diff <(losses "$W/z1-none/metrics.jsonl") <(losses "$W/z1-device/metrics.jsonl") \
+  || fail "ZeRO-1 on 2 ranks: the losses with the device kernels' offload differ"
+for f in model.safetensors optimizer-rank-00000-of-00002.safetensors optimizer-rank-00001-of-00002.safetensors; do
+  cmp "$W/z1-none/checkpoints/step-000020/$f" "$W/z1-device/checkpoints/step-000020/$f" \
+    || fail "ZeRO-1 on 2 ranks: $f differs with the device kernels' offload"
+done
+pass "DEVICE_KERNELS with ZeRO-1 on 2 ranks equals no offload bit for bit"
+
+# kiln plan: the masters and moments leave the device's columns for host memory; the host cores'
+# update plans stage 0 only and pins twins of the weights and gradients too.
+plan() {  # name overrides...
+  local name=$1; shift
+  local sets=() opt; for opt in "$@"; do sets+=(--set "$opt"); done
+  "$KILN" plan --config "$TINY" --world-size 2 "${sets[@]}" --json > "$W/$name.json" 2> "$W/$name.err" \
+    || { cat "$W/$name.err"; fail "kiln plan $name"; }
+}
+plan none
+plan host train.offload=OPTIMIZER train.offload_update=HOST_CORES
+plan device train.offload=OPTIMIZER train.offload_update=DEVICE_KERNELS
+python3 - "$W/none.json" "$W/host.json" "$W/device.json" <<'PY' || fail "kiln plan does not move the optimizer to the host"
 import json, sys
-off, dev = (json.loads(open(p).read().strip().splitlines()[-1]) for p in sys.argv[1:])
-o, d = off["plans"][0], dev["plans"][0]
-assert [p["zero_stage"] for p in off["plans"]] == [0, 0], off["plans"]
-assert o["master_mb"] == 0 and o["moments_mb"] == 0 and d["moments_mb"] > 0, (o, d)
-expected = d["master_mb"] + d["moments_mb"] + d["weights_mb"] + d["gradients_mb"]
-assert abs(o["host_mb"] - expected) < 1e-6 and d["host_mb"] == 0, (o, d)
+none, host, device = ({(p["zero_stage"], p["recompute"]): p for p in
+                       json.loads(open(f).read().strip().splitlines()[-1])["plans"]} for f in sys.argv[1:])
 state = lambda p: p["weights_mb"] + p["gradients_mb"] + p["master_mb"] + p["moments_mb"]
-assert state(o) == d["weights_mb"] + d["gradients_mb"], (o, d)
+assert sorted({k[0] for k in host}) == [0] and sorted({k[0] for k in device}) == [0, 1, 2], (host, device)
+for key, d in none.items():
+    assert d["moments_mb"] > 0 and d["host_mb"] == 0, d
+    for plan, twins in ((device.get(key), 0), (host.get(key), d["weights_mb"] + d["gradients_mb"])):
+        if plan is None: continue
+        assert plan["master_mb"] == 0 and plan["moments_mb"] == 0, plan
+        assert state(plan) == d["weights_mb"] + d["gradients_mb"], (plan, d)
+        assert abs(plan["host_mb"] - (d["master_mb"] + d["moments_mb"] + twins)) < 1e-6, (plan, d)
 PY
-pass "kiln plan: with offload the masters and moments are host memory"
+pass "kiln plan: with offload the masters and moments (ZeRO's shard of them) are host memory, plus twins for HOST_CORES"
