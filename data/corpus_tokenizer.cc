@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -13,8 +14,10 @@
 #include <thread>
 
 #include "core/check.h"
+#include "data/chat_template.h"
 #include "data/file_io.h"
 #include "data/llmc_shard_writer.h"
+#include "data/llmc_shards.h"
 #include "data/text_documents.h"
 
 namespace kiln::data {
@@ -29,20 +32,23 @@ constexpr std::size_t kBatchesPerThread = 4;  // in flight: read ahead, encoded 
 struct Batch {
   std::vector<RawDocument> docs;
   std::uint64_t bytes = 0;
-  // Results, by document: the ids of all of them in order, where each one's end, its error.
+  // Results, by document: the ids of all of them in order (and for chat data their mask values),
+  // where each one's end, its error.
   std::vector<std::uint32_t> ids;
+  std::vector<std::uint8_t> mask;
   std::vector<std::size_t> ends;
   std::vector<std::string> errors;  // empty: the document is good
   std::string fatal;                // a failure that is not the input's (out of memory)
   bool done = false;
 };
 
-// Worker threads encoding batches; the caller waits for each batch in its own order.
+// Worker threads encoding batches (documents, or conversations with `chat`); the caller waits for
+// each batch in its own order.
 class EncodePool {
  public:
-  EncodePool(const HfTokenizer& tokenizer, const std::vector<TextFile>& files,
-             const std::string& field, int threads)
-      : tokenizer_(tokenizer), files_(files), field_(field) {
+  EncodePool(const HfTokenizer& tokenizer, const ChatEncoder* chat,
+             const std::vector<TextFile>& files, const std::string& field, int threads)
+      : tokenizer_(tokenizer), chat_(chat), files_(files), field_(field) {
     for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { work(); });
   }
   // Workers finish the batch they hold (never one still queued) and stop.
@@ -73,6 +79,7 @@ class EncodePool {
   void work() {
     HfTokenizer::EncodeCache cache;
     std::vector<std::int64_t> ids;
+    std::vector<std::uint8_t> mask;
     for (;;) {
       Batch* batch;
       {
@@ -83,7 +90,7 @@ class EncodePool {
         queue_.pop_front();
       }
       try {
-        encode(batch, &cache, &ids);
+        encode(batch, &cache, &ids, &mask);
       } catch (const std::exception& e) {
         batch->fatal = e.what();
       }
@@ -95,7 +102,8 @@ class EncodePool {
     }
   }
 
-  void encode(Batch* batch, HfTokenizer::EncodeCache* cache, std::vector<std::int64_t>* ids) {
+  void encode(Batch* batch, HfTokenizer::EncodeCache* cache, std::vector<std::int64_t>* ids,
+              std::vector<std::uint8_t>* mask) {
     HfTokenizer::EncodeOptions options;
     options.add_special_tokens = false;   // the separator is written by the caller
     options.split_special_tokens = true;  // a document cannot forge one
@@ -107,15 +115,30 @@ class EncodePool {
       } else {
         const TextFile& file = files_[doc.file];
         const std::int64_t line = doc.line;
-        try {
-          const std::string text = document_text(std::move(doc), file, field_);
-          ids->clear();
+        // Built only when needed: text documents are many and small.
+        const auto where = [&] { return file.path + ":" + std::to_string(line); };
+        // The tokenizer's errors (a byte the vocabulary lacks) do not know the document.
+        const auto naming_document = [&](const auto& encode_one) {
           try {
-            tokenizer_.encode(text, options, cache, ids);
-          } catch (const InputError& e) {  // a byte the vocabulary lacks
-            throw InputError(file.path + ":" + std::to_string(line) + ": " + e.what());
+            encode_one();
+          } catch (const InputError& e) {
+            throw InputError(where() + ": " + e.what());
+          }
+        };
+        try {
+          ids->clear();
+          mask->clear();
+          if (chat_ != nullptr) {
+            const JsonValue object =
+                document_object(std::move(doc), file, "a field '" + field_ + "' of messages");
+            const std::vector<ChatMessage> messages = parse_conversation(object, where(), field_);
+            naming_document([&] { chat_->encode(messages, cache, ids, mask); });
+          } else {
+            const std::string text = document_text(std::move(doc), file, field_);
+            naming_document([&] { tokenizer_.encode(text, options, cache, ids); });
           }
           for (std::int64_t id : *ids) batch->ids.push_back(static_cast<std::uint32_t>(id));
+          batch->mask.insert(batch->mask.end(), mask->begin(), mask->end());
         } catch (const InputError& e) {
           batch->errors[i] = e.what();
         }
@@ -126,6 +149,7 @@ class EncodePool {
   }
 
   const HfTokenizer& tokenizer_;
+  const ChatEncoder* chat_;  // nullptr: text documents
   const std::vector<TextFile>& files_;
   const std::string& field_;
   std::mutex mutex_;
@@ -178,7 +202,13 @@ void check_options(const CorpusTokenizeOptions& o) {
                      "val shards)");
   }
   if (o.threads < 0) throw InputError("--threads " + std::to_string(o.threads) + ": must be >= 0");
-  if (o.field.empty()) throw InputError("--field: the JSON field name is empty");
+  if (o.field.empty() || o.messages_field.empty()) {
+    throw InputError("--field: the JSON field name is empty");
+  }
+  if (!o.chat && !o.chat_template.empty()) {
+    throw InputError("--chat-template " + o.chat_template +
+                     ": a chat template applies to conversations: add --chat");
+  }
 }
 
 bool goes_to_val(std::int64_t k, double fraction) {
@@ -227,6 +257,21 @@ CorpusTokenizeResult tokenize_corpus(const HfTokenizer& tokenizer,
   CorpusTokenizeResult result;
   result.separator = choose_separator(tokenizer, options.separator, &result.separator_id);
   const std::vector<TextFile> files = expand_text_inputs(options.inputs);
+  std::unique_ptr<ChatTemplate> chat_template;
+  std::unique_ptr<ChatEncoder> chat;
+  if (options.chat) {
+    for (const TextFile& file : files) {
+      if (!file.json_lines) {
+        throw InputError(file.path +
+                         ": kiln tokenize --chat reads conversations from .jsonl[.gz] files, one "
+                         "{\"" +
+                         options.messages_field + "\": [...]} per line");
+      }
+    }
+    chat_template = make_chat_template(options.chat_template, tokenizer);
+    chat = std::make_unique<ChatEncoder>(tokenizer, *chat_template);
+    result.chat_template = chat_template->name();
+  }
   const std::string name =
       options.name.empty() ? default_shard_name(options.output_dir) : options.name;
   if (name.empty() || name.find('/') != std::string::npos) {
@@ -239,25 +284,32 @@ CorpusTokenizeResult tokenize_corpus(const HfTokenizer& tokenizer,
   result.token_bytes = LlmcShardWriter::token_bytes_for(vocab);
 
   OutputFolder folder(options.output_dir);
+  // Masks too: an earlier chat run's masks would attach themselves to this run's shards.
   for (const char* split : {"val", "train"}) {
-    const std::string pattern = join_path(options.output_dir, name + "_" + split + "_*.bin");
-    const std::vector<std::string> old = glob_paths(pattern);
-    if (!old.empty()) {
-      throw InputError(options.output_dir + " already holds " + std::to_string(old.size()) +
-                       " shard(s) named " + name + "_" + split + "_*.bin (" + old.front() +
-                       "): remove them, or choose another --output or --name (a run never mixes "
-                       "its shards with an earlier run's)");
+    for (const char* kind : {".bin", ".mask"}) {
+      const std::string files_named = name + "_" + split + "_*" + kind;
+      const std::vector<std::string> old = glob_paths(join_path(options.output_dir, files_named));
+      if (!old.empty()) {
+        throw InputError(options.output_dir + " already holds " + std::to_string(old.size()) +
+                         (kind == std::string(".bin") ? " shard(s)" : " mask(s)") + " named " +
+                         files_named + " (" + old.front() +
+                         "): remove them, or choose another --output or --name (a run never "
+                         "mixes its shards with an earlier run's)");
+      }
     }
   }
   // llm.c's numbering: the val shards from 000000, the train shards from 000001.
-  LlmcShardWriter val(options.output_dir, name, "val", 0, options.shard_tokens, vocab);
-  LlmcShardWriter train(options.output_dir, name, "train", 1, options.shard_tokens, vocab);
+  LlmcShardWriter val(options.output_dir, name, "val", 0, options.shard_tokens, vocab,
+                      options.chat);
+  LlmcShardWriter train(options.output_dir, name, "train", 1, options.shard_tokens, vocab,
+                        options.chat);
   const auto separator = static_cast<std::uint32_t>(result.separator_id);
 
   TextDocumentReader reader(files);
   std::deque<std::unique_ptr<Batch>> in_flight;
   // After in_flight: destroyed first, so no worker outlives the batches it holds.
-  EncodePool pool(tokenizer, files, options.field, result.threads);
+  EncodePool pool(tokenizer, chat.get(), files,
+                  options.chat ? options.messages_field : options.field, result.threads);
   const std::size_t max_in_flight = kBatchesPerThread * static_cast<std::size_t>(result.threads);
   bool input_done = false;
   for (;;) {
@@ -295,14 +347,22 @@ CorpusTokenizeResult tokenize_corpus(const HfTokenizer& tokenizer,
       }
       const bool to_val = goes_to_val(result.documents, options.val_fraction);
       LlmcShardWriter& out = to_val ? val : train;
-      const auto n = static_cast<std::int64_t>(end - begin);
-      out.write(separator);
-      out.write(batch.ids.data() + begin, end - begin);
+      // A conversation whose template begins with the separator (Llama 3's <|begin_of_text|>)
+      // is not given a second one.
+      const bool separate = !options.chat || end == begin || batch.ids[begin] != separator;
+      const std::int64_t n = static_cast<std::int64_t>(end - begin) + (separate ? 1 : 0);
+      if (separate) out.write(separator, 0);
+      out.write(batch.ids.data() + begin, options.chat ? batch.mask.data() + begin : nullptr,
+                end - begin);
+      if (options.chat) {
+        result.trained += std::count(batch.mask.begin() + static_cast<std::ptrdiff_t>(begin),
+                                     batch.mask.begin() + static_cast<std::ptrdiff_t>(end), 1);
+      }
       ++result.documents;
-      result.tokens += 1 + n;
+      result.tokens += n;
       if (to_val) {
         ++result.val_documents;
-        result.val_tokens += 1 + n;
+        result.val_tokens += n;
       }
       begin = end;
     }

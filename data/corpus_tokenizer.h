@@ -11,6 +11,12 @@
 // document k (counting the documents written, from 0) goes to the val shards when
 // ceil((k + 1)·f) > ceil(k·f): the first document, then every 1/f-th, spread over the whole
 // corpus, ceil(N·f) of N documents.
+//
+// Chat data (`chat`): each .jsonl line is a conversation, one document, rendered by a chat
+// template and encoded with its loss mask (data/chat_template.h); every shard gets a mask shard
+// beside it (data/llmc_shards.h), the separator's mask value 0. The separator is left out where
+// the template's first token already is it (Llama 3's <|begin_of_text|>), so no conversation
+// starts with two.
 
 #include <cstdint>
 #include <functional>
@@ -33,12 +39,16 @@ struct CorpusTokenizeOptions {
   std::string separator;  // a token before each document; empty: chosen (choose_separator)
   int threads = 0;        // encoding threads; 0: the hardware's
   OnDocumentError on_error = OnDocumentError::kStop;
+  bool chat = false;          // .jsonl conversations, with loss masks
+  std::string chat_template;  // "chatml", "llama3"; empty: from the tokenizer's tokens
+  std::string messages_field = "messages";  // a chat line's array of messages
 };
 
 struct CorpusProgress {
   std::int64_t documents = 0;  // written
   std::int64_t skipped = 0;    // bad documents left out (OnDocumentError::kSkip)
   std::int64_t tokens = 0;     // written, separators included
+  std::int64_t trained = 0;    // tokens whose mask is 1 (chat data)
   std::uint64_t bytes = 0;     // input read (decompressed)
   double seconds = 0;
 };
@@ -46,7 +56,8 @@ struct CorpusProgress {
 struct CorpusTokenizeResult : CorpusProgress {
   std::string separator;  // the token before each document, and its id
   std::int64_t separator_id = -1;
-  int token_bytes = 2;  // 2 (uint16 shards) or 4 (uint32)
+  int token_bytes = 2;        // 2 (uint16 shards) or 4 (uint32)
+  std::string chat_template;  // the template's name (chat data)
   int threads = 1;
   std::int64_t val_documents = 0, val_tokens = 0;
   std::vector<std::string> val_shards, train_shards;  // final paths
@@ -63,10 +74,11 @@ std::string choose_separator(const HfTokenizer& tokenizer, const std::string& re
 // "fineweb10B").
 std::string default_shard_name(const std::string& output_dir);
 
-// Reads, encodes and writes the whole corpus. `progress` (may be empty) is called from the
-// calling thread after each batch is written; `skipped` (may be empty) with each bad document's
-// message, in input order, under kSkip. InputError for bad options, an input that matches nothing,
-// an output folder that already holds shards of this name, and under kStop the first bad document
+// Reads, encodes and writes the whole corpus (with masks for chat data). `progress` (may be empty)
+// is called from the calling thread after each batch is written; `skipped` (may be empty) with each
+// bad document's message, in input order, under kSkip. InputError for bad options, an input that
+// matches nothing, an output folder that already holds shards or masks of this name, a chat input
+// other than .jsonl[.gz], and under kStop the first bad document
 // ("FILE:LINE: what"): then every shard this run wrote is removed (and the output folder, if
 // this run created it and it is empty again). Nothing appears under a shard's name until all
 // are written.

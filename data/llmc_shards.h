@@ -15,6 +15,11 @@
 // (header, size, every token below the vocabulary), then get() reads its window with pread, so
 // the page cache, not the process, holds what is read. Not mapped: a shard truncated while a run
 // reads it would kill the process with SIGBUS; a short read is an InputError naming the shard.
+//
+// Loss masks (chat data, `kiln tokenize --chat`): beside shard X.bin may lie X.mask, Kiln's own
+// format with the same 1024-byte header layout (magic 20261204, version 1, count) and then one
+// uint8 per token, 1 where the token is trained, 0 where it is not. A dataset whose shards have
+// masks gives the target kIgnoreIndex wherever the target token's mask is 0.
 
 #include <cstdint>
 #include <string>
@@ -30,6 +35,13 @@ constexpr std::int32_t kLlmcShardVersion = 1;
 constexpr std::int32_t kLlmcShard32Magic = 20240801;  // uint32 tokens
 constexpr std::int32_t kLlmcShard32Version = 7;
 constexpr std::size_t kLlmcShardHeaderBytes = 256 * sizeof(std::int32_t);
+constexpr std::int32_t kLlmcMaskMagic = 20261204;  // Kiln's, not llm.c's: uint8 mask values
+constexpr std::int32_t kLlmcMaskVersion = 1;
+
+// Where the mask of token shard `shard_path` lies: its name with ".mask" in place of a final
+// ".bin" (fineweb_train_000001.bin -> fineweb_train_000001.mask, which a glob of *.bin never
+// matches), or with ".mask" appended to any other name.
+std::string llmc_mask_path(const std::string& shard_path);
 
 // One validated shard, read by offset.
 class LlmcShard {
@@ -59,15 +71,39 @@ class LlmcShard {
   int token_bytes_ = 2;
 };
 
+// The loss mask of one token shard, read by offset like the shard.
+class LlmcMaskShard {
+ public:
+  // Throws InputError naming the file: a header shorter than 1024 bytes, a magic other than
+  // kLlmcMaskMagic or a version other than kLlmcMaskVersion, a count other than the token shard's
+  // (naming it), a size other than 1024 + count, or a value other than 0 or 1 (naming its index
+  // and byte offset).
+  LlmcMaskShard(const std::string& path, const LlmcShard& tokens);
+
+  const std::string& path() const { return file_.path(); }
+  std::int64_t count() const { return count_; }
+  // Mask values [first, first + n) into `out`, each checked to be 0 or 1 again. InputError naming
+  // the file when it has been truncated or rewritten since it was opened.
+  void read_mask(std::int64_t first, std::int64_t n, std::uint8_t* out) const;
+
+ private:
+  PositionalFile file_;
+  std::int64_t count_ = 0;
+};
+
 // Writes `tokens` as an llm.c shard (for tests and benchmarks): uint16 tokens in GPT-2's format,
 // uint32 ones in the large-vocabulary format. Throws InputError on failure.
 void write_llmc_shard(const std::string& path, const std::vector<std::uint16_t>& tokens);
 void write_llmc_shard(const std::string& path, const std::vector<std::uint32_t>& tokens);
+// Writes `mask` (values as given, even bad ones, so tests can write bad masks) as a mask shard.
+void write_llmc_mask(const std::string& path, const std::vector<std::uint8_t>& mask);
 
 // Next-token windows over every shard a glob matches. Shard s (in sorted path order) holding n
 // tokens gives floor((n - 1) / T) windows that do not overlap (stride T, as llm.c's loader):
 // window w is input tokens[w·T, w·T + T), target tokens[w·T + 1, w·T + T + 1), both (T) int64.
-// Dataset index i counts the windows of shard 0, then those of shard 1, and so on.
+// Dataset index i counts the windows of shard 0, then those of shard 1, and so on. When every
+// shard has a mask shard (llmc_mask_path), target t of a window is kIgnoreIndex where the mask of
+// its token (tokens[w·T + t + 1]) is 0: only trained tokens are predicted.
 //
 // The dataset has no order of its own: the loader's per-epoch permutation of all indices
 // (data/sampler.h) shuffles windows across shards, by seed and epoch, and splits them over the
@@ -76,8 +112,9 @@ void write_llmc_shard(const std::string& path, const std::vector<std::uint32_t>&
 // per token), and reads that jump between shards.
 class LlmcShardDataset : public Dataset {
  public:
-  // Throws InputError naming the pattern when it matches nothing, and naming the file for a bad
-  // shard or one holding fewer than T + 1 tokens.
+  // Throws InputError naming the pattern when it matches nothing, naming the file for a bad
+  // shard or mask shard or a shard holding fewer than T + 1 tokens, and naming a shard with a mask
+  // and one without when the glob mixes them.
   LlmcShardDataset(const std::string& pattern, std::int64_t seq_len, std::int64_t vocab_size);
 
   std::int64_t size() const override { return first_window_.back(); }
@@ -94,11 +131,13 @@ class LlmcShardDataset : public Dataset {
   Position position(std::int64_t index) const;
   std::int64_t shard_count() const { return static_cast<std::int64_t>(shards_.size()); }
   const LlmcShard& shard(std::int64_t s) const { return shards_[static_cast<std::size_t>(s)]; }
+  bool masked() const { return !masks_.empty(); }  // every shard has a mask shard
 
  private:
   std::string pattern_;
   std::int64_t seq_len_, vocab_size_;
   std::vector<LlmcShard> shards_;
+  std::vector<LlmcMaskShard> masks_;        // beside shards_, or empty
   std::vector<std::int64_t> first_window_;  // shard_count() + 1 entries: where each shard starts
 };
 

@@ -236,45 +236,65 @@ bool TextDocumentReader::next(RawDocument* doc) {
   }
 }
 
-std::string document_text(RawDocument&& doc, const TextFile& file, const std::string& field) {
+namespace {
+
+// Throws InputError "FILE:LINE:COLUMN..." for the first byte of `doc` that is not UTF-8.
+void check_utf8(const RawDocument& doc, const TextFile& file) {
   const std::size_t bad = find_invalid_utf8(doc.bytes);
-  if (bad != doc.bytes.size()) {
-    // The line and column (in bytes, from 1) of the first bad byte.
-    std::int64_t line = doc.line;
-    std::size_t line_start = 0;
-    for (std::size_t i = 0; i < bad; ++i) {
-      if (doc.bytes[i] == '\n') {
-        ++line;
-        line_start = i + 1;
-      }
+  if (bad == doc.bytes.size()) return;
+  // The line and column (in bytes, from 1) of the first bad byte.
+  std::int64_t line = doc.line;
+  std::size_t line_start = 0;
+  for (std::size_t i = 0; i < bad; ++i) {
+    if (doc.bytes[i] == '\n') {
+      ++line;
+      line_start = i + 1;
     }
-    char byte[8];
-    std::snprintf(byte, sizeof(byte), "0x%02X", static_cast<unsigned char>(doc.bytes[bad]));
-    throw InputError(location(file.path, line) + ": invalid UTF-8: byte " + byte + " at column " +
-                     std::to_string(bad - line_start + 1) +
-                     " does not start or continue a well-formed character");
   }
-  if (!file.json_lines) return std::move(doc.bytes);
+  char byte[8];
+  std::snprintf(byte, sizeof(byte), "0x%02X", static_cast<unsigned char>(doc.bytes[bad]));
+  throw InputError(location(file.path, line) + ": invalid UTF-8: byte " + byte + " at column " +
+                   std::to_string(bad - line_start + 1) +
+                   " does not start or continue a well-formed character");
+}
+
+}  // namespace
+
+JsonValue document_object(RawDocument&& doc, const TextFile& file, const std::string& expected) {
+  check_utf8(doc, file);
   const std::string where = location(file.path, doc.line);
   JsonValue value = parse_json(doc.bytes, [&](std::size_t at, const std::string& what) {
     throw InputError(where + ": not a JSON line: " + what + " (at column " +
                      std::to_string(at + 1) + ")");
   });
   if (value.kind != JsonValue::Kind::Object) {
-    throw InputError(where + ": expected a JSON object with a string field '" + field +
-                     "', found " + json_kind_name(value.kind));
+    throw InputError(where + ": expected a JSON object with " + expected + ", found " +
+                     json_kind_name(value.kind));
   }
-  const auto name = std::find(value.names.begin(), value.names.end(), field);
-  if (name == value.names.end()) {
-    std::string names;
-    for (std::size_t i = 0; i < value.names.size() && i < 8; ++i) {
-      names += (i ? ", " : "") + value.names[i];
-    }
-    throw InputError(where + ": no field '" + field + "' (the object has " +
-                     (names.empty() ? std::string("no fields") : names) +
-                     "; --field names the one holding the text)");
+  return value;
+}
+
+std::size_t document_field(const JsonValue& object, const std::string& where,
+                           const std::string& field, const std::string& hint) {
+  const auto name = std::find(object.names.begin(), object.names.end(), field);
+  if (name != object.names.end()) return static_cast<std::size_t>(name - object.names.begin());
+  std::string names;
+  for (std::size_t i = 0; i < object.names.size() && i < 8; ++i) {
+    names += (i ? ", " : "") + object.names[i];
   }
-  JsonValue& text = value.items[static_cast<std::size_t>(name - value.names.begin())];
+  throw InputError(where + ": no field '" + field + "' (the object has " +
+                   (names.empty() ? std::string("no fields") : names) + "; " + hint + ")");
+}
+
+std::string document_text(RawDocument&& doc, const TextFile& file, const std::string& field) {
+  if (!file.json_lines) {
+    check_utf8(doc, file);
+    return std::move(doc.bytes);
+  }
+  const std::string where = location(file.path, doc.line);
+  JsonValue value = document_object(std::move(doc), file, "a string field '" + field + "'");
+  JsonValue& text =
+      value.items[document_field(value, where, field, "--field names the one holding the text")];
   if (text.kind != JsonValue::Kind::String) {
     throw InputError(where + ": field '" + field + "' is " + json_kind_name(text.kind) +
                      ", not a string");

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "core/json_value.h"
+
 namespace kiln::data {
 
 struct TextFile {
@@ -75,5 +77,15 @@ class TextDocumentReader {
 // not a string, and for text that is not UTF-8 (naming the line and byte column of the first bad
 // byte).
 std::string document_text(RawDocument&& doc, const TextFile& file, const std::string& field);
+
+// A .jsonl line's object (taking the raw document's bytes). Throws InputError "FILE:LINE: ..."
+// for text that is not UTF-8, a line that is not JSON, or a value that is not an object
+// (`expected` says what the object should hold: "a string field 'text'").
+JsonValue document_object(RawDocument&& doc, const TextFile& file, const std::string& expected);
+
+// Where the member `field` of a line's object is in its `items`. InputError "WHERE: no field 'F'
+// (the object has a, b; HINT)" when it has none.
+std::size_t document_field(const JsonValue& object, const std::string& where,
+                           const std::string& field, const std::string& hint);
 
 }  // namespace kiln::data

@@ -1,8 +1,10 @@
 // kiln tokenize --tokenizer tokenizer.json --input GLOB [--input GLOB ...] --output DIR
 //               [--field text] [--name NAME] [--shard-tokens 100000000] [--val-fraction 0.01]
-//               [--separator TOKEN] [--threads N] [--on-error stop|skip] [--progress]:
+//               [--separator TOKEN] [--threads N] [--on-error stop|skip] [--progress]
+//               [--chat [--chat-template chatml|llama3]]:
 // text (.txt, .jsonl, gzip of either) into llm.c token shards, encoded on every core
-// (data/corpus_tokenizer.h, docs/data.md "kiln tokenize").
+// (data/corpus_tokenizer.h, docs/data.md "kiln tokenize"); with --chat, .jsonl conversations
+// through the model's chat template into shards and loss masks (docs/data.md "Chat data").
 
 #include <unistd.h>
 #include <boost/program_options.hpp>
@@ -72,8 +74,9 @@ int run_tokenize(const Arguments& args) {
       "files or globs (quoted) of .txt (a document per file), .jsonl (a document per line), "
       ".txt.gz, .jsonl.gz; repeatable, read in the order given")(
       "field", po::value<std::string>()->default_value("text"),
-      "the string field of a .jsonl line that holds the document")(
-      "output", po::value<std::string>()->required(), "the folder of the shards (made if missing)")(
+      "the string field of a .jsonl line that holds the document; with --chat the array of "
+      "messages, default messages")("output", po::value<std::string>()->required(),
+                                    "the folder of the shards (made if missing)")(
       "name", po::value<std::string>(),
       "shards NAME_val_000000.bin, NAME_train_000001.bin, ...; default: the output folder's name")(
       "shard-tokens", po::value<std::int64_t>()->default_value(100'000'000),
@@ -87,7 +90,14 @@ int run_tokenize(const Arguments& args) {
       "on-error", po::value<std::string>()->default_value("stop"),
       "a bad document (invalid UTF-8, a bad JSON line, a corrupt gzip): stop (exit 2, nothing "
       "written) or skip (leave it out, count it)")(
-      "progress", "show the progress line even when stderr is not a terminal");
+      "progress", "show the progress line even when stderr is not a terminal")(
+      "chat",
+      "conversations: each .jsonl line {\"messages\": [{\"role\": \"system\"|\"user\"|"
+      "\"assistant\", \"content\": \"...\"}]} through the model's chat template, with a loss "
+      "mask beside each shard (only the assistant's replies and their end-of-turn token trained)")(
+      "chat-template", po::value<std::string>(),
+      "chatml (Qwen2.5's) or llama3 (Llama 3.1's); default: from the tokenizer's tokens "
+      "(<|im_start|> or <|start_header_id|>)");
   po::variables_map vm;
   po::store(po::command_line_parser(args).options(options).run(), vm);
   if (vm.count("help")) {
@@ -96,7 +106,8 @@ int run_tokenize(const Arguments& args) {
                  "         [--field text] [--name NAME] [--shard-tokens 100000000] "
                  "[--val-fraction 0.01]\n"
                  "         [--separator TOKEN] [--threads N] [--on-error stop|skip] "
-                 "[--progress]\n\n"
+                 "[--progress]\n"
+                 "         [--chat [--chat-template chatml|llama3]]\n\n"
               << options << "\n";
     return 0;
   }
@@ -105,7 +116,13 @@ int run_tokenize(const Arguments& args) {
   data::CorpusTokenizeOptions o;
   o.on_error = parse_on_error(vm["on-error"].as<std::string>());
   o.inputs = vm["input"].as<std::vector<std::string>>();
-  o.field = vm["field"].as<std::string>();
+  o.chat = vm.count("chat") > 0;
+  if (o.chat && !vm["field"].defaulted()) {
+    o.messages_field = vm["field"].as<std::string>();
+  } else {
+    o.field = vm["field"].as<std::string>();
+  }
+  if (vm.count("chat-template")) o.chat_template = vm["chat-template"].as<std::string>();
   o.output_dir = vm["output"].as<std::string>();
   if (vm.count("name")) o.name = vm["name"].as<std::string>();
   o.shard_tokens = vm["shard-tokens"].as<std::int64_t>();
@@ -145,6 +162,13 @@ int run_tokenize(const Arguments& args) {
                8 * r.token_bytes, o.output_dir.c_str(), static_cast<double>(r.bytes) / 1e6,
                r.seconds, r.threads, static_cast<double>(r.tokens) / seconds,
                static_cast<double>(r.bytes) / 1e6 / seconds);
+  if (o.chat) {
+    std::fprintf(stderr,
+                 "kiln tokenize: chat template %s; %lld of %lld tokens trained (mask 1), a .mask "
+                 "beside each shard\n",
+                 r.chat_template.c_str(), static_cast<long long>(r.trained),
+                 static_cast<long long>(r.tokens));
+  }
   return 0;
 }
 

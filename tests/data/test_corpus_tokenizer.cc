@@ -279,36 +279,10 @@ TEST(TextDocuments, GlobsMustMatchCorpusFiles) {
 
 // A byte-level tokenizer: the 256 byte symbols, a few merges, and added tokens.
 std::string tokenizer_json(bool llama) {
-  std::string vocab;
-  for (int b = 0; b < 256; ++b) {
-    vocab += (b ? ", " : "") + JsonWriter::quote(gpt2_byte_symbols()[static_cast<std::size_t>(b)]) +
-             ": " + std::to_string(b);
-  }
-  const std::vector<std::pair<std::string, std::string>> merges = {
-      {"\xC4\xA0", "t"}, {"h", "e"}, {"\xC4\xA0t", "he"}, {"i", "n"}, {"o", "n"}, {"e", "r"}};
-  std::string merge_list;
-  int id = 256;
-  for (const auto& [a, b] : merges) {
-    vocab += ", " + JsonWriter::quote(a + b) + ": " + std::to_string(id++);
-    merge_list += std::string(merge_list.empty() ? "" : ", ") + "[" + JsonWriter::quote(a) + ", " +
-                  JsonWriter::quote(b) + "]";
-  }
-  std::string added;
-  const std::vector<std::string> specials =
+  return testing::byte_level_tokenizer_json(
+      {{"\xC4\xA0", "t"}, {"h", "e"}, {"\xC4\xA0t", "he"}, {"i", "n"}, {"o", "n"}, {"e", "r"}},
       llama ? std::vector<std::string>{"<|begin_of_text|>", "<|end_of_text|>"}
-            : std::vector<std::string>{"<|endoftext|>"};
-  for (const std::string& s : specials) {
-    added += std::string(added.empty() ? "" : ", ") + "{\"id\": " + std::to_string(id++) +
-             ", \"content\": " + JsonWriter::quote(s) +
-             ", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, \"normalized\": "
-             "false, \"special\": true}";
-  }
-  return R"({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [)" + added +
-         R"(], "normalizer": null, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false,
-         "trim_offsets": true, "use_regex": true}, "post_processor": null,
-         "decoder": {"type": "ByteLevel"}, "model": {"type": "BPE", "dropout": null,
-         "unk_token": null, "vocab": {)" +
-         vocab + "}, \"merges\": [" + merge_list + "]}}";
+            : std::vector<std::string>{"<|endoftext|>"});
 }
 
 HfTokenizer test_tokenizer(bool llama = false) {

@@ -39,16 +39,10 @@ std::vector<std::uint8_t> shard_bytes(const std::vector<std::uint16_t>& tokens,
                                       std::int32_t magic = kLlmcShardMagic,
                                       std::int32_t version = kLlmcShardVersion,
                                       std::int64_t claimed = -1) {
-  std::vector<std::int32_t> header(256, 0);
-  header[0] = magic;
-  header[1] = version;
-  header[2] =
-      static_cast<std::int32_t>(claimed < 0 ? static_cast<std::int64_t>(tokens.size()) : claimed);
-  std::vector<std::uint8_t> bytes(kLlmcShardHeaderBytes + 2 * tokens.size());
-  std::memcpy(bytes.data(), header.data(),
-              kLlmcShardHeaderBytes);  // the test host is little-endian
-  std::memcpy(bytes.data() + kLlmcShardHeaderBytes, tokens.data(), 2 * tokens.size());
-  return bytes;
+  return testing::llmc_layout_bytes(
+      magic, version,
+      static_cast<std::int32_t>(claimed < 0 ? static_cast<std::int64_t>(tokens.size()) : claimed),
+      tokens.data(), 2 * tokens.size());
 }
 
 void write_bytes(const std::string& path, const std::vector<std::uint8_t>& bytes) {

@@ -4,25 +4,9 @@
 # or with --on-error skip is counted in the summary; --progress shows the progress line.
 source "$(dirname "$0")/../train/lib.sh"
 
-# A byte-level tokenizer.json: the 256 byte symbols (GPT-2's bytes_to_unicode) and a separator.
-write_tokenizer() {  # path special-token
-  python3 - "$1" "$2" <<'EOF'
-import json, sys
-bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-cs, n = bs[:], 0
-for b in range(256):
-    if b not in bs:
-        bs.append(b); cs.append(256 + n); n += 1
-vocab = {chr(c): b for b, c in zip(bs, cs)}
-added = [{"id": 256, "content": sys.argv[2], "single_word": False, "lstrip": False,
-          "rstrip": False, "normalized": False, "special": True}]
-json.dump({"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-           "normalizer": None, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False,
-           "trim_offsets": True, "use_regex": True}, "post_processor": None,
-           "decoder": {"type": "ByteLevel"},
-           "model": {"type": "BPE", "dropout": None, "unk_token": None, "vocab": vocab,
-                     "merges": []}}, open(sys.argv[1], "w"))
-EOF
+# A byte-level tokenizer.json: the 256 byte symbols (GPT-2's bytes_to_unicode), then special tokens.
+write_tokenizer() {  # path special-token...
+  python3 "$(dirname "$0")/write_byte_tokenizer.py" "$@"
 }
 write_tokenizer "$WORK/tok.json" "<|endoftext|>"
 write_tokenizer "$WORK/nosep.json" "<|something|>"
