@@ -15,6 +15,11 @@ struct StepScalars {
   const std::uint64_t* step = nullptr;  // the micro-step: dropout masks are keyed on it
   const double* loss_scale = nullptr;   // null: 1
   std::int64_t loss_scale_divisor = 1;  // micro-batches per step: each adds 1/divisor
+  // The rows a micro-batch's loss averages over, in memory like the loss scale: F32 [rows,
+  // 1 / rows]; null: its own counted rows. The step's counted targets over all its micro-batches
+  // and ranks, shared out per micro-batch and rank (train.loss_average STEP_TOKENS), so that every
+  // counted target weighs the same in the step's gradient however the masks fall.
+  const float* loss_rows = nullptr;
 };
 
 // Step scalars the host writes (stream-ordered on the current stream, so a kernel enqueued before

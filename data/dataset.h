@@ -62,6 +62,9 @@ class Dataset {
   virtual std::string describe() const = 0;
   // Class count for classification datasets, vocabulary size for token datasets.
   virtual std::int64_t num_classes() const = 0;
+  // Whether targets are kIgnoreIndex by design in varying numbers per sample (loss masks), so a
+  // step's loss should average over its counted targets (train.loss_average AUTO).
+  virtual bool masks_targets() const { return false; }
 
   // Writes sample `index` (0 <= index < size()) into `input` (spec().input_bytes()) and
   // `target` (spec().target_bytes()). Returns false when the sample is unreadable and the

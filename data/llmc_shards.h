@@ -132,6 +132,7 @@ class LlmcShardDataset : public Dataset {
   std::int64_t shard_count() const { return static_cast<std::int64_t>(shards_.size()); }
   const LlmcShard& shard(std::int64_t s) const { return shards_[static_cast<std::size_t>(s)]; }
   bool masked() const { return !masks_.empty(); }  // every shard has a mask shard
+  bool masks_targets() const override { return masked(); }
 
  private:
   std::string pattern_;

@@ -175,6 +175,13 @@ DataLoader::HostBatch DataLoader::produce(std::int64_t global) {
         ++out.skipped_samples;
       }
     }
+    if (spec_.target_dtype == DType::I64) {
+      const auto* t = out.targets.data<std::int64_t>();
+      out.counted_targets = 0;
+      for (std::int64_t i = 0; i < out.targets.numel(); ++i) {
+        out.counted_targets += t[i] != kIgnoreIndex ? 1 : 0;
+      }
+    }
   } catch (...) {
     out.error = std::current_exception();
   }
@@ -214,6 +221,7 @@ Batch DataLoader::deliver_host(HostBatch host) {
   batch.targets = std::move(host.targets);
   batch.sample_indices = std::move(host.sample_indices);
   batch.skipped_samples = host.skipped_samples;
+  batch.counted_targets = host.counted_targets;
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.batches += 1;
   stats_.samples += batch.size();

@@ -49,6 +49,9 @@ struct Batch {
   bool last_in_epoch = false;
   std::vector<std::int64_t> sample_indices;  // the dataset index of every row
   std::int64_t skipped_samples = 0;          // unreadable samples replaced in this batch
+  // Integer targets other than kIgnoreIndex, counted on the host as the batch was assembled (the
+  // rows a loss averages over; train.loss_average); -1 for floating targets.
+  std::int64_t counted_targets = -1;
   std::int64_t size() const { return static_cast<std::int64_t>(sample_indices.size()); }
 };
 
@@ -111,6 +114,7 @@ class DataLoader {
     std::shared_ptr<void> pinned;  // owns the pinned memory the tensors view
     std::vector<std::int64_t> sample_indices;
     std::int64_t skipped_samples = 0;
+    std::int64_t counted_targets = -1;
     std::exception_ptr error;
   };
   // A batch whose copy to the device is in flight.

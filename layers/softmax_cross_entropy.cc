@@ -1,9 +1,12 @@
 #include "layers/softmax_cross_entropy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "core/cpu/element.h"
+#include "core/ops.h"
 #include "layers/cuda/softmax_cross_entropy_cuda.h"
 
 namespace kiln {
@@ -101,7 +104,21 @@ void SoftmaxCrossEntropy::take_inputs(const Tensor& logits, const Tensor& target
 Tensor SoftmaxCrossEntropy::forward_with_gradient(Context& ctx, const Tensor& logits,
                                                   const Tensor& targets) {
   take_inputs(logits, targets);
-  if (logits_.device().is_cuda()) {
+  const float* rows = ctx.step.loss_rows;
+  if (logits_.device().is_cuda() && rows != nullptr) {
+    check_scale_divisor(ctx.step);
+    if (cuda::softmax_cross_entropy_fusable(logits_, logits_)) {
+      // The fused pass's three parts (count, rows, finish) on one chunk: the rows' gradient over
+      // the step's loss rows instead of the counted ones.
+      Tensor whole = logits_, targets_of_rows = targets_;
+      begin_rows(targets_of_rows, whole.size(1));
+      forward_rows_with_gradient(ctx, whole, 0);
+      Tensor loss = finish_rows();
+      logits_ = whole;
+      gradient_in_logits_ = true;
+      return loss;
+    }
+  } else if (logits_.device().is_cuda()) {
     check_scale_divisor(ctx.step);
     Tensor loss = Tensor::empty({}, DType::F32, logits_.device());
     gradient_in_logits_ = cuda::softmax_cross_entropy_fused(
@@ -109,7 +126,26 @@ Tensor SoftmaxCrossEntropy::forward_with_gradient(Context& ctx, const Tensor& lo
         ctx.step.loss_scale_divisor, row_lse_, loss, counted_, correct_, invalid_, logits_);
     if (gradient_in_logits_) return loss;
   }
-  return compute_loss();
+  return over_loss_rows(compute_loss(), rows);
+}
+
+Tensor SoftmaxCrossEntropy::loss_rows(const float* rows) const {
+  if (rows == nullptr) return counted_;
+  return Tensor::wrap(const_cast<float*>(rows), {}, DType::F32, counted_.device());
+}
+
+double SoftmaxCrossEntropy::cpu_loss_rows(const float* rows) const {
+  return rows != nullptr ? static_cast<double>(*rows) : std::max(counted_.item(), 1.0);
+}
+
+Tensor SoftmaxCrossEntropy::over_loss_rows(const Tensor& loss, const float* rows) const {
+  if (rows == nullptr) return loss;
+  if (!loss.device().is_cuda()) {
+    return Tensor::scalar(loss.item() * counted_.item() / static_cast<double>(*rows), DType::F32);
+  }
+  // On the device, where the rows live: loss * counted * (1 / rows).
+  Tensor inverse = Tensor::wrap(const_cast<float*>(rows + 1), {}, DType::F32, loss.device());
+  return ops::mul(ops::mul(loss, counted_), inverse);
 }
 
 Tensor SoftmaxCrossEntropy::forward(Context& ctx, const Tensor& logits, const Tensor& targets) {
@@ -175,15 +211,15 @@ Tensor SoftmaxCrossEntropy::backward(Context& ctx, bool reuse_logits) {
     // Without a loss scale in memory the scale is 1 (the same division, so the same bits).
     const double scale = 1.0 / static_cast<double>(step.loss_scale_divisor);
     cuda::softmax_cross_entropy_backward(logits_, targets_, label_smoothing_, ignore_index_,
-                                         row_lse_, counted_, scale, step.loss_scale,
-                                         step.loss_scale_divisor, dlogits);
+                                         row_lse_, loss_rows(step.loss_rows), scale,
+                                         step.loss_scale, step.loss_scale_divisor, dlogits);
     release_saved();
     return dlogits.reshape(logits_shape_);
   }
   const double* lse = row_lse_.data<double>();
   const std::int64_t* t = targets_.data<std::int64_t>();
   const double eps = label_smoothing_;
-  const double factor = cpu_gradient_scale(step) / std::max(counted_.item(), 1.0);
+  const double factor = cpu_gradient_scale(step) / cpu_loss_rows(step.loss_rows);
   const std::int64_t ld = logits_.stride(0), ld_out = dlogits.stride(0);
   KILN_DISPATCH_FLOATING(logits_.dtype(), T, {
     const T* x = logits_.data<T>();
@@ -251,13 +287,16 @@ void SoftmaxCrossEntropy::forward_rows_with_gradient(Context& ctx, const Tensor&
   if (x.device().is_cuda()) {
     cuda::softmax_cross_entropy_fused_rows(x, targets_, first_row, label_smoothing_, ignore_index_,
                                            ctx.step.loss_scale, ctx.step.loss_scale_divisor,
-                                           counted_, row_lse_, row_loss_, row_flags_, x);
+                                           loss_rows(ctx.step.loss_rows), row_lse_, row_loss_,
+                                           row_flags_, x);
+    loss_rows_ = ctx.step.loss_rows;
     return;
   }
   const std::int64_t* t = targets_.data<std::int64_t>() + first_row;
   double* loss = row_loss_.data<double>() + first_row;
   std::int32_t* flags = row_flags_.data<std::int32_t>() + first_row;
-  const double factor = cpu_gradient_scale(ctx.step) / std::max(counted_.item(), 1.0);
+  const double factor = cpu_gradient_scale(ctx.step) / cpu_loss_rows(ctx.step.loss_rows);
+  loss_rows_ = ctx.step.loss_rows;
   const std::int64_t ld = x.stride(0);
   KILN_DISPATCH_FLOATING(x.dtype(), T, {
     T* data = x.data<T>();
@@ -296,7 +335,7 @@ Tensor SoftmaxCrossEntropy::finish_rows() {
   row_loss_ = Tensor();
   row_flags_ = Tensor();
   release_saved();
-  return loss;
+  return over_loss_rows(loss, std::exchange(loss_rows_, nullptr));
 }
 
 void SoftmaxCrossEntropy::check_targets() {

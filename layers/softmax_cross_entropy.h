@@ -78,6 +78,13 @@ class SoftmaxCrossEntropy {
   void take_inputs(const Tensor& logits, const Tensor& targets);
   Tensor compute_loss();  // the loss of the inputs taken
   void check_scale_divisor(const StepScalars& step) const;
+  // What the loss and its gradient divide by: `rows` (StepScalars::loss_rows) where it is set,
+  // else the counted rows; as a tensor on the counted rows' device, and as a number on the CPU.
+  Tensor loss_rows(const float* rows) const;
+  double cpu_loss_rows(const float* rows) const;
+  // A loss over the counted rows as the loss over `rows` (itself when null).
+  Tensor over_loss_rows(const Tensor& loss, const float* rows) const;
+  const float* loss_rows_ = nullptr;  // finish_rows' batch's, from its chunks' step
   // InputError for a target outside [0, classes) (the CPU checks at once).
   void check_target(std::int64_t target, std::int64_t row, std::int64_t classes) const;
   bool gradient_in_logits_ = false;  // forward_with_gradient's fused pass wrote it over logits_

@@ -37,6 +37,7 @@ Context Trainer::State::make_context(bool training) const {
   ctx.step.step = graphs->step_counter();
   ctx.step.loss_scale = optimizer->loss_scale_source();
   ctx.step.loss_scale_divisor = plan.accumulation;
+  if (token_average) ctx.step.loss_rows = token_average->rows();
   return ctx;
 }
 
@@ -75,14 +76,24 @@ StepOutcome Trainer::State::run_step(Context& ctx, Tensor& loss_sum, std::int64_
   NvtxRange step_range("step");
   const bool fault = faults.acts_on(counters.step);
   StepOutcome outcome;
-  for (int micro = 0; micro < plan.accumulation; ++micro) {
-    data::Batch batch;
+  // The step's batches first when the loss averages over their counted targets, which every
+  // micro-batch's loss needs before it runs; one at a time otherwise.
+  std::vector<data::Batch> batches;
+  const auto next_batch = [&](int micro) {
     try {
-      batch = loader->next();
+      return loader->next();
     } catch (const InputError& e) {
       if (micro == 0) throw StepDataError(e.what());
       throw;
     }
+  };
+  if (token_average) {
+    for (int micro = 0; micro < plan.accumulation; ++micro) batches.push_back(next_batch(micro));
+    token_average->begin_step(batches, comm.get());
+  }
+  for (int micro = 0; micro < plan.accumulation; ++micro) {
+    data::Batch batch =
+        token_average ? std::move(batches[static_cast<std::size_t>(micro)]) : next_batch(micro);
     Tensor inputs = faults.inputs(counters.step, prepare_inputs(batch.inputs, ctx.run.precision));
     const MicroPosition position = micro_position(micro, plan.accumulation);
     graphs->run(position, ctx, inputs, batch.targets, fault, counters.step,

@@ -159,6 +159,7 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
       std::make_unique<data::DataLoader>(train_set, loader_options(s.e, s.plan, world, s.device));
   s.total_steps = total_steps(s.e.train(), s.loader->batches_per_epoch(), s.plan.accumulation);
   check_warmup_fits(s);
+  s.token_average = make_step_token_average(s.e, *train_set, s.device);
   // The optimizer's own tensors (masters, moments) as the allocator counts them: ZeRO divides
   // them by the world size.
   if (offload_update(s.e) == config::TrainConfig::HOST_CORES && world.size > 1) {

@@ -18,6 +18,7 @@
 #include "train/fault_injection.h"
 #include "train/gradient_sync.h"
 #include "train/graphed_step.h"
+#include "train/loss_average.h"
 #include "train/loss_stage.h"
 #include "train/metrics_sink.h"
 #include "train/run_lock.h"
@@ -50,6 +51,9 @@ struct Trainer::State {
   std::unique_ptr<data::DataLoader> loader;
   SoftmaxCrossEntropy loss_fn;
   std::unique_ptr<LossStage> loss_stage;  // forward, loss and backward of a micro-batch
+  // train.loss_average STEP_TOKENS: the loss over the step's counted targets (null: each
+  // micro-batch's own)
+  std::unique_ptr<StepTokenAverage> token_average;
   std::unique_ptr<MetricsSink> metrics;
   std::unique_ptr<Checkpointer> checkpointer;
   std::unique_ptr<Evaluator> evaluator;

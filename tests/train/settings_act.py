@@ -248,6 +248,8 @@ CASES = {
     "train.lm_head_chunks": (LOGITS, LOGITS + ["train.lm_head_chunks=8"], fits_only_when_changed),
     "train.offload": "tests/train/test_offload.sh: the update runs on host twins bit for bit as on the device, "
                      "kiln plan counts masters and moments as host memory, two ranks are refused",
+    "train.loss_average": "tests/train/test_loss_average.sh: on masked shards AUTO/STEP_TOKENS train 2 micro-batches "
+                          "or 2 ranks as one batch, MICRO_BATCHES does not",
     "train.offload_update": "tests/train/test_offload.sh: DEVICE_KERNELS keeps resident steps and ZeRO-1 on 2 ranks, "
                             "HOST_CORES turns them off and refuses 2 ranks",
     "train.preemption_grace_s": "tests/train/test_preemption_grace.sh: past the grace period the process exits 1 naming it",
