@@ -4,6 +4,7 @@
 
 #include <boost/program_options.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -33,9 +34,14 @@ const char* recompute_name(const train::MemoryEstimate& m) {
 
 // Whether `m` fits the experiment's batch under the limit: "fits", "does not fit", or "-" (no
 // limit) and "?" (nothing measured, and the counted parts alone fit).
+// ", train.offload OPTIMIZER" for a row that offloads, else nothing.
+std::string offload_words(const train::MemoryEstimate& m) {
+  return m.offload ? ", train.offload OPTIMIZER" : "";
+}
+
 const char* fits_word(const train::MemoryPlan& plan, const train::MemoryEstimate& m) {
   if (plan.limit <= 0) return "-";
-  if (m.total(plan.measured ? plan.batch : 0) > plan.limit) return "does not fit";
+  if (!plan.fits(m, plan.measured ? plan.batch : 0)) return "does not fit";
   return plan.measured ? "fits" : "?";
 }
 
@@ -75,12 +81,13 @@ Verdict verdict(const train::MemoryPlan& plan) {
   const train::MemoryEstimate* best = nullptr;  // the least sharding, no recompute first
   const train::MemoryEstimate* largest = nullptr;
   for (const train::MemoryEstimate& m : plan.estimates) {
-    if (best == nullptr && m.total(plan.batch) <= plan.limit) best = &m;
+    if (best == nullptr && plan.fits(m, plan.batch)) best = &m;
     if (largest == nullptr || plan.usable_batch(m) > plan.usable_batch(*largest)) largest = &m;
   }
   if (best != nullptr) {
     v.line = "batch " + std::to_string(plan.batch) + " fits with parallel.zero_stage " +
-             std::to_string(best->zero_stage) + ", train.recompute " + recompute_name(*best);
+             std::to_string(best->zero_stage) + ", train.recompute " + recompute_name(*best) +
+             offload_words(*best);
     return v;
   }
   v.code = 1;
@@ -99,7 +106,7 @@ Verdict verdict(const train::MemoryPlan& plan) {
                       std::to_string(plan.world_size) + " ranks"
                 : std::string()) +
            ", with parallel.zero_stage " + std::to_string(largest->zero_stage) +
-           ", train.recompute " + recompute_name(*largest) + ")";
+           ", train.recompute " + recompute_name(*largest) + offload_words(*largest) + ")";
   return v;
 }
 
@@ -133,25 +140,30 @@ void print_table(const train::MemoryPlan& plan, const std::string& path) {
       std::snprintf(activations, sizeof(activations), "%.2f", mib(m.activations_per_sample));
       std::snprintf(workspaces, sizeof(workspaces), "%.1f", mib(m.workspaces));
     }
-    std::printf("%-5d %-9s %9.1f %9.1f %9.1f %9.1f %12s %10s %8.1f %10.1f %-13s %s\n", m.zero_stage,
-                recompute_name(m), mib(m.weights), mib(m.gradients), mib(m.master), mib(m.moments),
-                activations, workspaces, mib(m.nccl), mib(m.total(plan.measured ? plan.batch : 0)),
-                fits_word(plan, m), largest.c_str());
+    std::printf("%-5d %-9s %9.1f %9.1f %9.1f %9.1f %12s %10s %8.1f %10.1f %-13s %s%s\n",
+                m.zero_stage, recompute_name(m), mib(m.weights), mib(m.gradients), mib(m.master),
+                mib(m.moments), activations, workspaces, mib(m.nccl),
+                mib(m.total(plan.measured ? plan.batch : 0)), fits_word(plan, m), largest.c_str(),
+                m.offload ? "  (train.offload OPTIMIZER)" : "");
   }
-  if (!plan.estimates.empty() && plan.estimates.front().host > 0) {
-    // The host's share per rank, by ZeRO stage (recomputation leaves it alone).
-    std::string per_stage;
-    for (const train::MemoryEstimate& m : plan.estimates) {
-      if (m.recompute) continue;
-      char part[64];
-      std::snprintf(part, sizeof part, "%s%.1f MiB with stage %d", per_stage.empty() ? "" : ", ",
-                    mib(m.host), m.zero_stage);
-      per_stage += part;
-    }
+  std::string per_stage;  // the host's share per rank of the offload rows, by ZeRO stage
+  for (const train::MemoryEstimate& m : plan.estimates) {
+    if (!m.offload || m.recompute) continue;
+    char part[64];
+    std::snprintf(part, sizeof part, "%s%.1f MiB with stage %d", per_stage.empty() ? "" : ", ",
+                  mib(m.host), m.zero_stage);
+    per_stage += part;
+  }
+  if (!per_stage.empty()) {
     std::printf(
         "train.offload: pinned host memory per rank (masters, moments; HOST_CORES adds twins of "
-        "the weights and gradients): %s\n",
+        "the weights and gradients): %s",
         per_stage.c_str());
+    if (plan.host_limit > 0) {
+      std::printf("; %d rank%s per node under --host-memory-mb %.0f", plan.gpus_per_node,
+                  plan.gpus_per_node == 1 ? "" : "s", mib(plan.host_limit));
+    }
+    std::printf("\n");
   }
   const Verdict v = verdict(plan);
   if (!v.line.empty()) std::printf("%s\n", v.line.c_str());
@@ -165,6 +177,8 @@ void print_json(const train::MemoryPlan& plan, const std::string& path) {
   j.field("world_size", plan.world_size);
   j.field("batch_per_gpu", plan.batch);
   j.field("memory_mb", plan.limit > 0 ? mib(plan.limit) : 0.0);
+  j.field("host_memory_mb", plan.host_limit > 0 ? mib(plan.host_limit) : 0.0);
+  j.field("gpus_per_node", plan.gpus_per_node);
   j.field("measured", plan.measured);
   j.field("measured_on", plan.measured ? plan.device : std::string());
   j.key("probe_batches");
@@ -186,10 +200,11 @@ void print_json(const train::MemoryPlan& plan, const std::string& path) {
       j.field("workspaces_mb", mib(m.workspaces));
     }
     j.field("nccl_mb", mib(m.nccl));
+    j.field("offload", m.offload);
     j.field("host_mb", mib(m.host));
     j.field("total_mb", mib(m.total(plan.measured ? plan.batch : 0)));
     if (plan.limit > 0 && plan.measured) {
-      j.field("fits", m.total(plan.batch) <= plan.limit);
+      j.field("fits", plan.fits(m, plan.batch));
       j.field("largest_batch", static_cast<long long>(plan.usable_batch(m)));
     }
     j.end_object();
@@ -211,27 +226,35 @@ int run_plan(const Arguments& args) {
       "world-size", po::value<int>()->required(), "number of GPUs (ranks) the run will use")(
       "memory-mb", po::value<double>(),
       "memory per GPU in MiB (default: train.max_memory_mb when set)")(
+      "host-memory-mb", po::value<double>(),
+      "host memory per node in MiB: adds the rows with train.offload OPTIMIZER, which fit when "
+      "every rank's pinned share does")("gpus-per-node", po::value<int>(),
+                                        "ranks per node sharing its host memory (default: "
+                                        "the world size, at most 8)")(
       "json", "print JSON instead of the table");
   po::variables_map vm;
   po::store(po::command_line_parser(args).options(options).run(), vm);
   if (vm.count("help")) {
-    std::cout << "usage: kiln plan --config FILE --world-size N [--memory-mb M] [--set ...] "
-                 "[--json] (one process, no mpirun)\n\n"
-              << options << "\n";
+    std::cout
+        << "usage: kiln plan --config FILE --world-size N [--memory-mb M] [--host-memory-mb H] "
+           "[--gpus-per-node G] [--set ...] "
+           "[--json] (one process, no mpirun)\n\n"
+        << options << "\n";
     return 0;
   }
   po::notify(vm);
   const int world_size = vm["world-size"].as<int>();
   if (world_size < 1)
     throw InputError("--world-size must be at least 1, got " + std::to_string(world_size));
-  if (vm.count("memory-mb")) {
+  for (const char* flag : {"memory-mb", "host-memory-mb"}) {
+    if (!vm.count(flag)) continue;
     // inf or nan would make every batch fit (and the largest overflow): a number of MiB only.
-    const double mb = vm["memory-mb"].as<double>();
-    if (!(mb > 0)) throw InputError("--memory-mb must be positive");
+    const double mb = vm[flag].as<double>();
+    if (!(mb > 0)) throw InputError(std::string("--") + flag + " must be positive");
     if (!std::isfinite(mb) || mb > kMaxMemoryMb) {
       char given[32];
       std::snprintf(given, sizeof(given), "%g", mb);
-      throw InputError(std::string("--memory-mb ") + given +
+      throw InputError(std::string("--") + flag + " " + given +
                        ": must be a finite number of MiB, at most " +
                        std::to_string(static_cast<long long>(kMaxMemoryMb)) + " (1 PiB)");
     }
@@ -255,6 +278,18 @@ int run_plan(const Arguments& args) {
   else if (e.train().max_memory_mb() > 0)
     limit = static_cast<double>(e.train().max_memory_mb()) * 1048576.0;
   train::MemoryPlan plan = train::plan_memory(e, world_size, limit, world, measurable);
+  plan.gpus_per_node = std::min(world_size, 8);
+  if (vm.count("gpus-per-node")) {
+    plan.gpus_per_node = vm["gpus-per-node"].as<int>();
+    if (plan.gpus_per_node < 1 || plan.gpus_per_node > world_size) {
+      throw InputError("--gpus-per-node must be between 1 and --world-size " +
+                       std::to_string(world_size) + ", got " + std::to_string(plan.gpus_per_node));
+    }
+  }
+  if (vm.count("host-memory-mb")) {
+    plan.host_limit = vm["host-memory-mb"].as<double>() * 1048576.0;
+    train::add_offload_rows(e, &plan);
+  }
   if (!measurable) plan.device = "GPU";
   if (vm.count("json"))
     print_json(plan, path);

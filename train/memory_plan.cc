@@ -88,7 +88,16 @@ std::int64_t MemoryEstimate::largest_batch(double limit) const {
   return static_cast<std::int64_t>(std::min(batch, 2147483647.0));
 }
 
+bool MemoryPlan::host_fits(const MemoryEstimate& m) const {
+  return host_limit <= 0 || m.host * gpus_per_node <= host_limit;
+}
+
+bool MemoryPlan::fits(const MemoryEstimate& m, std::int64_t batch) const {
+  return m.total(batch) <= limit && host_fits(m);
+}
+
 std::int64_t MemoryPlan::usable_batch(const MemoryEstimate& m) const {
+  if (!host_fits(m)) return 0;
   const std::int64_t largest = m.largest_batch(limit);
   if (global_batch <= 0 || largest <= 0) return largest;
   if (global_batch % world_size != 0) return 0;
@@ -174,6 +183,7 @@ std::vector<MemoryEstimate> counted_memory(const config::Experiment& experiment,
       m.moments = stage >= 1 ? moments / ranks : moments;
       m.nccl = nccl;
       if (offload) {
+        m.offload = true;
         m.host = m.master + m.moments + (twins ? weights + gradients : 0);
         m.master = m.moments = 0;
       }
@@ -239,6 +249,23 @@ MemoryPlan plan_memory(const config::Experiment& experiment, int world_size, dou
   }
   allocator.set_memory_limit(old_limit);
   return plan;
+}
+
+void add_offload_rows(const config::Experiment& experiment, MemoryPlan* plan) {
+  if (experiment.train().offload() != config::TrainConfig::OFFLOAD_NONE) return;
+  config::Experiment e = experiment;
+  config::fill_defaults(e);
+  e.mutable_train()->set_offload(config::TrainConfig::OPTIMIZER);
+  e.mutable_train()->set_offload_update(config::TrainConfig::DEVICE_KERNELS);
+  const std::vector<MemoryEstimate> device_rows = plan->estimates;
+  for (MemoryEstimate m : counted_memory(e, plan->world_size)) {
+    for (const MemoryEstimate& d : device_rows) {
+      if (d.recompute != m.recompute) continue;
+      m.activations_per_sample = d.activations_per_sample;
+      m.workspaces = d.workspaces;
+    }
+    plan->estimates.push_back(m);
+  }
 }
 
 std::int64_t predicted_largest_batch(const MemoryProbe& at1, const MemoryProbe& at2, double limit) {

@@ -46,6 +46,7 @@ struct MemoryEstimate {
   double workspaces = 0;  // measured: cuDNN/cuBLAS workspaces, temporaries, the loader's batches
   double nccl = 0;        // estimated, world size > 1
   double host = 0;        // train.offload: masters, moments and the pinned twins (not in total())
+  bool offload = false;   // train.offload OPTIMIZER (host > 0 with it)
   // Everything at `batch` samples per GPU.
   double total(std::int64_t batch) const;
   // The largest batch whose total is at most `limit` bytes; 0 if not even 1 fits.
@@ -64,6 +65,13 @@ struct MemoryPlan {
   // job from the counted parts alone; activations and workspaces are unknown).
   bool measured = true;
   std::int64_t global_batch = 0;  // train.global_batch, 0 when unset
+  double host_limit = 0;          // host memory per node in bytes (--host-memory-mb); 0 = none
+  int gpus_per_node = 1;          // ranks sharing one node's host memory
+
+  // Whether a row's pinned host memory, for every rank of a node, fits host_limit (or none given).
+  bool host_fits(const MemoryEstimate& m) const;
+  // Whether a row fits both limits at `batch`.
+  bool fits(const MemoryEstimate& m, std::int64_t batch) const;
 
   // The largest per-GPU batch under the limit that the run can use: with train.global_batch set,
   // one that divides global_batch / world_size (accumulation is derived from it); 0 when none.
@@ -81,6 +89,12 @@ std::vector<MemoryEstimate> counted_memory(const config::Experiment& experiment,
 // probe does not fit even without a limit.
 MemoryPlan plan_memory(const config::Experiment& experiment, int world_size, double limit_bytes,
                        const World& world, bool measure = true);
+
+// The plan's rows again with train.offload OPTIMIZER (the device kernels' update), after them:
+// what moving the masters and moments to host memory buys when no row on the device fits. The
+// activations and workspaces are the measured rows' (the probes ran without offload). Nothing when
+// the experiment already offloads.
+void add_offload_rows(const config::Experiment& experiment, MemoryPlan* plan);
 
 // The batch the linear model (peak = reserved at batch 1 + (batch - 1) x the growth of the
 // allocated peak from batch 1 to 2) predicts to be the largest under `limit` bytes; 0 when it

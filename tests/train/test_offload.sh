@@ -121,3 +121,19 @@ for key, d in none.items():
         assert abs(plan["host_mb"] - (d["master_mb"] + d["moments_mb"] + twins)) < 1e-6, (plan, d)
 PY
 pass "kiln plan: with offload the masters and moments (ZeRO's shard of them) are host memory, plus twins for HOST_CORES"
+
+# --host-memory-mb: the rows with offload follow the device's and count every rank's pinned share
+# of a node: 26 MiB per GPU fits only with offload; 5 MiB of host memory for 2 ranks fits stage 1's
+# 1.6 MiB shares, not stage 0's 3.2; 2 MiB none.
+host_plan() {  # host-mb exit-code expected-verdict
+  local code=0
+  "$KILN" plan --config "$TINY" --world-size 2 --memory-mb 26 --host-memory-mb "$1" > "$W/hp.txt" 2>&1 || code=$?
+  [ "$code" = "$2" ] || { cat "$W/hp.txt"; fail "kiln plan --host-memory-mb $1: exit $code, not $2"; }
+  grep -q "$3" "$W/hp.txt" || { cat "$W/hp.txt"; fail "kiln plan --host-memory-mb $1: no '$3'"; }
+}
+host_plan 1000 0 "^batch 16 fits with parallel.zero_stage 0, train.recompute NONE, train.offload OPTIMIZER"
+host_plan 5 0 "^batch 16 fits with parallel.zero_stage 1, train.recompute NONE, train.offload OPTIMIZER"
+host_plan 2 1 "^batch 16 fits in no combination"
+expect_exit2 "--host-memory-mb must be positive" -- "$KILN" plan --config "$TINY" --world-size 2 --host-memory-mb 0
+expect_exit2 "--gpus-per-node must be between 1 and --world-size 2" -- "$KILN" plan --config "$TINY" --world-size 2 --gpus-per-node 3
+pass "kiln plan --host-memory-mb: offload rows after the device's, the first that fits both limits"
