@@ -104,6 +104,15 @@ void ChatMlTemplate::render(const std::vector<ChatMessage>& messages,
   }
 }
 
+void ChatMlTemplate::generation_prompt(std::vector<ChatPiece>* pieces) const {
+  pieces->push_back(special_piece(kImStart));
+  pieces->push_back(text_piece("assistant\n"));
+}
+
+std::string ChatMlTemplate::end_of_turn() const {
+  return "<|im_end|>";
+}
+
 // ---------------------------------------------------------------------------------------------
 // Llama 3.1's tokenizer_config.json template (without tools): bos_token; a system turn that
 // always holds the knowledge and today's dates (date_string's default, "26 Jul 2024") before the
@@ -142,6 +151,17 @@ void Llama3Template::render(const std::vector<ChatMessage>& messages,
     pieces->push_back(text_piece(python_strip(m.content), trained));
     pieces->push_back(special_piece(kEotId, trained));
   }
+}
+
+void Llama3Template::generation_prompt(std::vector<ChatPiece>* pieces) const {
+  pieces->push_back(special_piece(kStartHeader));
+  pieces->push_back(text_piece("assistant"));
+  pieces->push_back(special_piece(kEndHeader));
+  pieces->push_back(text_piece("\n\n"));
+}
+
+std::string Llama3Template::end_of_turn() const {
+  return "<|eot_id|>";
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -243,13 +263,22 @@ ChatEncoder::ChatEncoder(const HfTokenizer& tokenizer, const ChatTemplate& chat_
   }
 }
 
+std::int64_t ChatEncoder::end_of_turn_id() const {
+  const std::vector<std::string> specials = template_.special_tokens();
+  const auto it = std::find(specials.begin(), specials.end(), template_.end_of_turn());
+  KILN_CHECK(it != specials.end(), "chat template " + template_.name() + ": no end-of-turn token");
+  return special_ids_[static_cast<std::size_t>(it - specials.begin())];
+}
+
 void ChatEncoder::encode(const std::vector<ChatMessage>& messages, HfTokenizer::EncodeCache* cache,
-                         std::vector<std::int64_t>* ids, std::vector<std::uint8_t>* mask) const {
+                         std::vector<std::int64_t>* ids, std::vector<std::uint8_t>* mask,
+                         bool generation_prompt) const {
   HfTokenizer::EncodeOptions options;
   options.add_special_tokens = false;   // the template writes its own
   options.split_special_tokens = true;  // content cannot forge a turn
   std::vector<ChatPiece> pieces;
   template_.render(messages, &pieces);
+  if (generation_prompt) template_.generation_prompt(&pieces);
   std::string text;  // the text since the last special token
   std::vector<std::pair<std::size_t, std::size_t>> trained;  // byte ranges of `text`, in order
   const auto encode_text = [&] {

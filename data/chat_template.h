@@ -50,6 +50,10 @@ class ChatTemplate {
   // spelled out, are the jinja template's rendering.
   virtual void render(const std::vector<ChatMessage>& messages,
                       std::vector<ChatPiece>* pieces) const = 0;
+  // What add_generation_prompt=True appends: the assistant's header, which a reply follows.
+  virtual void generation_prompt(std::vector<ChatPiece>* pieces) const = 0;
+  // The token that ends a turn (a reply ends there): as the tokenizer spells it.
+  virtual std::string end_of_turn() const = 0;
 };
 
 class ChatMlTemplate : public ChatTemplate {
@@ -58,6 +62,8 @@ class ChatMlTemplate : public ChatTemplate {
   std::vector<std::string> special_tokens() const override;
   void render(const std::vector<ChatMessage>& messages,
               std::vector<ChatPiece>* pieces) const override;
+  void generation_prompt(std::vector<ChatPiece>* pieces) const override;
+  std::string end_of_turn() const override;
 };
 
 class Llama3Template : public ChatTemplate {
@@ -66,6 +72,8 @@ class Llama3Template : public ChatTemplate {
   std::vector<std::string> special_tokens() const override;
   void render(const std::vector<ChatMessage>& messages,
               std::vector<ChatPiece>* pieces) const override;
+  void generation_prompt(std::vector<ChatPiece>* pieces) const override;
+  std::string end_of_turn() const override;
 };
 
 // The template called `name` ("chatml" or "llama3"); an empty name picks it from the tokenizer:
@@ -101,8 +109,12 @@ class ChatEncoder {
 
   // The conversation's ids and mask (0 or 1) appended to `ids` and `mask`. InputError for a
   // byte the vocabulary lacks.
+  // With `generation_prompt`, the assistant's header follows (a prompt for a reply, mask 0).
   void encode(const std::vector<ChatMessage>& messages, HfTokenizer::EncodeCache* cache,
-              std::vector<std::int64_t>* ids, std::vector<std::uint8_t>* mask) const;
+              std::vector<std::int64_t>* ids, std::vector<std::uint8_t>* mask,
+              bool generation_prompt = false) const;
+  // The id of the template's end-of-turn token in this tokenizer.
+  std::int64_t end_of_turn_id() const;
 
   const ChatTemplate& chat_template() const { return template_; }
 

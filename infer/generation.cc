@@ -83,12 +83,22 @@ std::int64_t choose_token(const std::vector<float>& logits, const SamplingOption
 }
 
 const char* stop_reason_name(StopReason reason) {
-  return reason == StopReason::MaxPositions ? "max_positions" : "max_new_tokens";
+  switch (reason) {
+    case StopReason::MaxPositions:
+      return "max_positions";
+    case StopReason::StopToken:
+      return "stop_token";
+    case StopReason::MaxNewTokens:
+      break;
+  }
+  return "max_new_tokens";
 }
 
 TokenGenerator::TokenGenerator(Model& model, Device device) : model_(model), device_(device) {
   if (model_.task != Task::CausalLM) {
-    throw InputError("generation needs a causal language model (GPT-2, the llama family); this model is not one");
+    throw InputError(
+        "generation needs a causal language model (GPT-2, the llama family); this model is not "
+        "one");
   }
   model_.net->set_training(false);
 }
@@ -155,8 +165,13 @@ Generation TokenGenerator::generate(const std::vector<std::int64_t>& prompt,
       g.prompt_seconds = seconds_since(start);
       start = std::chrono::steady_clock::now();
     }
+    if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), token) !=
+        options.stop_tokens.end()) {
+      g.stop = StopReason::StopToken;
+      break;
+    }
   }
-  if (budget > 1) g.generate_seconds = seconds_since(start);
+  if (g.tokens.size() > 1) g.generate_seconds = seconds_since(start);
   return g;
 }
 

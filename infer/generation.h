@@ -47,10 +47,13 @@ struct GenerationOptions {
   std::int64_t max_new_tokens = 64;
   bool kv_cache = true;
   SamplingOptions sampling;
+  // Generation ends after any of these (kept as the last token): a chat turn's end token.
+  std::vector<std::int64_t> stop_tokens;
 };
 
-enum class StopReason { MaxNewTokens, MaxPositions };
-const char* stop_reason_name(StopReason reason);  // "max_new_tokens", "max_positions"
+enum class StopReason { MaxNewTokens, MaxPositions, StopToken };
+// "max_new_tokens", "max_positions", "stop_token"
+const char* stop_reason_name(StopReason reason);
 
 struct Generation {
   std::vector<std::int64_t> tokens;  // the new tokens, after the prompt

@@ -15,6 +15,7 @@
 #include "configs/experiment.h"
 #include "core/check.h"
 #include "core/json_writer.h"
+#include "data/chat_template.h"
 #include "data/gpt2_tokenizer.h"
 #include "data/hf_tokenizer.h"
 #include "infer/generation.h"
@@ -113,6 +114,29 @@ class SampleTokenizer {
   std::vector<std::int64_t> encode(const std::string& text) const {
     return hf_ ? hf_->encode(text, true) : gpt2_->encode(text);
   }
+  // kiln sample --chat: the prompt as the user's message (after `system`'s, when given) in the
+  // model's chat template, with the assistant's header after it, as transformers'
+  // apply_chat_template(add_generation_prompt=True) renders it. `end_of_turn` gets the token a
+  // reply ends with. Needs a tokenizer.json (InputError otherwise).
+  std::vector<std::int64_t> encode_chat(const std::string& prompt, const std::string& system,
+                                        const std::string& template_name,
+                                        std::int64_t* end_of_turn) const {
+    if (!hf_) {
+      throw InputError(
+          "--chat needs the model's tokenizer.json (--tokenizer): GPT-2's vocab.json and "
+          "merges.txt have no chat template");
+    }
+    const std::unique_ptr<data::ChatTemplate> chat = data::make_chat_template(template_name, *hf_);
+    const data::ChatEncoder encoder(*hf_, *chat);
+    std::vector<data::ChatMessage> messages;
+    if (!system.empty()) messages.push_back({data::ChatRole::kSystem, system});
+    messages.push_back({data::ChatRole::kUser, prompt});
+    std::vector<std::int64_t> ids;
+    std::vector<std::uint8_t> mask;
+    encoder.encode(messages, nullptr, &ids, &mask, /*generation_prompt=*/true);
+    *end_of_turn = encoder.end_of_turn_id();
+    return ids;
+  }
   // Special tokens kept, so the text shows where the model ended a document.
   std::string decode(const std::vector<std::int64_t>& ids) const {
     return hf_ ? hf_->decode(ids, false) : gpt2_->decode(ids);
@@ -143,6 +167,12 @@ int run_sample(const Arguments& args) {
       "prompt-tokens", po::value<std::string>(), "the prompt as token ids: \"50256 464\"")(
       "prompt", po::value<std::string>(),
       "the prompt as text (needs --tokenizer, or --vocab and --merges)")(
+      "chat",
+      "--prompt as the user's turn in the model's chat template, the reply after it, "
+      "ending at the template's end of turn (needs --tokenizer)")(
+      "chat-template", po::value<std::string>(),
+      "with --chat: chatml (Qwen2.5's) or llama3 (Llama 3.1's); default: from the tokenizer")(
+      "system", po::value<std::string>(), "with --chat: a system message before the prompt")(
       "tokenizer", po::value<std::string>(),
       "Hugging Face's tokenizer.json, byte-level BPE (GPT-2, Llama 3, Qwen2): text in and out")(
       "vocab", po::value<std::string>(), "GPT-2's vocab.json (with --merges: text in and out)")(
@@ -162,7 +192,8 @@ int run_sample(const Arguments& args) {
     std::cout << "usage: kiln sample --config FILE [--checkpoint latest|DIR]\n"
                  "         (--prompt-tokens \"ID ID ...\" | --prompt TEXT (--tokenizer "
                  "tokenizer.json | --vocab vocab.json --merges merges.txt))\n"
-                 "         [--max-new-tokens 64] [--temperature 1.0] [--top-k 0] [--seed 0] "
+                 "         [--chat [--chat-template chatml|llama3] [--system TEXT]] "
+                 "[--max-new-tokens 64] [--temperature 1.0] [--top-k 0] [--seed 0] "
                  "[--no-kv-cache] [--json] [--set ...]\n\n"
               << options << "\n";
     return 0;
@@ -173,6 +204,10 @@ int run_sample(const Arguments& args) {
   const bool has_ids = vm.count("prompt-tokens") > 0, has_text = vm.count("prompt") > 0;
   const bool has_tokenizer = vm.count("tokenizer") + vm.count("vocab") + vm.count("merges") > 0;
   if (has_ids && has_text) throw InputError("--prompt and --prompt-tokens exclude each other");
+  if ((vm.count("chat-template") || vm.count("system")) && !vm.count("chat"))
+    throw InputError("--chat-template and --system go with --chat");
+  if (vm.count("chat") && !has_text)
+    throw InputError("--chat needs --prompt TEXT (the user's turn)");
   if (!has_ids && !has_text) {
     throw InputError(
         "no prompt: give --prompt-tokens \"50256 464\" (token ids), or --prompt TEXT "
@@ -200,7 +235,17 @@ int run_sample(const Arguments& args) {
   std::string prompt_text;
   if (has_text) {
     prompt_text = vm["prompt"].as<std::string>();
-    prompt = tokenizer->encode(prompt_text);
+    if (vm.count("chat")) {
+      std::int64_t end_of_turn = -1;
+      prompt = tokenizer->encode_chat(
+          prompt_text, vm.count("system") ? vm["system"].as<std::string>() : std::string(),
+          vm.count("chat-template") ? vm["chat-template"].as<std::string>() : std::string(),
+          &end_of_turn);
+      go.stop_tokens.push_back(end_of_turn);
+      prompt_text = tokenizer->decode(prompt);
+    } else {
+      prompt = tokenizer->encode(prompt_text);
+    }
     if (prompt.empty()) throw InputError("--prompt: the text is empty");
   }
 
