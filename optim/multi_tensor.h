@@ -43,16 +43,29 @@ class MultiTensorTable {
 
 // ---- CPU passes ----
 
+// Which loops the CPU passes run. The element-wise rules, the unscale pass and the scaling have
+// loops the compiler vectorises (f32 weights; f32 or bf16 gradients, copies and state; other
+// dtypes and LAMB take the scalar loops), built for three instruction sets and picked once by what
+// the host supports (kBest). Every one gives the scalar loops' bits: the same operations in the
+// same order, no contraction into FMA (-ffp-contract=off), the norm's additions in element order.
+// Tests name the others to compare each against kScalar.
+enum class CpuLoops { kBest, kScalar, kBaseline, kAvx2, kAvx512 };
+bool cpu_loops_supported(CpuLoops loops);    // by this host's processor
+const char* cpu_loops_name(CpuLoops loops);  // kBest: the one it resolves to ("avx512")
+
 // For every entry: out = grad * inv_scale into `value` (skipped when write is false); returns the
 // sum of squares of the unscaled values; sets *found_inf when a scaled gradient is inf or NaN.
 double cpu_unscale_check_sumsq(const std::vector<TensorEntry>& entries, double inv_scale,
-                               bool write, bool* found_inf);
-void cpu_scale_grads(const std::vector<TensorEntry>& entries, double factor);  // grad *= factor
+                               bool write, bool* found_inf, CpuLoops loops = CpuLoops::kBest);
+// grad *= factor
+void cpu_scale_grads(const std::vector<TensorEntry>& entries, double factor,
+                     CpuLoops loops = CpuLoops::kBest);
 // cpu_step(entries, rule) / cuda_step(table, rule, stream): one whole update by `rule`, for every
 // rule of KILN_OPTIMIZERS. An element-wise rule (Rule::element) is one pass; LAMB is its stages.
-#define KILN_OPTIMIZER_STEP_(kind, Rule)                                    \
-  void cpu_step(const std::vector<TensorEntry>& entries, const Rule& rule); \
-  KILN_CUDA_OP("An optimizer",                                              \
+#define KILN_OPTIMIZER_STEP_(kind, Rule)                                   \
+  void cpu_step(const std::vector<TensorEntry>& entries, const Rule& rule, \
+                CpuLoops loops = CpuLoops::kBest);                         \
+  KILN_CUDA_OP("An optimizer",                                             \
                void cuda_step(MultiTensorTable& table, const Rule& rule, void* stream));
 KILN_OPTIMIZERS(KILN_OPTIMIZER_STEP_)
 #undef KILN_OPTIMIZER_STEP_
