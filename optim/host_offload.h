@@ -28,7 +28,6 @@ class HostOffload {
   void weights_to_device();
   // The model's weights into the twins (after something wrote the model's: a restored checkpoint).
   void weights_to_host();
-  std::size_t host_bytes() const { return bytes_; }  // pinned: the twins' weights and gradients
 
  private:
   std::vector<Parameter*> model_;

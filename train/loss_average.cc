@@ -22,9 +22,9 @@ void StepTokenAverage::begin_step(const std::vector<data::Batch>& batches, Commu
   // A step with no counted target has no gradient: any positive share keeps it finite.
   const double shares = static_cast<double>(ranks) * static_cast<double>(batches.size());
   const double total = static_cast<double>(std::max<std::int64_t>(counted, 1));
-  last_rows_ = total / shares;
   rows_.copy_from(Tensor::from_vector(
-      std::vector<float>{static_cast<float>(last_rows_), static_cast<float>(shares / total)}, {2}));
+      std::vector<float>{static_cast<float>(total / shares), static_cast<float>(shares / total)},
+      {2}));
 }
 
 std::unique_ptr<StepTokenAverage> make_step_token_average(const config::Experiment& experiment,

@@ -27,11 +27,9 @@ class StepTokenAverage {
   // `comm` null or of one rank: this process's batches alone.
   void begin_step(const std::vector<data::Batch>& batches, Communicator* comm);
   const float* rows() const { return rows_.data<float>(); }  // F32 [rows, 1 / rows]
-  double last_rows() const { return last_rows_; }            // what begin_step wrote, for tests
 
  private:
   Tensor rows_;  // F32 (2) on the device
-  double last_rows_ = 0;
 };
 
 // train.loss_average resolved: STEP_TOKENS, or AUTO on data that masks targets (null otherwise).
