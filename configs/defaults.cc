@@ -114,6 +114,8 @@ void fill_defaults(Experiment& experiment, const std::string& config_path) {
     if (!gpt.has_intermediate_size()) gpt.set_intermediate_size(4 * gpt.hidden_size());
   }
   if (is_llama_model(model.name())) fill_llama_shape(model.name(), preset, *model.mutable_llama());
+  if (is_llama_model(model.name()) && model.has_lora())
+    fill_declared_defaults(*model.mutable_lora());
   if (model.name() == "bert_base") {
     BertShape& bert = *model.mutable_bert();
     fill_declared_defaults(bert);

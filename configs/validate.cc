@@ -314,6 +314,26 @@ class Validator {
       check(problem.empty(), "data.path", quote(data.path()),
             problem + " (the " + kind + " dataset)");
     }
+    if (data.has_document_boundary_token()) {
+      const std::string token = std::to_string(data.document_boundary_token());
+      const std::string& model = experiment_.model().name();
+      check(is_llama_model(model), "data.document_boundary_token", token,
+            "packed documents need rotary positions that restart per document: the llama family "
+            "(llama, qwen2, qwen2_5_*, llama3_*); model.name is " +
+                quote(model) + (is_gpt_model(model) ? " (GPT-2's learned positions cannot)" : ""));
+      check(data.kind() == DataConfig::LLMC_SHARDS || data.kind() == DataConfig::TOKENS ||
+                data.kind() == DataConfig::SYNTHETIC,
+            "data.document_boundary_token", token,
+            "applies to token data (LLMC_SHARDS, TOKENS, SYNTHETIC); data.kind is " + kind);
+      check(data.document_boundary_token() >= 0 || data.kind() == DataConfig::LLMC_SHARDS,
+            "data.document_boundary_token", token,
+            "-1 (the first shard's first token) needs LLMC_SHARDS; give the token's id");
+      check(!is_llama_model(model) ||
+                data.document_boundary_token() < experiment_.model().llama().vocab_size(),
+            "data.document_boundary_token", token,
+            "must be below model.llama.vocab_size = " +
+                std::to_string(experiment_.model().llama().vocab_size()));
+    }
     check(!data.has_eval_path() || data.kind() == DataConfig::LLMC_SHARDS, "data.eval_path",
           quote(data.eval_path()),
           "applies to LLMC_SHARDS only (data.kind is " + kind +

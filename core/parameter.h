@@ -3,6 +3,7 @@
 // owns and registers them, while optim/ updates and comm/ reduces them knowing only these structs.
 
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -17,7 +18,18 @@ struct Parameter {
   // A 2-D weight that files hold transposed, (in, out): transformers' Conv1D (GPT-2). Kiln keeps
   // it as (out, in) like every Linear; checkpoints and model.init_from transpose at the boundary.
   bool stored_transposed = false;
+  // Not trained (LoRA's base weights): no gradient is allocated, written, reduced or updated,
+  // and no optimizer state is kept for it.
+  bool frozen = false;
 };
+
+// The parameters that train (not frozen), in their order.
+inline std::vector<Parameter*> trainable(const std::vector<Parameter*>& parameters) {
+  std::vector<Parameter*> out;
+  for (Parameter* p : parameters)
+    if (!p->frozen) out.push_back(p);
+  return out;
+}
 
 struct Buffer {
   std::string name;  // "bn1.running_mean"

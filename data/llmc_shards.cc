@@ -98,8 +98,8 @@ LlmcShard::LlmcShard(const std::string& path, std::int64_t vocab_size)
   token_bytes_ = wide ? 4 : 2;
   check_payload(file_, header.count, static_cast<std::uint64_t>(token_bytes_), "token");
   count_ = header.count;
-  // Every uint16 id is below a vocabulary of 65536 or more: nothing to scan then.
-  if (!wide && vocab_size >= 65536) return;
+  // Every id of the width is below a vocabulary of 2^16 (2^32) or more: nothing to scan then.
+  if (vocab_size >= (wide ? std::int64_t{1} << 32 : std::int64_t{1} << 16)) return;
   std::vector<std::int64_t> chunk(std::size_t{1} << 18);
   for (std::int64_t first = 0; first < count_; first += static_cast<std::int64_t>(chunk.size())) {
     const std::int64_t n = std::min<std::int64_t>(count_ - first, chunk.size());
@@ -204,6 +204,12 @@ void write_llmc_mask(const std::string& path, const std::vector<std::uint8_t>& m
 }
 
 // ---------------------------------------------------------------------------------------------
+
+std::int64_t llmc_first_token(const std::string& pattern) {
+  const std::vector<std::string> paths = glob_paths(pattern);
+  if (paths.empty()) throw InputError(pattern + ": matches no file (llm.c token shards expected)");
+  return LlmcShard(paths.front(), std::int64_t{1} << 32).token(0);
+}
 
 LlmcShardDataset::LlmcShardDataset(const std::string& pattern, std::int64_t seq_len,
                                    std::int64_t vocab_size)

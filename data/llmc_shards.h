@@ -98,6 +98,11 @@ void write_llmc_shard(const std::string& path, const std::vector<std::uint32_t>&
 // Writes `mask` (values as given, even bad ones, so tests can write bad masks) as a mask shard.
 void write_llmc_mask(const std::string& path, const std::vector<std::uint8_t>& mask);
 
+// The first token of the first shard (in sorted path order) a glob matches, without scanning the
+// shard: the separator kiln tokenize and llm.c's scripts write before every document. InputError
+// naming the pattern or the file.
+std::int64_t llmc_first_token(const std::string& pattern);
+
 // Next-token windows over every shard a glob matches. Shard s (in sorted path order) holding n
 // tokens gives floor((n - 1) / T) windows that do not overlap (stride T, as llm.c's loader):
 // window w is input tokens[w·T, w·T + T), target tokens[w·T + 1, w·T + T + 1), both (T) int64.

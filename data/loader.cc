@@ -36,6 +36,15 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, LoaderOptions opt
   }
   if (dataset_->size() <= 0) throw InputError(dataset_->describe() + " holds no samples");
   spec_ = dataset_->spec();
+  if (options_.document_boundary_token &&
+      (spec_.input_shape.size() != 1 ||
+       (spec_.input_dtype != DType::I64 && spec_.input_dtype != DType::I32))) {
+    throw InputError(
+        "document boundaries (data.document_boundary_token) need token windows (T) "
+        "as inputs; " +
+        dataset_->describe() + " gives " + shape_str(spec_.input_shape) + " " +
+        dtype_name(spec_.input_dtype));
+  }
   shard_size_ =
       shard_size(dataset_->size(), options_.rank, options_.world_size, options_.shard_mode);
   batches_per_epoch_ = options_.drop_last
@@ -119,6 +128,32 @@ std::shared_ptr<const std::vector<std::int64_t>> DataLoader::epoch_order(std::in
   return order;
 }
 
+void fill_document_starts(const Tensor& ids, std::int64_t boundary, Tensor& starts) {
+  KILN_CHECK(ids.dim() == 2 && ids.is_contiguous() && !ids.device().is_cuda() &&
+                 (ids.dtype() == DType::I64 || ids.dtype() == DType::I32),
+             "document starts: expected host token ids (B, T) I64 or I32, got " + ids.str());
+  KILN_CHECK(starts.shape() == ids.shape() && starts.dtype() == DType::I32 &&
+                 starts.is_contiguous() && !starts.device().is_cuda(),
+             "document starts: expected a host I32 tensor shaped like " + ids.str() + ", got " +
+                 starts.str());
+  const std::int64_t rows = ids.size(0), t = ids.size(1);
+  auto* out = starts.data<std::int32_t>();
+  const auto fill = [&](const auto* id) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      std::int32_t start = 0;
+      for (std::int64_t i = 0; i < t; ++i) {
+        if (id[r * t + i] == boundary) start = static_cast<std::int32_t>(i);
+        out[r * t + i] = start;
+      }
+    }
+  };
+  if (ids.dtype() == DType::I64) {
+    fill(ids.data<std::int64_t>());
+  } else {
+    fill(ids.data<std::int32_t>());
+  }
+}
+
 DataLoader::HostBatch DataLoader::produce(std::int64_t global) {
   HostBatch out;
   out.global = global;
@@ -132,21 +167,30 @@ DataLoader::HostBatch DataLoader::produce(std::int64_t global) {
     input_shape.insert(input_shape.begin(), count);    // (B, ...)
     target_shape.insert(target_shape.begin(), count);  // (B) or (B, T)
     const std::size_t input_bytes = spec_.input_bytes(), target_bytes = spec_.target_bytes();
+    const bool documents = options_.document_boundary_token.has_value();
+    const std::size_t starts_bytes =
+        documents ? static_cast<std::size_t>(shape_numel(input_shape)) * sizeof(std::int32_t) : 0;
 #if KILN_WITH_CUDA
     if (options_.device.is_cuda()) {
-      // One pinned block for both tensors, so the copy engine reads page-locked memory.
+      // One pinned block for every tensor, so the copy engine reads page-locked memory.
       std::size_t input_total = round_allocation_size(input_bytes * count);
-      std::size_t total = input_total + target_bytes * count;
+      std::size_t target_total = round_allocation_size(target_bytes * count);
+      std::size_t total = input_total + target_total + starts_bytes;
       void* block = pinned_allocator().allocate(total);
       out.pinned = std::shared_ptr<void>(block, [](void* p) { pinned_allocator().free(p); });
       out.inputs = Tensor::wrap(block, input_shape, spec_.input_dtype, Device::cpu());
       out.targets = Tensor::wrap(static_cast<char*>(block) + input_total, target_shape,
                                  spec_.target_dtype, Device::cpu());
+      if (documents) {
+        out.document_starts = Tensor::wrap(static_cast<char*>(block) + input_total + target_total,
+                                           input_shape, DType::I32, Device::cpu());
+      }
     }
 #endif
     if (!out.inputs.defined()) {
       out.inputs = Tensor::empty(input_shape, spec_.input_dtype, Device::cpu());
       out.targets = Tensor::empty(target_shape, spec_.target_dtype, Device::cpu());
+      if (documents) out.document_starts = Tensor::empty(input_shape, DType::I32, Device::cpu());
     }
     auto* inputs = static_cast<char*>(out.inputs.data());
     auto* targets = static_cast<char*>(out.targets.data());
@@ -175,6 +219,8 @@ DataLoader::HostBatch DataLoader::produce(std::int64_t global) {
         ++out.skipped_samples;
       }
     }
+    if (documents)
+      fill_document_starts(out.inputs, *options_.document_boundary_token, out.document_starts);
     if (spec_.target_dtype == DType::I64) {
       const auto* t = out.targets.data<std::int64_t>();
       out.counted_targets = 0;
@@ -219,6 +265,7 @@ Batch DataLoader::deliver_host(HostBatch host) {
   batch.last_in_epoch = batch.index == batches_per_epoch_ - 1;
   batch.inputs = std::move(host.inputs);
   batch.targets = std::move(host.targets);
+  batch.document_starts = std::move(host.document_starts);
   batch.sample_indices = std::move(host.sample_indices);
   batch.skipped_samples = host.skipped_samples;
   batch.counted_targets = host.counted_targets;
@@ -245,6 +292,10 @@ DataLoader::Staged DataLoader::stage_copy(HostBatch host) {
   void* compute = current_stream(device);
   staged.batch.inputs = Tensor::empty(on_host.inputs.shape(), on_host.inputs.dtype(), device);
   staged.batch.targets = Tensor::empty(on_host.targets.shape(), on_host.targets.dtype(), device);
+  if (on_host.document_starts.defined()) {
+    staged.batch.document_starts =
+        Tensor::empty(on_host.document_starts.shape(), DType::I32, device);
+  }
   Event allocated(device);
   allocated.record(compute);
   allocated.wait_on(copy_stream_.handle());
@@ -252,6 +303,9 @@ DataLoader::Staged DataLoader::stage_copy(HostBatch host) {
     StreamGuard guard(device, copy_stream_.handle());
     staged.batch.inputs.copy_from(on_host.inputs);
     staged.batch.targets.copy_from(on_host.targets);
+    if (on_host.document_starts.defined()) {
+      staged.batch.document_starts.copy_from(on_host.document_starts);
+    }
   }
   staged.copied = std::make_shared<Event>(device);
   staged.copied->record(copy_stream_.handle());

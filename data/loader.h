@@ -7,6 +7,10 @@
 // (Batch::last_in_epoch marks the boundary). state() is the position of the batch next() will
 // return; restore(state) on a loader built with the same options and dataset continues with
 // the identical batch sequence, whatever the worker count.
+//
+// Packed documents (LoaderOptions::document_boundary_token): each batch of token ids also carries
+// Batch::document_starts, computed on the host as the batch is assembled and delivered beside the
+// ids (pinned, copied on the same stream): a function of the ids alone, so resume needs no state.
 
 #include <condition_variable>
 #include <cstdint>
@@ -15,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,11 +44,21 @@ struct LoaderOptions {
   int world_size = 1;
   Device device = Device::cpu();  // where Batch tensors are delivered
   bool train = true;              // random augmentation (SampleContext::train)
+  // Set: the id of the token that begins each document in (B, T) integer inputs; every batch then
+  // has document_starts (data.document_boundary_token).
+  std::optional<std::int64_t> document_boundary_token;
 };
+
+// starts (B, T) I32 = for each token of ids (B, T) I64 or I32, the index in its row of the last
+// `boundary` token at or before it, 0 where there is none (a row opens inside a document): the
+// first token of its document (CallInputs::document_starts). Host tensors.
+void fill_document_starts(const Tensor& ids, std::int64_t boundary, Tensor& starts);
 
 struct Batch {
   Tensor inputs;   // (B, ...) e.g. f32 (B, C, H, W) images or i64 (B, T) token ids
   Tensor targets;  // (B) i64 class ids or (B, T) i64 token labels
+  // (B, T) I32 with LoaderOptions::document_boundary_token (fill_document_starts), else undefined.
+  Tensor document_starts;
   std::int64_t epoch = 0;
   std::int64_t index = 0;  // batch index within the epoch on this rank
   bool last_in_epoch = false;
@@ -110,7 +125,7 @@ class DataLoader {
   // stopped it.
   struct HostBatch {
     std::int64_t global = 0;
-    Tensor inputs, targets;
+    Tensor inputs, targets, document_starts;
     std::shared_ptr<void> pinned;  // owns the pinned memory the tensors view
     std::vector<std::int64_t> sample_indices;
     std::int64_t skipped_samples = 0;

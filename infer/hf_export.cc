@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <utility>
 
@@ -85,14 +86,21 @@ std::vector<std::vector<std::size_t>> plan_shards(const NamedTensors& tensors,
 
 HfFolderSummary write_hf_folder(const std::string& dir_text, const NamedTensors& tensors,
                                 const HfFolderOptions& options) {
-  if (dir_text.empty()) throw InputError("--hf: an empty folder name");
+  return write_new_folder(dir_text, "--hf", [&](const std::string& tmp) {
+    return write_content(tmp, tensors, options);
+  });
+}
+
+HfFolderSummary write_new_folder(const std::string& dir_text, const std::string& option,
+                                 const std::function<HfFolderSummary(const std::string&)>& fill) {
+  if (dir_text.empty()) throw InputError(option + ": an empty folder name");
   fs::path dir = fs::path(dir_text).lexically_normal();
   if (!dir.has_filename()) dir = dir.parent_path();  // "out/" names "out"
   std::error_code error;
   const fs::file_status status = fs::symlink_status(dir, error);
   const bool exists = fs::exists(status);
   if (exists && (!fs::is_directory(status) || !fs::is_empty(dir, error))) {
-    throw InputError("--hf " + dir_text +
+    throw InputError(option + " " + dir_text +
                      (fs::is_directory(status) ? ": the folder exists and is not empty"
                                                : ": exists and is not a folder") +
                      "; name a new folder (nothing is written over)");
@@ -100,18 +108,18 @@ HfFolderSummary write_hf_folder(const std::string& dir_text, const NamedTensors&
   const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
   fs::create_directories(parent, error);
   if (error) {
-    throw InputError("--hf " + dir_text + ": cannot create " + parent.string() + ": " +
+    throw InputError(option + " " + dir_text + ": cannot create " + parent.string() + ": " +
                      error.message());
   }
   const fs::path tmp =
       parent / ("." + dir.filename().string() + ".tmp-" + std::to_string(::getpid()));
   fs::remove_all(tmp, error);  // a leftover of a killed export with this process id
   if (!fs::create_directory(tmp, error)) {
-    throw InputError("--hf " + dir_text + ": cannot create " + tmp.string() + ": " +
+    throw InputError(option + " " + dir_text + ": cannot create " + tmp.string() + ": " +
                      error.message());
   }
   try {
-    HfFolderSummary summary = write_content(tmp, tensors, options);
+    HfFolderSummary summary = fill(tmp.string());
     if (exists) fs::remove(dir, error);  // the empty folder the caller made for it
     fs::rename(tmp, dir, error);
     if (error) {

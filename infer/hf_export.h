@@ -6,6 +6,7 @@
 // folder is built under a temporary name beside it and renamed when complete.
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,11 @@ std::vector<std::vector<std::size_t>> plan_shards(const NamedTensors& tensors,
 // empty directory; on any failure the temporary folder is removed and `dir` left as it was.
 HfFolderSummary write_hf_folder(const std::string& dir, const NamedTensors& tensors,
                                 const HfFolderOptions& options);
+
+// The new folder `dir` as `fill` writes it into the temporary folder it is given, renamed to `dir`
+// when fill returns; the checks and messages of write_hf_folder, naming `option` (--hf).
+HfFolderSummary write_new_folder(const std::string& dir, const std::string& option,
+                                 const std::function<HfFolderSummary(const std::string&)>& fill);
 
 // "5GB" (10^9 bytes), "500MB", "10kB", "2GiB" (2^30), "4096" (bytes); InputError naming `option`
 // for anything else, or zero.

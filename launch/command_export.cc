@@ -5,7 +5,9 @@
 // kiln export --config FILE --hf DIR [--checkpoint latest|DIR | --random-init]
 //             [--dtype auto|fp32|bf16|fp16] [--max-shard-size 5GB]:
 // a GPT-2 or llama-family model as a transformers model folder (infer/hf_export.h,
-// docs/llama.md). Without --checkpoint: the newest checkpoint, else model.init_from's weights.
+// docs/llama.md), LoRA adapters merged into it; with --lora-only the adapters alone as a PEFT
+// folder (infer/lora_export.h, docs/finetune.md). Without --checkpoint: the newest checkpoint,
+// else model.init_from's weights.
 // Runs on the CPU whatever train.device says.
 
 #include <boost/program_options.hpp>
@@ -21,6 +23,7 @@
 #include "core/safetensors.h"
 #include "core/system_info.h"
 #include "infer/hf_export.h"
+#include "infer/lora_export.h"
 #include "infer/onnx_export.h"
 #include "launch/commands.h"
 #include "train/checkpoint.h"
@@ -139,17 +142,43 @@ int export_hf(const config::Experiment& e, const po::variables_map& vm) {
   infer::HfFolderOptions options;
   options.max_shard_bytes =
       infer::parse_byte_size(vm["max-shard-size"].as<std::string>(), "--max-shard-size");
-  const DType dtype = hf_dtype(vm["dtype"].as<std::string>(), &e);
+  const bool lora_only = vm.count("lora-only") > 0;
+  // Adapters are trained through fp32 masters: --lora-only keeps them in fp32 unless told.
+  const DType dtype = lora_only && vm["dtype"].defaulted()
+                          ? DType::F32
+                          : hf_dtype(vm["dtype"].as<std::string>(), &e);
   options.config_json = config::hf_config_json(e.model(), torch_dtype(dtype));
-  Model model = make_model(train::model_options_from(e));
+  const ModelOptions model_options = train::model_options_from(e);
+  if (lora_only && !model_options.lora.enabled()) {
+    throw InputError("--lora-only: " + e.model().name() +
+                     " has no LoRA adapters (model.lora.rank is 0)");
+  }
+  Model model = make_model(model_options);
   const Weights weights = load_weights(e, vm, model);
   // transformers' names are Kiln's; a tied head is one parameter (the embedding), as
   // save_pretrained leaves lm_head.weight out; GPT-2's Conv1D weights go back to (in, out).
   NamedTensors tensors;
   for (Parameter* p : model.net->parameters()) {
-    tensors.emplace_back(p->name, train::stored_layout(*p).to(dtype).contiguous());
+    tensors.emplace_back(p->name, train::stored_layout(*p).contiguous());
   }
-  const infer::HfFolderSummary summary = infer::write_hf_folder(dir, tensors, options);
+  const NamedTensors stored = lora_only ? infer::peft_adapter_tensors(tensors)
+                              : model_options.lora.enabled()
+                                  ? infer::merge_lora_adapters(tensors, model_options.lora.scale())
+                                  : tensors;
+  NamedTensors cast;
+  for (const auto& [name, value] : stored) cast.emplace_back(name, value.to(dtype).contiguous());
+  const infer::HfFolderSummary summary =
+      lora_only ? infer::write_peft_adapter_folder(dir, cast, model_options.lora)
+                : infer::write_hf_folder(dir, cast, options);
+  if (lora_only) {
+    std::printf(
+        "exported the LoRA adapters of %s (%s, step %lld) to %s: PEFT LORA r %d, alpha "
+        "%g, %zu tensors, %s, %.1f MB\n",
+        e.model().name().c_str(), weights.source.c_str(), static_cast<long long>(weights.step),
+        dir.c_str(), model_options.lora.rank, model_options.lora.alpha, cast.size(),
+        torch_dtype(dtype), static_cast<double>(summary.tensor_bytes) / 1e6);
+    return 0;
+  }
   std::printf("exported %s (%s, step %lld) to %s: %s, %s, %zu weight file(s), %.1f MB\n",
               e.model().name().c_str(), weights.source.c_str(),
               static_cast<long long>(weights.step), dir.c_str(),
@@ -210,13 +239,17 @@ int run_export(const Arguments& args) {
       "--hf weights: fp32, bf16, fp16, or auto (the experiment's half type at O2/O3, else fp32)")(
       "max-shard-size", po::value<std::string>()->default_value("5GB"),
       "--hf: weight files of at most this size (5GB = 5e9 bytes, 2GiB, 500MB); more than one "
-      "file gets model.safetensors.index.json");
+      "file gets model.safetensors.index.json")(
+      "lora-only",
+      "--hf: the LoRA adapters alone, as a PEFT folder (adapter_config.json, "
+      "adapter_model.safetensors; fp32 unless --dtype says); without it --hf merges them");
   po::variables_map vm;
   po::store(po::command_line_parser(args).options(options).run(), vm);
   if (vm.count("help")) {
     std::cout << "usage: kiln export --config FILE (--onnx OUT.onnx [--opset 17] [--half] "
                  "[--batch N | --dynamic-batch] | --hf DIR [--dtype auto|fp32|bf16|fp16] "
-                 "[--max-shard-size 5GB]) [--checkpoint latest|DIR | --random-init] [--set ...]\n\n"
+                 "[--max-shard-size 5GB] [--lora-only]) [--checkpoint latest|DIR | --random-init] "
+                 "[--set ...]\n\n"
               << options << "\n";
     return 0;
   }
@@ -232,6 +265,7 @@ int run_export(const Arguments& args) {
     }
   }
   if (hf && !vm["opset"].defaulted()) throw InputError("--opset is an ONNX option, not --hf's");
+  if (onnx && vm.count("lora-only")) throw InputError("--lora-only is an option of --hf");
   for (const char* only_hf : {"dtype", "max-shard-size"}) {
     if (onnx && !vm[only_hf].defaulted()) {
       throw InputError(std::string("--") + only_hf + " is an option of --hf, not of --onnx");

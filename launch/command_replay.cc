@@ -124,7 +124,8 @@ int run_replay(const Arguments& args) {
   oo.exclude_flagged_from_decay = false;
   std::unique_ptr<optim::MixedPrecisionOptimizer> opt;
   if (!f64)
-    opt = std::make_unique<optim::MixedPrecisionOptimizer>(model.net->parameters(), oo, amp);
+    opt = std::make_unique<optim::MixedPrecisionOptimizer>(trainable(model.net->parameters()), oo,
+                                                           amp);
 
   SafetensorsFile batch = load_safetensors(vm["batch"].as<std::string>());
   Tensor input = batch.tensors.at("input").to(device);
@@ -169,7 +170,7 @@ int run_replay(const Arguments& args) {
       // clone(): on the CPU in the same dtype to() returns the tensor itself, and the gradient
       // would be scaled in place and then overwritten by later steps.
       out.emplace_back("logits", logits.to(Device::cpu(), out_dtype).clone());
-      for (Parameter* p : model.net->parameters()) {
+      for (Parameter* p : trainable(model.net->parameters())) {
         Tensor g = p->grad.to(Device::cpu(), out_dtype).clone();
         ops::scale(g, 1.0 / scale);
         if (p->stored_transposed) g = g.transpose(0, 1).contiguous();  // the file's layout

@@ -75,14 +75,18 @@ namespace {
 // Masked keys, keys in the future and dropped entries get 0.
 template <typename S, typename T>
 void softmax_forward_rows(const S* scores, const float* mask, std::int64_t rows, std::int64_t tq,
-                          std::int64_t tk, std::int64_t heads, bool causal, double p,
-                          std::uint64_t key, std::uint64_t stream, T* probs, T* dropped) {
+                          std::int64_t tk, std::int64_t heads, bool causal,
+                          const std::int32_t* starts, double p, std::uint64_t key,
+                          std::uint64_t stream, T* probs, T* dropped) {
   S scale = static_cast<S>(1.0 / (1.0 - p));
   for (std::int64_t r = 0; r < rows; ++r) {
     const S* s = scores + r * tk;
     const float* m = mask ? mask + (r / (heads * tq)) * tk : nullptr;
     const std::int64_t visible = causal ? std::min(tk, tk - tq + r % tq + 1) : tk;
-    auto attended = [&](std::int64_t j) { return j < visible && (!m || m[j] != 0.0f); };
+    const std::int64_t first = starts ? starts[(r / (heads * tq)) * tq + r % tq] : 0;
+    auto attended = [&](std::int64_t j) {
+      return j >= first && j < visible && (!m || m[j] != 0.0f);
+    };
     S max = -std::numeric_limits<S>::infinity();
     for (std::int64_t j = 0; j < tk; ++j)
       if (attended(j)) max = std::max(max, s[j]);
@@ -192,21 +196,31 @@ void project_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Parame
 namespace transformer_ops {
 
 void attention_softmax(const Tensor& scores, const Tensor& mask, std::int64_t heads, bool causal,
-                       double p, std::uint64_t key, std::uint64_t stream,
-                       const std::uint64_t* stream_source, Tensor& probs, Tensor& dropped) {
+                       const Tensor& document_starts, double p, std::uint64_t key,
+                       std::uint64_t stream, const std::uint64_t* stream_source, Tensor& probs,
+                       Tensor& dropped) {
+  if (document_starts.defined()) {
+    KILN_CHECK(scores.size(1) == scores.size(2) && document_starts.dtype() == DType::I32 &&
+                   document_starts.is_contiguous() && document_starts.device() == scores.device() &&
+                   document_starts.numel() * heads == scores.size(0) * scores.size(1),
+               "attention_softmax: document starts " + document_starts.str() +
+                   " do not match scores " + scores.str());
+  }
   if (scores.device().is_cuda()) {
     DeviceGuard guard(scores.device());
-    cuda::attention_softmax_forward(scores, mask, heads, causal, p, key, stream, stream_source,
-                                    probs, dropped);
+    cuda::attention_softmax_forward(scores, mask, heads, causal, document_starts, p, key, stream,
+                                    stream_source, probs, dropped);
     return;
   }
   if (stream_source != nullptr) stream = *stream_source;
   const std::int64_t tq = scores.size(1), tk = scores.size(2);
   KILN_DISPATCH_FLOATING(probs.dtype(), T, {
     using S = typename cpu::Compute<T>::type;
-    softmax_forward_rows<S, T>(scores.data<S>(), mask.defined() ? mask.data<float>() : nullptr,
-                               scores.size(0) * tq, tq, tk, heads, causal, p, key, stream,
-                               probs.data<T>(), dropped.defined() ? dropped.data<T>() : nullptr);
+    softmax_forward_rows<S, T>(
+        scores.data<S>(), mask.defined() ? mask.data<float>() : nullptr, scores.size(0) * tq, tq,
+        tk, heads, causal,
+        document_starts.defined() ? document_starts.data<std::int32_t>() : nullptr, p, key, stream,
+        probs.data<T>(), dropped.defined() ? dropped.data<T>() : nullptr);
   });
 }
 
@@ -336,6 +350,10 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
     return y.view({b, t, e});
   }
 
+  if (ctx.call.document_starts.defined())
+    throw InputError("MultiHeadSelfAttention " + name() +
+                     ": packed documents (data.document_boundary_token) need rotary positions "
+                     "(the llama family); this model's positions cannot restart per document");
   Tensor mask;
   if (ctx.call.attention_mask.defined()) {
     KILN_CHECK(ctx.call.attention_mask.dim() == 2 && ctx.call.attention_mask.size(0) == b &&
@@ -364,8 +382,9 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
     cudnn_fused_ = !mask.defined() && p == 0.0 &&
                    cuda::cudnn_attention_forward(qkv_, b, h, h, causal_, context_, lse_);
     if (!cudnn_fused_)
-      cuda::flash_attention_forward(qkv_, b, h, /*kv_heads=*/h, mask, causal_, p, dropout_key_,
-                                    dropout_stream_, dropout_stream_source_, context_, lse_);
+      cuda::flash_attention_forward(qkv_, b, h, /*kv_heads=*/h, mask, Tensor(), causal_, p,
+                                    dropout_key_, dropout_stream_, dropout_stream_source_, context_,
+                                    lse_);
   } else {
     // (B, T, 3, H, d) -> (3, B*H, T, d)
     Tensor heads_major = to_heads(qkv, 3, b, t, h, d);
@@ -392,8 +411,9 @@ Tensor MultiHeadSelfAttention::unfused_forward(const Tensor& mask, double p) {
   ops::gemm_batched(false, true, 1.0 / std::sqrt(static_cast<double>(d)), q_, k_, 0.0, scores);
   probs_ = Tensor::empty({b * h, t, t}, mm, dev);
   dropped_probs_ = dropout_active_ ? Tensor::empty({b * h, t, t}, mm, dev) : Tensor();
-  transformer_ops::attention_softmax(scores, mask, h, causal_, p, dropout_key_, dropout_stream_,
-                                     dropout_stream_source_, probs_, dropped_probs_);
+  transformer_ops::attention_softmax(scores, mask, h, causal_, Tensor(), p, dropout_key_,
+                                     dropout_stream_, dropout_stream_source_, probs_,
+                                     dropped_probs_);
   if (!dropout_active_) dropped_probs_ = probs_;
 
   // ctx = P' v  (BH, T, d)
@@ -426,8 +446,8 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
     if (cudnn_fused_) {
       cuda::cudnn_attention_backward(qkv_, context_, dcontext, lse_, b, h, h, causal_, dqkv);
     } else {
-      cuda::flash_attention_backward(qkv_, context_, dcontext, lse_, mask_, b, h, /*kv_heads=*/h,
-                                     causal_, p, dropout_key_, dropout_stream_,
+      cuda::flash_attention_backward(qkv_, context_, dcontext, lse_, mask_, Tensor(), b, h,
+                                     /*kv_heads=*/h, causal_, p, dropout_key_, dropout_stream_,
                                      dropout_stream_source_, dqkv);
     }
   } else {
@@ -530,8 +550,8 @@ Tensor MultiHeadSelfAttention::cached_attention(const Context& ctx, const Tensor
   ops::gemm_batched(false, true, 1.0 / std::sqrt(static_cast<double>(d)), q,
                     keys.slice(1, 0, total), 0.0, scores);
   Tensor probs = Tensor::empty({b * h, t, total}, mm, dev), no_dropout;
-  transformer_ops::attention_softmax(scores, Tensor(), h, /*causal=*/true, 0.0, 0, 0, nullptr,
-                                     probs, no_dropout);
+  transformer_ops::attention_softmax(scores, Tensor(), h, /*causal=*/true, Tensor(), 0.0, 0, 0,
+                                     nullptr, probs, no_dropout);
   Tensor context_heads = Tensor::empty({b * h, t, d}, mm, dev);  // (BH, T, d)
   ops::gemm_batched(false, false, 1.0, probs, values.slice(1, 0, total), 0.0, context_heads);
   return from_heads(context_heads, 1, b, t, h, d);  // (N, E)

@@ -68,10 +68,13 @@ void accumulate_bias_grad(const Tensor& dy, Tensor& bias_grad);
 // The unfused attention's softmax: probs (and dropped, when defined) (BH, Tq, Tk) in the matmul
 // dtype from scores (BH, Tq, Tk) fp32 (f64). Rows of batch r / (heads * Tq) read mask (B, Tk)
 // fp32 when defined; causal rows are bottom-right aligned (query i sees keys j <= Tk - Tq + i);
-// masked, future and dropped entries get 0. stream_source, when set, holds the dropout stream.
+// document_starts (B, Tq) I32, when defined (Tq == Tk), hides keys before the query's document
+// start (CallInputs::document_starts); masked, future, other documents' and dropped entries get 0.
+// stream_source, when set, holds the dropout stream.
 void attention_softmax(const Tensor& scores, const Tensor& mask, std::int64_t heads, bool causal,
-                       double p, std::uint64_t key, std::uint64_t stream,
-                       const std::uint64_t* stream_source, Tensor& probs, Tensor& dropped);
+                       const Tensor& document_starts, double p, std::uint64_t key,
+                       std::uint64_t stream, const std::uint64_t* stream_source, Tensor& probs,
+                       Tensor& dropped);
 // Its backward: dscores (BH, T, T) in the matmul dtype from the gradient of the dropped
 // probabilities d_dropped fp32 (f64) and probs; with p > 0 the stream is read at stream_source.
 void attention_softmax_backward(const Tensor& d_dropped, const Tensor& probs, double p,

@@ -68,6 +68,7 @@ Tensor Embedding::backward_impl(Context& ctx, const Tensor& dy) {
   std::int64_t n = saved_ids_.numel();
   KILN_CHECK(dy.numel() == n * dim_,
              "Embedding " + name() + ": dy " + dy.str() + " for " + std::to_string(n) + " ids");
+  if (weight_->frozen) return Tensor();  // the ids have no gradient either
   Tensor dyc = dy.contiguous().view({n, dim_});
   if (dy.device().is_cuda()) {
     DeviceGuard guard(dy.device());

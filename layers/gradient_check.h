@@ -120,7 +120,7 @@ inline GradientCheckResult check_layer_gradients(Layer& layer, Context& ctx, con
   bool float_input = is_floating(x_in.dtype());
   Tensor x =
       float_input ? x_in.to(Device::cpu(), DType::F64).clone() : x_in.to(Device::cpu()).clone();
-  std::vector<Parameter*> params = layer.parameters();
+  std::vector<Parameter*> params = trainable(layer.parameters());  // frozen ones have no gradient
   for (Parameter* p : params) {
     KILN_CHECK(
         p->value.dtype() == DType::F64 && p->value.device().is_cpu() && p->value.is_contiguous(),

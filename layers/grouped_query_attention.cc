@@ -80,6 +80,12 @@ GroupedQueryAttention::GroupedQueryAttention(const GroupedQueryAttentionConfig& 
   }
   out_weight_ = &add_parameter("o_proj.weight", {c.hidden, c.heads * c.head_dim});
   GroupedQueryAttention::reset_parameters(0);
+  const std::int64_t ins[4] = {c.hidden, c.hidden, c.hidden, c.heads * c.head_dim};
+  const std::int64_t outs[4] = {rows[0], rows[1], rows[2], c.hidden};
+  const char* all[4] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  for (int i = 0; i < 4; ++i)
+    if (c.lora.targets_module(all[i]))
+      adapters_[i] = &add_child(all[i], std::make_unique<LowRankAdapter>(ins[i], outs[i], c.lora));
 }
 
 double GroupedQueryAttention::forward_flops(const Shape& input) const {
@@ -124,8 +130,29 @@ Tensor GroupedQueryAttention::forward_impl(Context& ctx, const Tensor& x) {
     Tensor bias = stack_rows({&bq, &bk, &bv}, biases_[0]->value.dtype()).view({width()});
     transformer_ops::add_bias(qkv, bias);
   }
+  for (std::int64_t i = 0, lo = 0; i < 3; lo += weights_[i]->value.size(0), ++i) {
+    if (adapters_[i] == nullptr) continue;
+    adapters_[i]->add_to_next_output(qkv.slice(1, lo, lo + weights_[i]->value.size(0)));
+    adapters_[i]->forward(ctx, x_mm_);
+  }
   const std::int64_t past = ctx.call.kv_cache != nullptr ? ctx.call.kv_cache->past : 0;
-  rotary_->apply(qkv, c.heads + c.kv_heads, t, past, /*inverse=*/false);
+  document_starts_ = ctx.call.document_starts;
+  if (document_starts_.defined()) {
+    if (ctx.call.kv_cache != nullptr)
+      throw InputError("GroupedQueryAttention " + name() +
+                       ": packed documents (document starts) are not supported with a KV cache "
+                       "(generation); give one sequence per row");
+    KILN_CHECK(document_starts_.dtype() == DType::I32 && document_starts_.dim() == 2 &&
+                   document_starts_.size(0) == b && document_starts_.size(1) == t &&
+                   document_starts_.device() == dev,
+               "GroupedQueryAttention " + name() + ": document starts " + document_starts_.str() +
+                   " must be I32 (" + std::to_string(b) + ", " + std::to_string(t) + ") on " +
+                   dev.str());
+    document_starts_ = document_starts_.contiguous();
+    rotary_->apply(qkv, c.heads + c.kv_heads, t, document_starts_, /*inverse=*/false);
+  } else {
+    rotary_->apply(qkv, c.heads + c.kv_heads, t, past, /*inverse=*/false);
+  }
 
   Tensor context;
   if (ctx.call.kv_cache != nullptr) {
@@ -143,14 +170,17 @@ Tensor GroupedQueryAttention::forward_impl(Context& ctx, const Tensor& x) {
       DeviceGuard guard(dev);
       context_ = Tensor::empty({n, c.heads * c.head_dim}, mm, dev);
       lse_ = Tensor::empty({b * c.heads, t}, DType::F32, dev);
-      cudnn_fused_ = cuda::cudnn_attention_forward(qkv, b, c.heads, c.kv_heads, /*causal=*/true,
+      // Packed documents go to the flash kernels (d = 64) or the unfused path: cuDNN's graphs
+      // here take no per-query document mask.
+      cudnn_fused_ = !document_starts_.defined() &&
+                     cuda::cudnn_attention_forward(qkv, b, c.heads, c.kv_heads, /*causal=*/true,
                                                    context_, lse_);
       fused = cudnn_fused_;
       // Where cuDNN declines (or KILN_ATTENTION_CUDNN=0), the flash kernels read the packed GQA
       // rows as they are; lse_ then holds their log2-domain statistics.
       if (!fused && cuda::flash_attention_supported(mm, b, c.heads, c.kv_heads, c.head_dim, t)) {
-        cuda::flash_attention_forward(qkv, b, c.heads, c.kv_heads, Tensor(), /*causal=*/true, 0.0,
-                                      0, 0, nullptr, context_, lse_);
+        cuda::flash_attention_forward(qkv, b, c.heads, c.kv_heads, Tensor(), document_starts_,
+                                      /*causal=*/true, 0.0, 0, 0, nullptr, context_, lse_);
         fused = true;
       }
       if (!fused) lse_ = Tensor();
@@ -161,6 +191,10 @@ Tensor GroupedQueryAttention::forward_impl(Context& ctx, const Tensor& x) {
   Tensor y = Tensor::empty({n, c.hidden}, activation_, dev);
   ops::gemm(false, true, 1.0, context, out_cache_.get(out_weight_->value, mm, ctx.weights_version),
             0.0, y);
+  if (adapters_[3] != nullptr) {
+    adapters_[3]->add_to_next_output(y);
+    adapters_[3]->forward(ctx, context);
+  }
   return y.view({b, t, c.hidden});
 }
 
@@ -181,8 +215,8 @@ Tensor GroupedQueryAttention::unfused_forward(const Tensor& qkv) {
   ops::gemm_batched(false, true, 1.0 / std::sqrt(static_cast<double>(d)), q_, k_, 0.0, scores);
   probs_ = Tensor::empty({b * h, t, t}, mm, dev);
   Tensor no_dropout;
-  transformer_ops::attention_softmax(scores, Tensor(), h, /*causal=*/true, 0.0, 0, 0, nullptr,
-                                     probs_, no_dropout);
+  transformer_ops::attention_softmax(scores, Tensor(), h, /*causal=*/true, document_starts_, 0.0, 0,
+                                     0, nullptr, probs_, no_dropout);
   Tensor context_heads = Tensor::empty({b * h, t, d}, mm, dev);
   ops::gemm_batched(false, false, 1.0, probs_, v_, 0.0, context_heads);
   return heads_to_rows(context_heads, b, t, h, d);
@@ -200,10 +234,14 @@ Tensor GroupedQueryAttention::backward_impl(Context& ctx, const Tensor& dy) {
   Tensor dy_mm = dy.contiguous().view({n, c.hidden}).to(mm);
 
   // y = context Wo^T.
-  ops::gemm_accumulate(true, false, dy_mm, context_, out_weight_->grad);
+  if (!out_weight_->frozen) ops::gemm_accumulate(true, false, dy_mm, context_, out_weight_->grad);
   Tensor dcontext = Tensor::empty({n, c.heads * c.head_dim}, mm, dev);
   ops::gemm(false, false, 1.0, dy_mm, out_cache_.get(out_weight_->value, mm, ctx.weights_version),
             0.0, dcontext);
+  if (adapters_[3] != nullptr) {
+    adapters_[3]->add_to_next_dx(dcontext);
+    adapters_[3]->backward(ctx, dy_mm);
+  }
 
   Tensor dqkv = Tensor::empty({n, width()}, mm, dev);
   if (lse_.defined() && cudnn_fused_) {
@@ -212,24 +250,34 @@ Tensor GroupedQueryAttention::backward_impl(Context& ctx, const Tensor& dy) {
                                    /*causal=*/true, dqkv);
   } else if (lse_.defined()) {
     DeviceGuard guard(dev);
-    cuda::flash_attention_backward(qkv_, context_, dcontext, lse_, Tensor(), b, c.heads, c.kv_heads,
+    cuda::flash_attention_backward(qkv_, context_, dcontext, lse_, Tensor(), document_starts_, b,
+                                   c.heads, c.kv_heads,
                                    /*causal=*/true, 0.0, 0, 0, nullptr, dqkv);
   } else {
     unfused_backward(dcontext, dqkv);
   }
-  rotary_->apply(dqkv, c.heads + c.kv_heads, t, 0, /*inverse=*/true);
+  if (document_starts_.defined()) {
+    rotary_->apply(dqkv, c.heads + c.kv_heads, t, document_starts_, /*inverse=*/true);
+  } else {
+    rotary_->apply(dqkv, c.heads + c.kv_heads, t, 0, /*inverse=*/true);
+  }
 
   // The projections: one GEMM each for the stacked weight's gradient and for dx; the weight and
   // bias gradients then go to their parts.
+  // Frozen projections (LoRA's base) are frozen together: no weight or bias gradient.
+  const bool trained = !weights_[0]->frozen;
   Tensor bias_sums;
-  if (!biases_.empty()) {
+  if (!biases_.empty() && trained) {
     bias_sums = Tensor::zeros({width()}, sd, dev);
     transformer_ops::accumulate_bias_grad(dqkv, bias_sums);
   }
-  Tensor dw = Tensor::empty({width(), c.hidden}, weights_[0]->grad.dtype(), dev);
-  ops::gemm(true, false, 1.0, dqkv, x_mm_, 0.0, dw);
+  Tensor dw;
+  if (trained) {
+    dw = Tensor::empty({width(), c.hidden}, weights_[0]->grad.dtype(), dev);
+    ops::gemm(true, false, 1.0, dqkv, x_mm_, 0.0, dw);
+  }
   std::int64_t lo = 0;
-  for (std::size_t i = 0; i < 3; ++i) {
+  for (std::size_t i = 0; i < 3 && trained; ++i) {
     const std::int64_t rows = weights_[i]->value.size(0);
     ops::accumulate(weights_[i]->grad, dw.slice(0, lo, lo + rows));
     if (bias_sums.defined()) ops::accumulate(biases_[i]->grad, bias_sums.slice(0, lo, lo + rows));
@@ -237,6 +285,11 @@ Tensor GroupedQueryAttention::backward_impl(Context& ctx, const Tensor& dy) {
   }
   Tensor dx = Tensor::empty({n, c.hidden}, activation_, dev);
   ops::gemm(false, false, 1.0, dqkv, stacked_weight(mm), 0.0, dx);
+  for (std::int64_t i = 0, lo = 0; i < 3; lo += weights_[i]->value.size(0), ++i) {
+    if (adapters_[i] == nullptr) continue;
+    adapters_[i]->add_to_next_dx(dx);
+    adapters_[i]->backward(ctx, dqkv.slice(1, lo, lo + weights_[i]->value.size(0)));
+  }
   return dx.view({b, t, c.hidden});
 }
 
@@ -323,8 +376,8 @@ Tensor GroupedQueryAttention::cached_attention(const Context& ctx, const Tensor&
   ops::gemm_batched(false, true, 1.0 / std::sqrt(static_cast<double>(d)), q, cached(keys), 0.0,
                     scores);
   Tensor probs = Tensor::empty({b * h, t, total}, mm, dev), no_dropout;
-  transformer_ops::attention_softmax(scores, Tensor(), h, /*causal=*/true, 0.0, 0, 0, nullptr,
-                                     probs, no_dropout);
+  transformer_ops::attention_softmax(scores, Tensor(), h, /*causal=*/true, Tensor(), 0.0, 0, 0,
+                                     nullptr, probs, no_dropout);
   Tensor context_heads = Tensor::empty({b * h, t, d}, mm, dev);
   ops::gemm_batched(false, false, 1.0, probs, cached(values), 0.0, context_heads);
   return heads_to_rows(context_heads, b, t, h, d);

@@ -15,13 +15,20 @@
 // Elsewhere (CPU, f32/f64, other d, KILN_ATTENTION_UNFUSED=1) the unfused path: scores in memory,
 // K and V repeated per query head (as transformers' repeat_kv), their gradients summed back over
 // the group.
-// Gradient contract: parameter gradients are accumulated (+=); dx is written (=).
+// Packed documents (ctx.call.document_starts): rotary positions restart at each document's first
+// token and a query attends only to its own document; served by the flash kernels (d = 64) or the
+// unfused path, never cuDNN's; refused with a KV cache.
+// With config.lora, LoRA adapters (layers/lora.h) add into the packed rows before the rotation
+// and into the output: q_proj.lora_A.weight, ... as PEFT names them.
+// Gradient contract: parameter gradients are accumulated (+=), frozen ones skipped; dx is
+// written (=).
 
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "layers/layer.h"
+#include "layers/lora.h"
 #include "layers/rotary.h"
 #include "layers/weight_cast_cache.h"
 
@@ -35,6 +42,7 @@ struct GroupedQueryAttentionConfig {
   bool qkv_bias = false;
   std::int64_t max_positions = 0;
   RotaryOptions rotary;
+  LoraOptions lora;  // adapters on q_proj, k_proj, v_proj, o_proj as its targets name them
 };
 
 class GroupedQueryAttention : public Layer {
@@ -58,6 +66,7 @@ class GroupedQueryAttention : public Layer {
     lse_ = Tensor();
     q_ = k_ = v_ = probs_ = Tensor();
     context_ = Tensor();
+    document_starts_ = Tensor();
   }
 
  private:
@@ -78,6 +87,7 @@ class GroupedQueryAttention : public Layer {
   std::vector<Parameter*> biases_;   // q, k, v (qkv_bias only)
   Parameter* out_weight_;
   WeightCastCache out_cache_;
+  LowRankAdapter* adapters_[4] = {};  // q, k, v, o (null: none)
   // Saved by forward for backward.
   Tensor x_mm_;       // (N, E) in the matmul dtype
   Tensor qkv_;        // (N, width), rotated
@@ -85,6 +95,7 @@ class GroupedQueryAttention : public Layer {
   Tensor q_, k_, v_;  // unfused: (B*H, T, d), k and v repeated per query head
   Tensor probs_;      // unfused: (B*H, T, T)
   Tensor context_;    // (N, H d)
+  Tensor document_starts_;  // (B, T) I32: the forward's CallInputs::document_starts, or undefined
   // The fused path was cuDNN's attention (lse_ its natural-log statistics), not the flash kernels.
   bool cudnn_fused_ = false;
   DType activation_ = DType::F32;

@@ -52,7 +52,8 @@ Tensor Layer::backward(Context& ctx, const Tensor& dy) {
   release_saved();
   notify_observers(ctx, *this, false, false);
   if (ctx.on_grad_ready) {
-    for (auto& p : params_) ctx.on_grad_ready(*p);
+    for (auto& p : params_)
+      if (!p->frozen) ctx.on_grad_ready(*p);
   }
   return dx;
 }
@@ -77,8 +78,10 @@ std::vector<Parameter*> Layer::parameters() {
 
 std::vector<Parameter*> Layer::written_parameters() {
   std::vector<Parameter*> out;
-  for (auto& p : params_) out.push_back(p.get());
-  out.insert(out.end(), shared_.begin(), shared_.end());
+  for (auto& p : params_)
+    if (!p->frozen) out.push_back(p.get());
+  for (Parameter* p : shared_)
+    if (!p->frozen) out.push_back(p);
   return out;
 }
 
@@ -114,7 +117,7 @@ void Layer::to(Device device, DType parameter_dtype) {
     DType dtype = p->fp32_in_half ? DType::F32 : parameter_dtype;
     if (p->fp32_in_half && parameter_dtype == DType::F64) dtype = DType::F64;
     p->value = p->value.to(device, dtype);
-    p->grad = Tensor::zeros(p->value.shape(), dtype, device);
+    p->grad = p->frozen ? Tensor() : Tensor::zeros(p->value.shape(), dtype, device);
   }
   for (auto& b : buffers_) {
     DType dtype = parameter_dtype == DType::F64 ? DType::F64 : DType::F32;
@@ -130,7 +133,9 @@ void Layer::set_name(const std::string& name) {
     params_[i]->name = prefix + param_local_names_[i];
   for (std::size_t i = 0; i < buffers_.size(); ++i)
     buffers_[i]->name = prefix + buffer_local_names_[i];
-  for (auto& [local, child] : children_) child->set_name(prefix + local);
+  // A child registered without a name of its own shares its parent's (a Linear's LoRA adapter:
+  // mlp.down_proj.lora_A.weight beside mlp.down_proj.weight).
+  for (auto& [local, child] : children_) child->set_name(local.empty() ? name : prefix + local);
 }
 
 void Layer::reset_parameters(std::uint64_t seed) {

@@ -43,6 +43,10 @@ struct CallInputs {
   // Generation (kiln sample): causal attention layers append the new tokens' keys and values to
   // this cache and attend over everything in it; the input holds only the new tokens.
   KvCache* kv_cache = nullptr;
+  // Packed documents: (B, T) I32 on the input's device, for each token the index in its row of
+  // its document's first token. Causal attention attends only within a token's document and
+  // rotary positions restart at its first token. Undefined: each row is one sequence.
+  Tensor document_starts;
 };
 
 // Called as each layer's forward or backward begins and ends (profiling, ZeRO-2's gradient
@@ -96,7 +100,8 @@ class Layer {
   // Every parameter of this layer and its children, each once, in registration order.
   std::vector<Parameter*> parameters();
   // The parameters whose gradients this layer's own backward writes: its own and the shared ones
-  // it uses (tied weights), not its children's. ZeRO-2 allocates their gradients as it begins.
+  // it uses (tied weights), not its children's, and not frozen ones. ZeRO-2 allocates their
+  // gradients as it begins.
   std::vector<Parameter*> written_parameters();
   std::vector<Buffer*> buffers();
   std::vector<Layer*> children();
@@ -115,7 +120,7 @@ class Layer {
   void set_recompute(bool on) { recompute_ = on; }
   bool recompute() const { return recompute_; }
   // Moves parameters and buffers to `device`; parameter values to `dtype` except fp32_in_half
-  // ones, which stay fp32. Gradients are allocated to match (zeroed).
+  // ones, which stay fp32. Gradients are allocated to match (zeroed); frozen ones get none.
   void to(Device device, DType parameter_dtype = DType::F32);
   // Sets this layer's and its children's full names under `prefix` (called by containers).
   void set_name(const std::string& name);

@@ -134,6 +134,12 @@ Tensor LayerNorm::forward_impl(Context& ctx, const Tensor& x) {
   return y.view(x.shape());
 }
 
+void LayerNorm::accumulate_parameter_grads(const Tensor& dw, const Tensor& db) {
+  if (weight_->frozen) return;  // frozen with the model (LoRA): the pass computed them anyway
+  ops::accumulate(weight_->grad, dw);
+  if (bias_) ops::accumulate(bias_->grad, db);
+}
+
 Tensor LayerNorm::backward_impl(Context& ctx, const Tensor& dy) {
   (void)ctx;
   KILN_CHECK(saved_x_.defined(), "LayerNorm " + name() + ": backward before forward");
@@ -159,7 +165,7 @@ Tensor LayerNorm::backward_impl(Context& ctx, const Tensor& dy) {
     auto direct = [&](const Tensor& grad) {
       return grad.dtype() == sd && grad.is_contiguous() && grad.device() == dy.device();
     };
-    if (direct(weight_->grad) && (!bias_ || direct(bias_->grad))) {
+    if (!weight_->frozen && direct(weight_->grad) && (!bias_ || direct(bias_->grad))) {
       Tensor no_bias;
       cuda::layernorm_backward(dyc, saved_x_, w, saved_mean_, saved_rstd_, residual_grad, dx,
                                weight_->grad, bias_ ? bias_->grad : no_bias, /*accumulate=*/true);
@@ -169,8 +175,7 @@ Tensor LayerNorm::backward_impl(Context& ctx, const Tensor& dy) {
     Tensor db = bias_ ? Tensor::empty({size_}, sd, dy.device()) : Tensor();
     cuda::layernorm_backward(dyc, saved_x_, w, saved_mean_, saved_rstd_, residual_grad, dx, dw, db,
                              /*accumulate=*/false);
-    ops::accumulate(weight_->grad, dw);
-    if (bias_) ops::accumulate(bias_->grad, db);
+    accumulate_parameter_grads(dw, db);
     return dx.view(dy.shape());
   }
   Tensor dw = Tensor::empty({size_}, sd, dy.device()), db = Tensor::empty({size_}, sd, dy.device());
@@ -181,8 +186,7 @@ Tensor LayerNorm::backward_impl(Context& ctx, const Tensor& dy) {
                         residual_grad.defined() ? residual_grad.data<T>() : nullptr, centered_,
                         rows, size_, dx.data<T>(), dw.data<C>(), db.data<C>());
   });
-  ops::accumulate(weight_->grad, dw);
-  if (bias_) ops::accumulate(bias_->grad, db);
+  accumulate_parameter_grads(dw, db);
   return dx.view(dy.shape());
 }
 

@@ -50,6 +50,8 @@ class LayerNorm : public Layer {
   }
 
  private:
+  // weight.grad += dw, bias.grad += db, unless the parameters are frozen.
+  void accumulate_parameter_grads(const Tensor& dw, const Tensor& db);
   std::int64_t size_;
   double eps_;
   bool centered_ = true;

@@ -74,6 +74,12 @@ void Linear::reset_parameters(std::uint64_t seed) {
   bias_cache_.clear();
 }
 
+void Linear::add_adapter(const LoraOptions& options) {
+  KILN_CHECK(activation_ == Activation::None && adapter_ == nullptr,
+             "Linear: a LoRA adapter needs a projection without activation and without one");
+  adapter_ = &add_child("", std::make_unique<LowRankAdapter>(in_features_, out_features_, options));
+}
+
 Tensor Linear::forward_impl(Context& ctx, const Tensor& x) {  // (N..., in) -> (N..., out)
   Shape out_shape = output_shape(x.shape());
   KILN_CHECK(x.device() == weight_->value.device(), "Linear " + name() + ": input on " +
@@ -99,6 +105,10 @@ Tensor Linear::forward_impl(Context& ctx, const Tensor& x) {  // (N..., in) -> (
     Tensor bias = bias_ ? bias_as(ctx, out_dtype) : Tensor();
     cuda::linear_forward(saved_input_, weight_as(ctx, mm), bias, activation_, y, saved_activation_,
                          saved_ld_, residual);
+    if (adapter_ != nullptr) {
+      adapter_->add_to_next_output(y);
+      adapter_->forward(ctx, saved_input_);
+    }
     return y.view(out_shape);
   }
   // CPU: f64 when asked for, f32 otherwise (halves convert).
@@ -125,6 +135,10 @@ Tensor Linear::forward_impl(Context& ctx, const Tensor& x) {  // (N..., in) -> (
     Tensor sum = Tensor::empty(y.shape(), out_dtype);
     ops::add(y, residual, sum);  // rounded to the output dtype, then added, as the block did
     y = sum;
+  }
+  if (adapter_ != nullptr) {
+    adapter_->add_to_next_output(y);
+    adapter_->forward(ctx, saved_input_);
   }
   return y.view(out_shape);
 }
@@ -169,10 +183,16 @@ Tensor Linear::backward_impl(Context& ctx, const Tensor& dy) {
       input.saved = producer_->saved_activation_;
       input.saved_ld = producer_->saved_ld_;
     }
-    if (cuda::linear_backward(saved_input_, weight_as(ctx, saved_input_.dtype()), g, act,
-                              saved_activation_, saved_ld_, weight_->grad,
-                              bias_ ? &bias_->grad : nullptr, dx, fuse_input ? &input : nullptr))
+    Tensor no_grad;
+    if (cuda::linear_backward(
+            saved_input_, weight_as(ctx, saved_input_.dtype()), g, act, saved_activation_,
+            saved_ld_, weight_->frozen ? no_grad : weight_->grad,
+            bias_ && !bias_->frozen ? &bias_->grad : nullptr, dx, fuse_input ? &input : nullptr))
       producer_->dy_is_preactivation_ = true;
+    if (adapter_ != nullptr) {
+      adapter_->add_to_next_dx(dx);
+      adapter_->backward(ctx, g);
+    }
     return dx.view(input_shape_);
   }
   DType compute = saved_input_.dtype();
@@ -186,12 +206,16 @@ Tensor Linear::backward_impl(Context& ctx, const Tensor& dy) {
       cpu_activation_grad<float>(g, saved_activation_, activation_, dz);
   }
   // weight.grad += dz^T x: straight into the grad when it has the compute dtype.
-  ops::gemm_accumulate(true, false, dz, saved_input_, weight_->grad);
-  if (bias_) ops::accumulate(bias_->grad, ops::reduce_cols(dz, ops::Reduction::Sum));
+  if (!weight_->frozen) ops::gemm_accumulate(true, false, dz, saved_input_, weight_->grad);
+  if (bias_ && !bias_->frozen)
+    ops::accumulate(bias_->grad, ops::reduce_cols(dz, ops::Reduction::Sum));
   Tensor w = weight_->value.to(compute).contiguous();
   Tensor dx = Tensor::empty({rows, in_features_}, compute);  // (M, in) = dz (M, out) W (out, in)
   ops::gemm(false, false, 1.0, dz, w, 0.0, dx);
-  (void)ctx;
+  if (adapter_ != nullptr) {
+    adapter_->add_to_next_dx(dx);
+    adapter_->backward(ctx, dz);
+  }
   return dx.to(dy.dtype()).view(input_shape_);
 }
 

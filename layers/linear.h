@@ -5,8 +5,8 @@
 // Dtypes: the GEMM inputs are ctx.run.precision.matmul (fp32 accumulation for halves), y is
 // ctx.run.precision.activation. In O1 (fp32 weights, half matmul) the half copy of the weight is
 // made once per ctx.weights_version and cached. On the CPU halves compute in f32, f64 in f64.
-// Gradients: weight.grad and bias.grad are ACCUMULATED (+=, in the grads' dtype); dx is written
-// (=), in dy's dtype.
+// Gradients: weight.grad and bias.grad are ACCUMULATED (+=, in the grads' dtype), none when
+// frozen; dx is written (=), in dy's dtype.
 // CUDA: cuBLASLt with the BIAS / RELU_BIAS / GELU_AUX_BIAS epilogues forward; backward takes the
 // bias gradient from a deterministic column-sum kernel (faster than the BGRADB epilogue, which
 // KILN_BIAS_GRAD_EPILOGUE=1 selects); where cuBLASLt reports an epilogue unsupported for the
@@ -18,6 +18,7 @@
 
 #include "layers/activations.h"
 #include "layers/layer.h"
+#include "layers/lora.h"
 #include "layers/weight_cast_cache.h"
 
 namespace kiln {
@@ -60,6 +61,9 @@ class Linear : public Layer {
   // CUDA (a residual connection with nothing between this layer and the addition: GPT-2's
   // mlp.c_proj). Backward is unchanged: the residual's gradient is the caller's.
   void add_to_next_output(const Tensor& residual) { pending_residual_ = residual; }
+  // A LoRA adapter on this projection (no activation): lora_A.weight and lora_B.weight beside
+  // weight, its update added to every output.
+  void add_adapter(const LoraOptions& options);
 
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& x) override;
@@ -92,9 +96,10 @@ class Linear : public Layer {
   std::int64_t saved_ld_ = 0;  // leading dimension of saved_activation_
   DType output_dtype_ = DType::F32;
 
-  Tensor pending_residual_;           // see add_to_next_output
-  Linear* producer_ = nullptr;        // see take_input_from
-  bool dy_is_preactivation_ = false;  // the consumer's backward applied this layer's derivative
+  Tensor pending_residual_;            // see add_to_next_output
+  Linear* producer_ = nullptr;         // see take_input_from
+  LowRankAdapter* adapter_ = nullptr;  // see add_adapter
+  bool dy_is_preactivation_ = false;   // the consumer's backward applied this layer's derivative
   bool can_take_preactivation_grad() const;
 };
 

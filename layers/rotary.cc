@@ -65,11 +65,11 @@ namespace {
 template <typename T, typename C>
 void rotate_rows(T* x, std::int64_t rows, std::int64_t row_stride, const C* cos, const C* sin,
                  std::int64_t heads, std::int64_t d, std::int64_t tokens, std::int64_t first,
-                 bool inverse) {
+                 const std::int32_t* starts, bool inverse) {
   const std::int64_t half = d / 2;
   const C sign = inverse ? C(-1) : C(1);
   for (std::int64_t r = 0; r < rows; ++r) {
-    const std::int64_t pos = first + r % tokens;
+    const std::int64_t pos = starts != nullptr ? r % tokens - starts[r] : first + r % tokens;
     const C* cr = cos + pos * half;
     const C* sr = sin + pos * half;
     for (std::int64_t h = 0; h < heads; ++h) {
@@ -86,14 +86,18 @@ void rotate_rows(T* x, std::int64_t rows, std::int64_t row_stride, const C* cos,
 
 }  // namespace
 
-void RotaryEmbedding::apply(Tensor& x, std::int64_t heads, std::int64_t tokens,
-                            std::int64_t first_position, bool inverse) const {
+void RotaryEmbedding::check_rows(const Tensor& x, std::int64_t heads, std::int64_t tokens) const {
   KILN_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.size(1) >= heads * head_dim_,
              "RotaryEmbedding: expected rows (N, >= " + std::to_string(heads * head_dim_) +
                  ") with contiguous columns, got " + x.str());
   KILN_CHECK(tokens > 0 && x.size(0) % tokens == 0,
              "RotaryEmbedding: " + std::to_string(x.size(0)) + " rows are not sequences of " +
                  std::to_string(tokens) + " tokens");
+}
+
+void RotaryEmbedding::apply(Tensor& x, std::int64_t heads, std::int64_t tokens,
+                            std::int64_t first_position, bool inverse) const {
+  check_rows(x, heads, tokens);
   if (first_position < 0 || first_position + tokens > max_positions_)
     throw InputError("RotaryEmbedding: positions [" + std::to_string(first_position) + ", " +
                      std::to_string(first_position + tokens) + ") exceed max_positions " +
@@ -101,13 +105,44 @@ void RotaryEmbedding::apply(Tensor& x, std::int64_t heads, std::int64_t tokens,
   const auto& [cos, sin] = tables(x.device(), x.dtype());
   if (x.device().is_cuda()) {
     DeviceGuard guard(x.device());
-    cuda::rotary_apply(x, cos, sin, heads, head_dim_, tokens, first_position, inverse);
+    cuda::rotary_apply(x, cos, sin, heads, head_dim_, tokens, first_position, Tensor(), inverse);
     return;
   }
   KILN_DISPATCH_FLOATING(x.dtype(), T, {
     using C = typename cpu::Compute<T>::type;
     rotate_rows<T, C>(x.data<T>(), x.size(0), x.stride(0), cos.data<C>(), sin.data<C>(), heads,
-                      head_dim_, tokens, first_position, inverse);
+                      head_dim_, tokens, first_position, nullptr, inverse);
+  });
+}
+
+void RotaryEmbedding::apply(Tensor& x, std::int64_t heads, std::int64_t tokens,
+                            const Tensor& document_starts, bool inverse) const {
+  check_rows(x, heads, tokens);
+  KILN_CHECK(document_starts.dtype() == DType::I32 && document_starts.is_contiguous() &&
+                 document_starts.numel() == x.size(0) && document_starts.device() == x.device(),
+             "RotaryEmbedding: document starts " + document_starts.str() +
+                 " must be contiguous I32 with one entry per row of " + x.str() + ", on " +
+                 x.device().str());
+  if (tokens > max_positions_)
+    throw InputError("RotaryEmbedding: " + std::to_string(tokens) +
+                     " tokens exceed max_positions " + std::to_string(max_positions_));
+  const auto& [cos, sin] = tables(x.device(), x.dtype());
+  if (x.device().is_cuda()) {
+    DeviceGuard guard(x.device());
+    cuda::rotary_apply(x, cos, sin, heads, head_dim_, tokens, 0, document_starts, inverse);
+    return;
+  }
+  const std::int32_t* starts = document_starts.data<std::int32_t>();
+  for (std::int64_t r = 0; r < x.size(0); ++r)
+    if (starts[r] < 0 || starts[r] > r % tokens)
+      throw InputError("RotaryEmbedding: document start " + std::to_string(starts[r]) +
+                       " of token " + std::to_string(r % tokens) + " (row " +
+                       std::to_string(r / tokens) + ") is not in [0, " +
+                       std::to_string(r % tokens) + "]");
+  KILN_DISPATCH_FLOATING(x.dtype(), T, {
+    using C = typename cpu::Compute<T>::type;
+    rotate_rows<T, C>(x.data<T>(), x.size(0), x.stride(0), cos.data<C>(), sin.data<C>(), heads,
+                      head_dim_, tokens, 0, starts, inverse);
   });
 }
 

@@ -35,12 +35,20 @@ class RotaryEmbedding {
   // inverse: the backward rotation. InputError when a position reaches max_positions.
   void apply(Tensor& x, std::int64_t heads, std::int64_t tokens, std::int64_t first_position,
              bool inverse) const;
+  // The same for packed documents: row n (of sequence b = n / tokens, token t = n % tokens) is at
+  // position t - document_starts[b][t], document_starts (B, tokens) I32 on x's device
+  // (CallInputs::document_starts). InputError when tokens reaches max_positions; on the CPU also
+  // when a start lies outside [0, t].
+  void apply(Tensor& x, std::int64_t heads, std::int64_t tokens, const Tensor& document_starts,
+             bool inverse) const;
 
   const std::vector<float>& inv_freq() const { return inv_freq_; }
   std::int64_t head_dim() const { return head_dim_; }
   std::int64_t max_positions() const { return max_positions_; }
 
  private:
+  // x: rows (N, >= heads * head_dim) with contiguous columns, N a multiple of tokens.
+  void check_rows(const Tensor& x, std::int64_t heads, std::int64_t tokens) const;
   // (max_positions, d/2) cos and sin in fp32 (f64 for f64), on `device`.
   const std::pair<Tensor, Tensor>& tables(Device device, DType dtype) const;
 

@@ -61,12 +61,18 @@ void backward(const Tensor& da, const Tensor& gate_up, Tensor& dgate_up) {
 
 }  // namespace swiglu_ops
 
-SwiGluMlp::SwiGluMlp(std::int64_t hidden, std::int64_t intermediate)
+SwiGluMlp::SwiGluMlp(std::int64_t hidden, std::int64_t intermediate, const LoraOptions& lora)
     : hidden_(hidden), intermediate_(intermediate) {
   gate_ = &add_parameter("gate_proj.weight", {intermediate, hidden});
   up_ = &add_parameter("up_proj.weight", {intermediate, hidden});
   down_ = &add_child("down_proj", std::make_unique<Linear>(intermediate, hidden, false));
   SwiGluMlp::reset_parameters(0);
+  const char* names[2] = {"gate_proj", "up_proj"};
+  for (int i = 0; i < 2; ++i)
+    if (lora.targets_module(names[i]))
+      adapters_[i] =
+          &add_child(names[i], std::make_unique<LowRankAdapter>(hidden, intermediate, lora));
+  if (lora.targets_module("down_proj")) down_->add_adapter(lora);
 }
 
 void SwiGluMlp::reset_parameters(std::uint64_t seed) {
@@ -90,6 +96,11 @@ Tensor SwiGluMlp::forward_impl(Context& ctx, const Tensor& x) {
   x_mm_ = x.contiguous().view({n, hidden_}).to(mm);
   gate_up_ = Tensor::empty({n, 2 * intermediate_}, activation_, x.device());
   ops::gemm(false, true, 1.0, x_mm_, stack_rows({&gate_->value, &up_->value}, mm), 0.0, gate_up_);
+  for (std::int64_t i = 0; i < 2; ++i) {
+    if (adapters_[i] == nullptr) continue;
+    adapters_[i]->add_to_next_output(gate_up_.slice(1, i * intermediate_, (i + 1) * intermediate_));
+    adapters_[i]->forward(ctx, x_mm_);
+  }
   Tensor a = Tensor::empty({n, intermediate_}, activation_, x.device());
   swiglu_ops::forward(gate_up_, a);
   Shape inner = x.shape();
@@ -106,12 +117,19 @@ Tensor SwiGluMlp::backward_impl(Context& ctx, const Tensor& dy) {
   Tensor dgate_up = Tensor::empty({n, 2 * intermediate_}, activation_, dev);
   swiglu_ops::backward(da, gate_up_, dgate_up);
   Tensor d_mm = dgate_up.to(mm);
-  Tensor dw = Tensor::empty({2 * intermediate_, hidden_}, gate_->grad.dtype(), dev);
-  ops::gemm(true, false, 1.0, d_mm, x_mm_, 0.0, dw);
-  ops::accumulate(gate_->grad, dw.slice(0, 0, intermediate_));
-  ops::accumulate(up_->grad, dw.slice(0, intermediate_, 2 * intermediate_));
+  if (!gate_->frozen) {  // gate and up are frozen together (LoRA's base)
+    Tensor dw = Tensor::empty({2 * intermediate_, hidden_}, gate_->grad.dtype(), dev);
+    ops::gemm(true, false, 1.0, d_mm, x_mm_, 0.0, dw);
+    ops::accumulate(gate_->grad, dw.slice(0, 0, intermediate_));
+    ops::accumulate(up_->grad, dw.slice(0, intermediate_, 2 * intermediate_));
+  }
   Tensor dx = Tensor::empty({n, hidden_}, activation_, dev);
   ops::gemm(false, false, 1.0, d_mm, stack_rows({&gate_->value, &up_->value}, mm), 0.0, dx);
+  for (std::int64_t i = 0; i < 2; ++i) {
+    if (adapters_[i] == nullptr) continue;
+    adapters_[i]->add_to_next_dx(dx);
+    adapters_[i]->backward(ctx, d_mm.slice(1, i * intermediate_, (i + 1) * intermediate_));
+  }
   Shape shape = dy.shape();
   shape.back() = hidden_;
   return dx.view(shape);

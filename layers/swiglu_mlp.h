@@ -6,18 +6,20 @@
 //   a = silu(g) * u (N, I): one elementwise pass (CPU and CUDA, fp32 math, f64 in f64); backward
 //   gives dg = da * u * s (1 + g (1 - s)), du = da * silu(g), s = sigmoid(g), into one (N, 2I)
 //   gradient whose weight gradient and dx are one GEMM each.
-// Gradient contract: parameter gradients accumulated (+=); dx is written (=).
+// Gradient contract: parameter gradients accumulated (+=), frozen ones skipped; dx is written (=).
 
 #include <cstdint>
 
 #include "layers/layer.h"
 #include "layers/linear.h"
+#include "layers/lora.h"
 
 namespace kiln {
 
 class SwiGluMlp : public Layer {
  public:
-  SwiGluMlp(std::int64_t hidden, std::int64_t intermediate);
+  // `lora`: adapters on gate_proj, up_proj, down_proj as its targets name them.
+  SwiGluMlp(std::int64_t hidden, std::int64_t intermediate, const LoraOptions& lora = {});
   std::string type() const override { return "SwiGluMlp"; }
   Shape output_shape(const Shape& input) const override { return input; }
   double forward_flops(const Shape& input) const override;
@@ -38,6 +40,7 @@ class SwiGluMlp : public Layer {
   Parameter* gate_;
   Parameter* up_;
   Linear* down_;
+  LowRankAdapter* adapters_[2] = {};  // gate, up (null: none)
   DType activation_ = DType::F32;
   Tensor x_mm_;     // (N, E) in the matmul dtype
   Tensor gate_up_;  // (N, 2I) [g | u] in the activation dtype

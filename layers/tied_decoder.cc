@@ -62,9 +62,10 @@ Tensor TiedDecoder::backward_impl(Context& ctx, const Tensor& dy) {
   Tensor dy2 = dy.reshape({n, vocab_});  // (N, V), rows padded as the forward's may be
   if (vocab_ > 1 && dy2.stride(1) != 1) dy2 = dy2.contiguous();
   Tensor dy_mm = dy2.to(mm);
-  if (bias_) transformer_ops::accumulate_bias_grad(dy2, bias_->grad);
+  const bool frozen = weight_->frozen;  // LoRA's base: the tied embedding is not trained
+  if (bias_ && !frozen) transformer_ops::accumulate_bias_grad(dy2, bias_->grad);
   const bool padded = padded_gradient(dy2, dy_mm);
-  if (padded) {
+  if (!frozen && padded) {
     // dW over the padded rows as well (50304 output rows run at the padded GEMM's speed, 50257 at
     // half of it): into an fp32 buffer of the padded rows, then added to the gradient (the sum of
     // the fp32 product and the gradient, as gemm_accumulate's epilogue forms it).
@@ -72,7 +73,7 @@ Tensor TiedDecoder::backward_impl(Context& ctx, const Tensor& dy) {
     Tensor dw = Tensor::empty({ld, hidden_}, is_half(mm) ? DType::F32 : mm, dy.device());
     ops::gemm(true, false, 1.0, padded_, x_mm_, 0.0, dw);
     ops::accumulate(weight_->grad, dw.slice(0, 0, vocab_));
-  } else {
+  } else if (!frozen) {
     ops::gemm_accumulate(true, false, dy_mm, x_mm_, weight_->grad);
   }
   Tensor dx = Tensor::empty({n, hidden_}, activation_, dy.device());  // mm, or f32 from half

@@ -84,6 +84,7 @@ EvalResult Evaluator::evaluate(const EvalOptions& options) {
   if (options_.max_batches > 0) batches = std::min(batches, options_.max_batches);
   for (std::int64_t i = 0; i < batches; ++i) {
     data::Batch batch = loader.next();
+    ctx.call.document_starts = batch.document_starts;
     Tensor logits = p_.net.forward(ctx, prepare_inputs(batch.inputs, ctx.run.precision));
     if (!options.dump_logits.empty()) dumped_logits.push_back(logits.to(Device::cpu(), DType::F32));
     if (!options.dump_inputs.empty()) dumped_inputs.push_back(batch.inputs.to(Device::cpu()));

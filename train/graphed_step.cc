@@ -1,5 +1,7 @@
 #include "train/graphed_step.h"
 
+#include <string>
+
 #include "comm/watchdog.h"
 #include "core/allocator.h"
 #include "core/ops.h"
@@ -92,6 +94,15 @@ void GraphedStep::run(MicroPosition position, Context& ctx, const Tensor& inputs
   }
   inputs_.copy_from(inputs);
   targets_.copy_from(targets);
+  const Tensor& starts = ctx.call.document_starts;
+  KILN_CHECK(starts.defined() == document_starts_.defined() || choice.route == MicroRoute::Capture,
+             "cuda_graphs: a batch with" + std::string(starts.defined() ? "" : "out") +
+                 " document starts after graphs captured the other way");
+  if (starts.defined()) {
+    if (!document_starts_.defined())
+      document_starts_ = Tensor::empty(starts.shape(), starts.dtype(), starts.device());
+    document_starts_.copy_from(starts);
+  }
   if (choice.route == MicroRoute::Capture) {
     // The eager run's activations sit free in the cache: give them back, so that the graph's
     // pool takes their place rather than adding to them (and nothing needs freeing in capture).
@@ -99,6 +110,7 @@ void GraphedStep::run(MicroPosition position, Context& ctx, const Tensor& inputs
     auto graph = std::make_unique<CudaGraph>();
     std::string why;
     Context frozen = ctx;  // the graph keeps these values; what changes is read from memory
+    if (frozen.call.document_starts.defined()) frozen.call.document_starts = document_starts_;
     if (!graph->capture(
             device_, stream_.handle(), &pool_, [&] { work(frozen, inputs_, targets_); }, &why)) {
       stop_capturing("the step could not be captured (" + why + "); training goes on eagerly");

@@ -7,7 +7,8 @@
 // replayed from then on. Every per-step value the captured kernels need (loss scale, skip
 // decision, learning rate, step counts, dropout's step) is read from device memory
 // (optim/step_state.h, Context::step), so the host never waits for the GPU inside a step.
-// The batch is copied into the graphs' static input buffers before each replay. A micro-batch of
+// The batch is copied into the graphs' static input buffers before each replay (packed documents'
+// ctx.call.document_starts too: the captured work reads a static copy). A micro-batch of
 // another shape (a last partial batch) or one a fault is injected into runs eagerly.
 
 #include <cstdint>
@@ -126,6 +127,7 @@ class GraphedStep {
   Stream stream_;  // a capture needs a stream of its own
   std::map<MicroPosition, std::unique_ptr<CudaGraph>> graphs_;
   Tensor inputs_, targets_;  // the static batch the graphs read
+  Tensor document_starts_;   // and its document starts, when ctx.call has them
   Tensor counter_;           // I64 (1) on the device: dropout's step (Context::step.step)
   std::set<std::string> said_;
   std::uint64_t replays_ = 0;

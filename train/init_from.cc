@@ -8,6 +8,7 @@
 #include "configs/hf_config.h"
 #include "core/check.h"
 #include "core/safetensors.h"
+#include "layers/lora.h"
 #include "train/parameter_loader.h"
 
 namespace kiln::train {
@@ -84,8 +85,12 @@ void load_init_from(const config::ModelConfig& model, Layer& net) {
   const std::string& path = model.init_from();
   if (path.empty()) return;
   const std::map<std::string, Tensor> tensors = read_init_weights(path, model);
+  // A transformers folder has no LoRA adapters: those it lacks keep their initialisation.
+  std::vector<Parameter*> parameters;
+  for (Parameter* p : net.parameters())
+    if (!is_lora_parameter(p->name) || tensors.count(p->name)) parameters.push_back(p);
   load_named_tensors({path, &tensors, " (model.init_from, for model " + model.name() + ")"},
-                     net.parameters(), net.buffers(), false);
+                     parameters, net.buffers(), false);
 }
 
 }  // namespace kiln::train

@@ -144,12 +144,13 @@ std::vector<MemoryEstimate> counted_memory(const config::Experiment& experiment,
     const bool half = half_weights && !p->fp32_in_half;
     weights += n * (half ? 2 : 4);
     if (casts && p->value.dim() >= 2) weights += n * 2;  // O1: the half copy GEMMs read
+    if (p->frozen) continue;  // LoRA's base: no master, moments or gradient
     if (masters && half) master += n * 4;
     moments +=
         n * (o.moments_dtype() == config::OptimizerConfig::BF16 ? 2 : 4) * moments_per_parameter;
   }
   double gradients = 0;
-  for (Parameter* p : model.net->parameters())
+  for (Parameter* p : trainable(model.net->parameters()))
     gradients += static_cast<double>(p->value.numel()) * (half_weights && !p->fp32_in_half ? 2 : 4);
 
   // NCCL's buffers per rank: per channel, one send and one receive connection (ring), each with

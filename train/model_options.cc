@@ -1,6 +1,9 @@
 #include "train/model_options.h"
 
+#include <string>
+
 #include "configs/experiment.h"
+#include "core/check.h"
 
 namespace kiln::train {
 
@@ -74,6 +77,24 @@ ModelOptions model_options_from(const config::Experiment& experiment) {
       o.llama.rope_high_freq_factor = l.rope_scaling().high_freq_factor();
       o.llama.rope_original_max_positions = l.rope_scaling().original_max_positions();
     }
+  }
+  const config::LoraConfig& lora = m.lora();
+  if (lora.rank() > 0) {
+    if (!config::is_llama_model(m.name())) {
+      throw InputError("model.lora.rank " + std::to_string(lora.rank()) +
+                       ": LoRA adapters are "
+                       "built for the llama family (llama, qwen2, qwen2_5_*, llama3_*), not " +
+                       m.name());
+    }
+    if (lora.targets().empty()) {
+      throw InputError(
+          "model.lora.targets is empty: name the projections to adapt (q_proj, "
+          "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
+    }
+    o.lora.rank = lora.rank();
+    o.lora.alpha = lora.alpha();
+    o.lora.dropout = lora.dropout();
+    o.lora.targets.assign(lora.targets().begin(), lora.targets().end());
   }
   return o;
 }

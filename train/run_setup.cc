@@ -158,6 +158,11 @@ data::LoaderOptions loader_options(const config::Experiment& e, const config::Ba
   lo.world_size = world.size;
   lo.device = device;
   lo.train = true;
+  if (e.data().has_document_boundary_token()) {
+    lo.document_boundary_token = e.data().document_boundary_token() >= 0
+                                     ? e.data().document_boundary_token()
+                                     : data::llmc_first_token(e.data().path());
+  }
   return lo;
 }
 

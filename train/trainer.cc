@@ -95,6 +95,7 @@ StepOutcome Trainer::State::run_step(Context& ctx, Tensor& loss_sum, std::int64_
     data::Batch batch =
         token_average ? std::move(batches[static_cast<std::size_t>(micro)]) : next_batch(micro);
     Tensor inputs = faults.inputs(counters.step, prepare_inputs(batch.inputs, ctx.run.precision));
+    ctx.call.document_starts = batch.document_starts;  // undefined unless documents are packed
     const MicroPosition position = micro_position(micro, plan.accumulation);
     graphs->run(position, ctx, inputs, batch.targets, fault, counters.step,
                 [&](Context& c, const Tensor& in, const Tensor& tg) {
@@ -134,12 +135,18 @@ TrainResult Trainer::train() {
   PreemptionDeadline deadline(t.preemption_grace_s());
   StepCounters& n = s.counters;
 
-  s.metrics->print("training " + s.e.model().name() + " (" +
-                   std::to_string(s.model.net->parameter_count()) + " parameters) on " +
-                   s.device.str() + " x" + std::to_string(s.world.size) + ", batch " +
-                   std::to_string(s.plan.per_gpu) + " x " + std::to_string(s.plan.accumulation) +
-                   " x " + std::to_string(s.world.size) + " = " + std::to_string(s.plan.global) +
-                   ", " + std::to_string(s.total_steps) + " steps");
+  std::int64_t trained = 0;
+  for (const Parameter* p : s.parameters) trained += p->value.numel();
+  const std::int64_t all = s.model.net->parameter_count();
+  // LoRA: how many of them train, as PEFT's print_trainable_parameters says it.
+  const std::string frozen =
+      trained == all ? "" : ", " + std::to_string(trained) + " trained (LoRA adapters)";
+  s.metrics->print("training " + s.e.model().name() + " (" + std::to_string(all) + " parameters" +
+                   frozen + ") on " + s.device.str() + " x" + std::to_string(s.world.size) +
+                   ", batch " + std::to_string(s.plan.per_gpu) + " x " +
+                   std::to_string(s.plan.accumulation) + " x " + std::to_string(s.world.size) +
+                   " = " + std::to_string(s.plan.global) + ", " + std::to_string(s.total_steps) +
+                   " steps");
   if (s.world.size > 1) {
     s.metrics->print("optimizer state: " + std::to_string(s.optimizer_bytes) +
                      " bytes on this rank (parallel.zero_stage " +

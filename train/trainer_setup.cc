@@ -130,11 +130,12 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
                                   "the experiment (config file and --set overrides)");
 
   initialise_model(s);
+  // Frozen parameters (LoRA's base) get no gradient, reduction, master copy or optimizer state.
+  s.parameters = trainable(s.model.net->parameters());
   NamedTensors fp32_init;
-  for (Parameter* p : s.model.net->parameters()) {
+  for (Parameter* p : s.parameters) {
     fp32_init.emplace_back(p->name, p->value.to(s.device));
   }
-  s.parameters = s.model.net->parameters();
   s.precision = precision_for(s.e, s.device);
   s.channels_last_layout = channels_last(s.e.model(), s.device, s.precision.policy);
   s.model.net->to(s.device, s.device.is_cpu() && s.precision.parameter_dtype == DType::F32
@@ -142,7 +143,7 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
                                 : s.precision.parameter_dtype);
   if (world.size > 1) {
     s.sync = make_data_parallel_sync(std::make_unique<DataParallel>(
-        s.model.net->parameters(), s.model.net->buffers(), *s.comm, data_parallel_options(s.e)));
+        s.parameters, s.model.net->buffers(), *s.comm, data_parallel_options(s.e)));
   } else {
     s.sync = make_local_gradients(s.parameters);
   }
@@ -170,8 +171,8 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
                      "train.offload_update: DEVICE_KERNELS (ZeRO shards it)");
   }
   const std::size_t allocated_before = allocator_for(s.device).stats().allocated_bytes;
-  s.optimizer = std::make_unique<StepOptimizer>(s.model.net->parameters(), fp32_init, s.e,
-                                                s.total_steps, s.sync->shard_group());
+  s.optimizer = std::make_unique<StepOptimizer>(s.parameters, fp32_init, s.e, s.total_steps,
+                                                s.sync->shard_group());
   const std::size_t allocated_after = allocator_for(s.device).stats().allocated_bytes;
   s.optimizer_bytes = allocated_after > allocated_before ? allocated_after - allocated_before : 0;
   Shape input = s.model.sample_shape;

@@ -98,8 +98,9 @@ __global__ void column_partial_sums_kernel(const T* __restrict__ dy, std::int64_
 template <typename S, typename T>
 __global__ void softmax_forward_kernel(const S* __restrict__ scores, const float* __restrict__ mask,
                                        std::int64_t rows, std::int64_t tq, std::int64_t tk,
-                                       std::int64_t heads, bool causal, double p, std::uint64_t key,
-                                       std::uint64_t stream_value,
+                                       std::int64_t heads, bool causal,
+                                       const std::int32_t* __restrict__ starts, double p,
+                                       std::uint64_t key, std::uint64_t stream_value,
                                        const std::uint64_t* __restrict__ stream_source,
                                        T* __restrict__ probs, T* __restrict__ dropped) {
   std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
@@ -108,7 +109,8 @@ __global__ void softmax_forward_kernel(const S* __restrict__ scores, const float
   const S* s = scores + row * tk;
   const float* m = mask ? mask + (row / (heads * tq)) * tk : nullptr;
   const std::int64_t visible = causal ? min(tk, tk - tq + row % tq + 1) : tk;
-  auto attended = [&](std::int64_t j) { return j < visible && (!m || m[j] != 0.0f); };
+  const std::int64_t first = starts ? starts[(row / (heads * tq)) * tq + row % tq] : 0;
+  auto attended = [&](std::int64_t j) { return j >= first && j < visible && (!m || m[j] != 0.0f); };
   S row_max = -INFINITY;
   for (std::int64_t j = lane; j < tk; j += kWarp)
     if (attended(j)) row_max = max(row_max, s[j]);
@@ -222,7 +224,8 @@ void accumulate_bias_grad(const Tensor& dy, Tensor& bias_grad) {
 }
 
 void attention_softmax_forward(const Tensor& scores, const Tensor& mask, std::int64_t heads,
-                               bool causal, double p, std::uint64_t key, std::uint64_t stream,
+                               bool causal, const Tensor& document_starts, double p,
+                               std::uint64_t key, std::uint64_t stream,
                                const std::uint64_t* stream_source, Tensor& probs,
                                Tensor& dropped_probs) {
   std::int64_t tq = scores.size(1), tk = scores.size(2), rows = scores.size(0) * tq;
@@ -232,8 +235,10 @@ void attention_softmax_forward(const Tensor& scores, const Tensor& mask, std::in
   KILN_CUDA_DISPATCH_FLOATING(probs.dtype(), T, {
     using S = typename Compute<T>::type;
     softmax_forward_kernel<S, T><<<blocks, kRowsPerBlock * kWarp, 0, stream_of(scores)>>>(
-        static_cast<const S*>(scores.data()), m, rows, tq, tk, heads, causal, p, key, stream,
-        stream_source, static_cast<T*>(probs.data()),
+        static_cast<const S*>(scores.data()), m, rows, tq, tk, heads, causal,
+        document_starts.defined() ? static_cast<const std::int32_t*>(document_starts.data())
+                                  : nullptr,
+        p, key, stream, stream_source, static_cast<T*>(probs.data()),
         dropped_probs.defined() ? static_cast<T*>(dropped_probs.data()) : nullptr);
     KILN_CUDA_LAUNCH_CHECK();
   });

@@ -26,11 +26,13 @@ KILN_CUDA_OP("accumulate_bias_grad",
 // scores (BH, Tq, Tk) fp32 (f64), mask (B, Tk) fp32 or undefined -> probs, dropped_probs
 // (BH, Tq, Tk) in the matmul dtype (dropped_probs undefined when p == 0). Causal: query i sees
 // keys j <= Tk - Tq + i (bottom-right aligned: the KV cache's new queries after past = Tk - Tq).
+// document_starts (B, Tq) I32 or undefined: query i also sees no key before its document's start.
 // Every dropout entry point here takes the mask's Philox stream (the step) by value and, through
 // stream_source (device memory), optionally by address: when not null the kernels read the stream
 // there as they run, so a captured CUDA graph draws the replayed step's mask.
 KILN_CUDA_OP("attention", void attention_softmax_forward(const Tensor& scores, const Tensor& mask,
-                                                         std::int64_t heads, bool causal, double p,
+                                                         std::int64_t heads, bool causal,
+                                                         const Tensor& document_starts, double p,
                                                          std::uint64_t key, std::uint64_t stream,
                                                          const std::uint64_t* stream_source,
                                                          Tensor& probs, Tensor& dropped_probs));
@@ -58,21 +60,24 @@ KILN_CUDA_OP("attention",
 // out (B*T, H d) = dropout(softmax(q k^T / sqrt(d) + mask)) v per query head, without the (T, T)
 // scores in memory; lse (B*H, T) fp32 per query head, what backward recomputes the probabilities
 // from. Causal: query i attends keys j <= i, and key tiles wholly above the diagonal are never
-// computed.
+// computed. document_starts (B, T) I32 or undefined (CallInputs::document_starts): query i attends
+// no key before its document's start either.
 KILN_CUDA_OP("attention",
              void flash_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t heads,
-                                          std::int64_t kv_heads, const Tensor& mask, bool causal,
-                                          double p, std::uint64_t key, std::uint64_t stream,
+                                          std::int64_t kv_heads, const Tensor& mask,
+                                          const Tensor& document_starts, bool causal, double p,
+                                          std::uint64_t key, std::uint64_t stream,
                                           const std::uint64_t* stream_source, Tensor& out,
                                           Tensor& lse));
 // dqkv (B*T, (H + 2 H_kv) d) written (=) from dout (B*T, H d) and the forward's out and lse (same
-// heads, kv_heads and causal); dK and dV sum over each group's query heads in a fixed order.
+// heads, kv_heads, causal and document starts); dK and dV sum over each group's query heads in a
+// fixed order.
 KILN_CUDA_OP("attention",
              void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
                                            const Tensor& lse, const Tensor& mask,
-                                           std::int64_t batch, std::int64_t heads,
-                                           std::int64_t kv_heads, bool causal, double p,
-                                           std::uint64_t key, std::uint64_t stream,
+                                           const Tensor& document_starts, std::int64_t batch,
+                                           std::int64_t heads, std::int64_t kv_heads, bool causal,
+                                           double p, std::uint64_t key, std::uint64_t stream,
                                            const std::uint64_t* stream_source, Tensor& dqkv));
 // cuDNN's fused attention (layers/cuda/cudnn_attention.cc) for the packed layout, generalised to
 // grouped-query attention: rows [q (H d) | k (H_kv d) | v (H_kv d)], d = 8..128 a multiple of 8

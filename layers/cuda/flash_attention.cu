@@ -20,6 +20,11 @@
 // query tile's key tiles after its own are wholly above the diagonal and never loaded or
 // computed (forward and dQ stop at the diagonal tile; dK/dV starts at it), and only the diagonal
 // tile masks key > query. dS^T of the skipped tiles is neither written nor read.
+// Packed documents (document starts (B, T), CallInputs::document_starts): query i also attends no
+// key before its document's start s(i). Starts never decrease along a row, so a query tile's
+// earliest start is its first query's: forward and dQ begin at that start's key tile, and dK/dV
+// stops before the first query tile wholly after the next document start past its keys (the dQ
+// kernel reads no dS^T it did not write); each element compares the key with its query's start.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -37,10 +42,13 @@
 #include "core/cuda/element.cuh"
 #include "core/stream.h"
 #include "layers/cuda/attention_cuda.h"
+#include "layers/cuda/mma_fragments.cuh"
 #include "layers/dropout.h"
 
 namespace kiln::cuda {
 namespace {
+
+using namespace mma_fragments;  // pack, mma, ldmatrix_x4(_trans)
 
 constexpr int kDim = 64;       // head dimension
 constexpr int kTile = 64;      // queries per block and keys per tile (and the reverse in dK/dV)
@@ -64,7 +72,8 @@ struct FlashArgs {
   int bh_first;       // the grid's first (batch * query head): backward runs in chunks of the
                       // workspace, whole groups each
   const float* mask;  // (B, T) key mask, 1 attend, 0 padding; null for none
-  bool causal;        // query i attends keys j <= i only
+  const std::int32_t* starts;  // (B, T) packed documents' starts; null for none
+  bool causal;                 // query i attends keys j <= i only
   int t;
   int heads;         // H, query heads
   int group;         // H / H_kv: query heads per key/value head
@@ -80,46 +89,6 @@ struct FlashArgs {
   // a captured CUDA graph replays with the current step.
   const std::uint64_t* stream_source;
 };
-
-template <typename T>
-__device__ __forceinline__ std::uint32_t pack(float lo, float hi) {
-  std::uint32_t u;
-  if constexpr (std::is_same_v<T, __half>) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    std::memcpy(&u, &h, 4);
-  } else {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    std::memcpy(&u, &h, 4);
-  }
-  return u;
-}
-
-template <typename T>
-__device__ __forceinline__ std::uint32_t pack(T lo, T hi) {
-  std::uint16_t a, b;
-  std::memcpy(&a, &lo, 2);
-  std::memcpy(&b, &hi, 2);
-  return static_cast<std::uint32_t>(a) | (static_cast<std::uint32_t>(b) << 16);
-}
-
-// c += a (16x16, row-major fragment) * b (16x8, column fragment).
-template <typename T>
-__device__ __forceinline__ void mma(float c[4], const std::uint32_t a[4], std::uint32_t b0,
-                                    std::uint32_t b1) {
-  if constexpr (std::is_same_v<T, __half>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
 
 // The A fragments (16 rows x 64 dims, 4 k-steps) of rows r0 and r0 + 8 of a (T, 64) matrix in
 // global memory whose rows are ld elements apart; rows past T are zero.
@@ -166,6 +135,12 @@ __device__ __forceinline__ void cp_async_wait_previous() {
   asm volatile("cp.async.wait_group 1;\n" ::);
 }
 
+// Token i's document start, clamped into [0, i] (bad input must not widen the tiles visited); 0
+// without packed documents.
+__device__ __forceinline__ int document_start(const std::int32_t* starts, int i) {
+  return starts == nullptr ? 0 : min(max(starts[i], 0), i);
+}
+
 __device__ __forceinline__ bool key_attended(const float* mask, int key, int t) {
   return key < t && (mask == nullptr || mask[key] != 0.0f);
 }
@@ -197,22 +172,6 @@ __device__ __forceinline__ void fetch_keys(KeyValueTiles<T>& s, const T* k, cons
   load_tile_async(k, ld, k0, t, s.k[b]);
   load_tile_async(v, ld, k0, t, s.v[b]);
   if (threadIdx.x < kTile) s.key_ok[b][threadIdx.x] = key_attended(mask, k0 + threadIdx.x, t);
-}
-
-// Four 8x8 b16 matrices from shared memory (lane l addresses row l % 8 of matrix l / 8); r[i] of
-// lane l holds matrix i's row l / 4, columns 2 (l % 4) and +1 (transposed: column l / 4, rows).
-__device__ __forceinline__ void ldmatrix_x4(std::uint32_t r[4], const void* p) {
-  unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t r[4], const void* p) {
-  unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
 }
 
 // acc (16 x 64) += A (16 x 64 over 4 k-steps) * tile^T, where the tile holds 64 rows of 64
@@ -278,10 +237,11 @@ __device__ __forceinline__ void mma_p_rows(const float p[8][4], const T* tile, i
 // keys in dK/dV) and its lane's row group g and column pair c in the mma fragments.
 struct Place {
   int bh, t, lane, g, c, first;
-  std::int64_t base_q;    // where query head bh's token 0 starts in q, dq
-  std::int64_t base_kv;   // where its key/value head's starts in k, v, dk, dv
-  std::int64_t base_out;  // where query head bh's starts in out, dout
-  const float* mask;      // this batch's key mask, or null
+  std::int64_t base_q;         // where query head bh's token 0 starts in q, dq
+  std::int64_t base_kv;        // where its key/value head's starts in k, v, dk, dv
+  std::int64_t base_out;       // where query head bh's starts in out, dout
+  const float* mask;           // this batch's key mask, or null
+  const std::int32_t* starts;  // this batch's document starts, or null
 };
 
 // group: a.group, or a constant 1 where the caller knows it (multi-head: base_kv is base_q).
@@ -298,6 +258,7 @@ __device__ __forceinline__ Place place_of(const FlashArgs& a, int bh, int group)
   p.base_kv = batch * p.t * a.ld_qkv + head / group * kDim;
   p.base_out = batch * p.t * a.ld_out + head * kDim;
   p.mask = a.mask ? a.mask + batch * p.t : nullptr;
+  p.starts = a.starts ? a.starts + batch * p.t : nullptr;
   return p;
 }
 
@@ -331,12 +292,17 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashArgs a) {
   float o[8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   // Causal: key tiles after this block's queries are wholly above the diagonal: not visited.
   const int k_end = a.causal ? min(t, static_cast<int>(blockIdx.x) * kTile + kTile) : t;
+  // Packed documents: key tiles before the block's earliest start are not visited either.
+  const int k_begin =
+      document_start(at.starts, static_cast<int>(blockIdx.x) * kTile) / kTile * kTile;
+  const int row_start[2] = {row[0] < t ? document_start(at.starts, row[0]) : 0,
+                            row[1] < t ? document_start(at.starts, row[1]) : 0};
   const std::uint64_t stream = kDropout ? dropout_stream(a) : 0;
 
   auto fetch = [&](int k0) { fetch_keys(tiles, k, v, ld, mask, k0, t); };
-  fetch(0);
+  fetch(k_begin);
   cp_async_commit();
-  for (int k0 = 0; k0 < k_end; k0 += kTile) {
+  for (int k0 = k_begin; k0 < k_end; k0 += kTile) {
     next_tile(k0, k_end, fetch);
     if (at.first >= t) continue;  // this warp's rows are all past T
     const T* ks = tiles.k[(k0 / kTile) & 1];
@@ -354,7 +320,8 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashArgs a) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         int col = nt * 8 + 2 * c + (e & 1);
-        bool on = (every_key || key_ok[col] != 0.0f) && !(diagonal && k0 + col > row[e >> 1]);
+        bool on = (every_key || key_ok[col] != 0.0f) && !(diagonal && k0 + col > row[e >> 1]) &&
+                  k0 + col >= row_start[e >> 1];
         s[nt][e] = on ? s[nt][e] * a.scale_log2 : -INFINITY;
         tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[nt][e]);
       }
@@ -431,6 +398,8 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kv_kernel(FlashArgs a
   __shared__ __align__(16) T q_tiles[2][kTile * kPad];  // double-buffered
   __shared__ __align__(16) T do_tiles[2][kTile * kPad];
   __shared__ float lse_tiles[2][kTile], delta_tiles[2][kTile];
+  __shared__ int start_tiles[2][kTile];  // the queries' document starts
+  __shared__ int first_after;            // the first document start after this block's keys
   // One block row per (batch * key/value head) r, whose query heads are the (batch * query head)
   // rows r * group .. r * group + group - 1; a chunk starts at a whole group.
   const int group = kGrouped ? a.group : 1;
@@ -447,6 +416,18 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kv_kernel(FlashArgs a
   // Causal: query tiles before this block's keys are wholly above the diagonal (P = 0): not
   // visited, and the dQ kernel does not read their dS^T.
   const int q_start = a.causal ? static_cast<int>(blockIdx.x) * kTile : 0;
+  // Packed documents: queries from the first start after this block's last key on (starts never
+  // decrease) see none of its keys: their tiles are not visited.
+  int q_end = t;
+  if (at.starts != nullptr) {
+    const int k_last = min(static_cast<int>(blockIdx.x) * kTile + kTile - 1, t - 1);
+    if (threadIdx.x == 0) first_after = t;
+    __syncthreads();
+    for (int i = k_last + 1 + static_cast<int>(threadIdx.x); i < t; i += kThreads)
+      if (document_start(at.starts, i) > k_last) atomicMin(&first_after, i);
+    __syncthreads();
+    q_end = first_after;
+  }
   [[maybe_unused]] const std::uint64_t stream = kDropout ? dropout_stream(a) : 0;
 
   // Query head bh's pass: its q and dout rows, and this lane's column pair of its key row g in
@@ -461,17 +442,21 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kv_kernel(FlashArgs a
         std::int64_t i = static_cast<std::int64_t>(bh) * t + r;
         lse_tiles[b][threadIdx.x] = r < t ? a.lse[i] : INFINITY;
         delta_tiles[b][threadIdx.x] = r < t ? a.delta[i] : 0.0f;
+        start_tiles[b][threadIdx.x] = r < t ? document_start(at.starts, r) : 0;
       }
     };
     fetch(q_start);
     cp_async_commit();
-    for (int q0 = q_start; q0 < t; q0 += kTile) {
-      next_tile(q0, t, fetch);
+    for (int q0 = q_start; q0 < q_end; q0 += kTile) {
+      next_tile(q0, q_end, fetch);
       // This warp's keys are all past T: the dQ kernel reads their dS rows as zeros.
       if (at.first >= t) continue;
       // The causal diagonal tile: a query before one of this warp's 16 keys.
       const bool diagonal = a.causal && q0 < at.first + 16;
-      auto visible = [&](int i, int col) { return key_on[i] && !(diagonal && q0 + col < key[i]); };
+      const int* start_s = start_tiles[(q0 / kTile) & 1];
+      auto visible = [&](int i, int col) {
+        return key_on[i] && !(diagonal && q0 + col < key[i]) && key[i] >= start_s[col];
+      };
       const T* qs = q_tiles[(q0 / kTile) & 1];
       const T* dos = do_tiles[(q0 / kTile) & 1];
       const float* lse_s = lse_tiles[(q0 / kTile) & 1];
@@ -588,7 +573,7 @@ __global__ void __launch_bounds__(kThreads, 6) flash_backward_dq_kernel(FlashArg
     load_tile_async(ds, a.ld_ds, k0, t, ds_tiles[b]);
     load_tile_async(k, ld, k0, t, k_tiles[b]);
   };
-  fetch(0);
+  fetch(document_start(at.starts, q_first) / kTile * kTile);
   cp_async_commit();
   // Lane l addresses row l % 8 of 8x8 matrix l / 8: keys +8 for matrices 2, 3 and queries +8
   // for 1, 3, so that .trans hands out the A fragment (queries x keys) in a[0..3] order.
@@ -597,7 +582,10 @@ __global__ void __launch_bounds__(kThreads, 6) flash_backward_dq_kernel(FlashArg
   // Causal: key tiles after this block's queries are wholly above the diagonal (dS = 0, never
   // written by the dK/dV kernel): not visited.
   const int k_end = a.causal ? min(t, q_first + kTile) : t;
-  for (int k0 = 0; k0 < k_end; k0 += kTile) {
+  // Packed documents: key tiles before the block's earliest start (dS = 0, not written by the
+  // dK/dV kernel) are not visited either.
+  const int k_begin = document_start(at.starts, q_first) / kTile * kTile;
+  for (int k0 = k_begin; k0 < k_end; k0 += kTile) {
     next_tile(k0, k_end, fetch);
     if (at.first >= t) continue;  // this warp's queries are all past T
     const T* dss = ds_tiles[(k0 / kTile) & 1] + a_offset;
@@ -621,8 +609,8 @@ __global__ void __launch_bounds__(kThreads, 6) flash_backward_dq_kernel(FlashArg
 // q, k, v of the packed (B*T, (H + 2 H_kv) 64) projection; the output and its gradient
 // (B*T, H 64).
 FlashArgs args_of(const Tensor& qkv, std::int64_t batch, std::int64_t heads, std::int64_t kv_heads,
-                  const Tensor& mask, bool causal, double p, std::uint64_t key,
-                  std::uint64_t stream, const std::uint64_t* stream_source) {
+                  const Tensor& mask, const Tensor& document_starts, bool causal, double p,
+                  std::uint64_t key, std::uint64_t stream, const std::uint64_t* stream_source) {
   const std::int64_t e = heads * kDim, ekv = kv_heads * kDim;
   FlashArgs a{};
   a.t = static_cast<int>(qkv.size(0) / batch);
@@ -638,6 +626,14 @@ FlashArgs args_of(const Tensor& qkv, std::int64_t batch, std::int64_t heads, std
   a.stream = stream;
   a.stream_source = stream_source;
   a.mask = mask.defined() ? static_cast<const float*>(mask.data()) : nullptr;
+  if (document_starts.defined()) {
+    KILN_CHECK(document_starts.dtype() == DType::I32 && document_starts.is_contiguous() &&
+                   document_starts.numel() == qkv.size(0) &&
+                   document_starts.device() == qkv.device(),
+               "flash attention: document starts " + document_starts.str() +
+                   " must be contiguous I32 (B, T) on " + qkv.device().str());
+    a.starts = static_cast<const std::int32_t*>(document_starts.data());
+  }
   a.causal = causal;
   const char* base = static_cast<const char*>(qkv.data());
   const std::size_t size = dtype_size(qkv.dtype());
@@ -697,14 +693,16 @@ bool flash_attention_supported(DType dtype, std::int64_t batch, std::int64_t hea
 }
 
 void flash_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t heads,
-                             std::int64_t kv_heads, const Tensor& mask, bool causal, double p,
+                             std::int64_t kv_heads, const Tensor& mask,
+                             const Tensor& document_starts, bool causal, double p,
                              std::uint64_t key, std::uint64_t stream,
                              const std::uint64_t* stream_source, Tensor& out, Tensor& lse) {
   if (qkv.numel() == 0) return;
   check_packed(qkv, batch, heads, kv_heads, {&out});
   KILN_CHECK(aligned16({qkv.data(), out.data()}),
              "flash attention: qkv and out must be 16-byte aligned");
-  FlashArgs a = args_of(qkv, batch, heads, kv_heads, mask, causal, p, key, stream, stream_source);
+  FlashArgs a = args_of(qkv, batch, heads, kv_heads, mask, document_starts, causal, p, key, stream,
+                        stream_source);
   a.out = out.data();
   a.lse = static_cast<float*>(lse.data());
   cudaStream_t s = stream_of(qkv);
@@ -725,9 +723,9 @@ void flash_attention_forward(const Tensor& qkv, std::int64_t batch, std::int64_t
 }
 
 void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
-                              const Tensor& lse, const Tensor& mask, std::int64_t batch,
-                              std::int64_t heads, std::int64_t kv_heads, bool causal, double p,
-                              std::uint64_t key, std::uint64_t stream,
+                              const Tensor& lse, const Tensor& mask, const Tensor& document_starts,
+                              std::int64_t batch, std::int64_t heads, std::int64_t kv_heads,
+                              bool causal, double p, std::uint64_t key, std::uint64_t stream,
                               const std::uint64_t* stream_source, Tensor& dqkv) {
   if (qkv.numel() == 0) return;
   check_packed(qkv, batch, heads, kv_heads, {&out, &dout});
@@ -735,7 +733,8 @@ void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor
              "flash attention: dqkv " + dqkv.str() + " must be shaped like qkv " + qkv.str());
   KILN_CHECK(aligned16({qkv.data(), out.data(), dout.data(), dqkv.data()}),
              "flash attention: operands must be 16-byte aligned");
-  FlashArgs a = args_of(qkv, batch, heads, kv_heads, mask, causal, p, key, stream, stream_source);
+  FlashArgs a = args_of(qkv, batch, heads, kv_heads, mask, document_starts, causal, p, key, stream,
+                        stream_source);
   const std::int64_t rows = qkv.size(0) * heads;  // (token row, query head) pairs
   Tensor delta = Tensor::empty({rows}, DType::F32, qkv.device());
   // dq, dk, dv start where q, k, v do in the packed rows.

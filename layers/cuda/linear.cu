@@ -242,39 +242,14 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Activa
   if (act == Activation::GELU || act == Activation::GELUErf) saved = z;
 }
 
-bool linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Activation act,
-                     const Tensor& saved, std::int64_t saved_ld, Tensor& weight_grad,
-                     Tensor* bias_grad, Tensor& dx, const InputActivation* input_activation) {
-  std::int64_t rows = x.size(0), in = x.size(1), out = w.size(0);
-  if (rows == 0) return false;  // nothing to add, dx is empty
-  Device device = x.device();
-  DType mm = x.dtype();
-  auto stream = static_cast<cudaStream_t>(current_stream(device));
-  // dz (M, out) in the GEMM dtype. cuBLASLt's DRELU/DGELU epilogues apply the derivative to a
-  // GEMM's output (the previous layer's activation), so this layer's own comes from a kernel.
-  Tensor dz;
-  if (act == Activation::None) {
-    dz = dy.dtype() == mm ? dy : dy.to(mm);
-  } else {
-    Tensor g = dy.dtype() == saved.dtype() ? dy : dy.to(saved.dtype());
-    dz = Tensor::empty({rows, out}, mm, device);
-    std::int64_t n = rows * out;
-    if (n > 0 && saved_ld == out && saved.dtype() == mm) {
-      cuda::activation_backward(act, saved, g, dz);  // contiguous: the packed kernels
-    } else if (n > 0) {
-      KILN_CUDA_DISPATCH_FLOATING(saved.dtype(), T, {
-        KILN_CUDA_DISPATCH_FLOATING(mm, TO, {
-          activation_grad_kernel<T, TO><<<grid_for(n), 256, 0, stream>>>(
-              static_cast<const T*>(g.data()), static_cast<const T*>(saved.data()), saved_ld, act,
-              static_cast<TO*>(dz.data()), rows, out);
-          KILN_CUDA_LAUNCH_CHECK();
-        });
-      });
-    }
-  }
+namespace {
 
-  // weight.grad (out, in) += dz^T x, i.e. column-major dW^T (in, out) = x^T-view (in, M) dz (M,
-  // out).
+// weight.grad (out, in) += dz^T x (and bias.grad += column sums of dz when asked for).
+void accumulate_weight_grad(const Tensor& x, const Tensor& dz, Tensor& weight_grad,
+                            Tensor* bias_grad) {
+  const std::int64_t rows = x.size(0), in = x.size(1), out = dz.size(1);
+  const Device device = x.device();
+  const DType mm = x.dtype();
   LtGemm gw;
   gw.trans_b = true;
   gw.m = in;
@@ -317,6 +292,44 @@ bool linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Activat
     if (bias_grad && !bias_done) launch_bias_grad(dz, *bias_grad);
   }
   if (!direct) ops::axpy(1.0, wg.to(weight_grad.dtype()), weight_grad);
+}
+
+}  // namespace
+
+bool linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Activation act,
+                     const Tensor& saved, std::int64_t saved_ld, Tensor& weight_grad,
+                     Tensor* bias_grad, Tensor& dx, const InputActivation* input_activation) {
+  std::int64_t rows = x.size(0), in = x.size(1), out = w.size(0);
+  if (rows == 0) return false;  // nothing to add, dx is empty
+  Device device = x.device();
+  DType mm = x.dtype();
+  auto stream = static_cast<cudaStream_t>(current_stream(device));
+  // dz (M, out) in the GEMM dtype. cuBLASLt's DRELU/DGELU epilogues apply the derivative to a
+  // GEMM's output (the previous layer's activation), so this layer's own comes from a kernel.
+  Tensor dz;
+  if (act == Activation::None) {
+    dz = dy.dtype() == mm ? dy : dy.to(mm);
+  } else {
+    Tensor g = dy.dtype() == saved.dtype() ? dy : dy.to(saved.dtype());
+    dz = Tensor::empty({rows, out}, mm, device);
+    std::int64_t n = rows * out;
+    if (n > 0 && saved_ld == out && saved.dtype() == mm) {
+      cuda::activation_backward(act, saved, g, dz);  // contiguous: the packed kernels
+    } else if (n > 0) {
+      KILN_CUDA_DISPATCH_FLOATING(saved.dtype(), T, {
+        KILN_CUDA_DISPATCH_FLOATING(mm, TO, {
+          activation_grad_kernel<T, TO><<<grid_for(n), 256, 0, stream>>>(
+              static_cast<const T*>(g.data()), static_cast<const T*>(saved.data()), saved_ld, act,
+              static_cast<TO*>(dz.data()), rows, out);
+          KILN_CUDA_LAUNCH_CHECK();
+        });
+      });
+    }
+  }
+
+  // weight.grad (out, in) += dz^T x, i.e. column-major dW^T (in, out) = x^T-view (in, M) dz (M,
+  // out). None for a frozen weight (LoRA's base).
+  if (weight_grad.defined()) accumulate_weight_grad(x, dz, weight_grad, bias_grad);
 
   // dx (M, in) = dz W, i.e. column-major dx^T (in, M) = W-view (in, out) dz^T (out, M).
   if (dx.defined()) {

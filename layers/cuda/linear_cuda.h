@@ -25,10 +25,10 @@ struct InputActivation {
   Tensor saved;
   std::int64_t saved_ld = 0;
 };
-// Backward on CUDA: dz = dy * act'(saved); weight_grad += dz^T x; bias_grad += sum_rows dz
-// (undefined: none); dx (M, in) = dz W (undefined: not computed). With input_activation (GELU,
-// half GEMMs) dx is multiplied by its derivative in the dx GEMM's epilogue where cuBLASLt can:
-// true when it was.
+// Backward on CUDA: dz = dy * act'(saved); weight_grad += dz^T x (undefined: none, a frozen
+// weight); bias_grad += sum_rows dz (null: none); dx (M, in) = dz W (undefined: not computed). With
+// input_activation (GELU, half GEMMs) dx is multiplied by its derivative in the dx GEMM's epilogue
+// where cuBLASLt can: true when it was.
 KILN_CUDA_OP("Linear",
              bool linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
                                   Activation act, const Tensor& saved, std::int64_t saved_ld,

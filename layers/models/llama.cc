@@ -7,7 +7,10 @@
 // residual additions ride in post_attention_layernorm's pass and in down_proj's GEMM epilogue.
 // Init as transformers: N(0, initializer_range 0.02) weights and embeddings, zero biases,
 // RMSNorm 1. With Context::kv_cache the input holds only new tokens, at positions past..past+T-1.
+// With model.lora (ModelOptions::lora), LoRA adapters on the projections it names (PEFT's names:
+// model.layers.N.self_attn.q_proj.lora_A.weight) and every other parameter frozen.
 
+#include <cmath>
 #include <memory>
 #include <string>
 #include <utility>
@@ -36,7 +39,8 @@ class LlamaDecoderLayer : public Layer {
                             std::make_unique<GroupedQueryAttention>(attention, std::move(rotary)));
     post_norm_ = &add_child("post_attention_layernorm",
                             std::make_unique<RMSNorm>(o.hidden_size, o.llama.rms_norm_eps));
-    mlp_ = &add_child("mlp", std::make_unique<SwiGluMlp>(o.hidden_size, o.intermediate_size));
+    mlp_ =
+        &add_child("mlp", std::make_unique<SwiGluMlp>(o.hidden_size, o.intermediate_size, o.lora));
   }
   std::string type() const override { return "LlamaDecoderLayer"; }
   Shape output_shape(const Shape& input) const override { return input; }
@@ -68,6 +72,10 @@ class LlamaDecoderLayer : public Layer {
   SwiGluMlp* mlp_;
 };
 
+bool is_adapter(const Parameter& p) {
+  return is_lora_parameter(p.name);
+}
+
 class LlamaForCausalLM : public HeadedLanguageModel {
  public:
   explicit LlamaForCausalLM(const ModelOptions& o)
@@ -84,6 +92,7 @@ class LlamaForCausalLM : public HeadedLanguageModel {
     attention.rotary.low_freq_factor = o.llama.rope_low_freq_factor;
     attention.rotary.high_freq_factor = o.llama.rope_high_freq_factor;
     attention.rotary.original_max_positions = o.llama.rope_original_max_positions;
+    attention.lora = o.lora;
     const std::int64_t head_dim =
         attention.head_dim > 0 ? attention.head_dim : o.hidden_size / o.num_heads;
     auto rotary = std::make_shared<RotaryEmbedding>(head_dim, o.max_positions, attention.rotary);
@@ -105,6 +114,12 @@ class LlamaForCausalLM : public HeadedLanguageModel {
     } else {
       head_ = &add_child("lm_head", std::make_unique<Linear>(hidden_, vocab_, /*bias=*/false));
     }
+    if (o.lora.enabled()) {
+      for (Parameter* p : parameters()) {
+        p->frozen = !is_adapter(*p);
+        if (p->frozen) p->grad = Tensor();
+      }
+    }
   }
   std::string type() const override { return "LlamaForCausalLM"; }
   Shape output_shape(const Shape& input) const override { return {input[0], input[1], vocab_}; }
@@ -116,7 +131,18 @@ class LlamaForCausalLM : public HeadedLanguageModel {
   }
   void reset_parameters(std::uint64_t seed) override {
     std::uint64_t index = 0;
+    std::uint64_t adapter = 0;  // the adapters' own count: the base initialises as without them
     for (Parameter* p : parameters()) {
+      if (is_adapter(*p)) {  // PEFT's init: A as nn.Linear's weight, B zero
+        const double bound = 1.0 / std::sqrt(static_cast<double>(p->value.size(-1)));
+        if (p->name.find("lora_A.") != std::string::npos) {
+          ops::fill_uniform(p->value, -bound, bound,
+                            (seed * 7919ull + 0x10Aull) * 1000003ull + ++adapter);
+        } else {
+          p->value.fill(0.0);
+        }
+        continue;
+      }
       ++index;
       const bool norm =
           p->name.find("layernorm") != std::string::npos || p->name.rfind("model.norm", 0) == 0;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "layers/layer.h"
+#include "layers/lora.h"
 
 namespace kiln {
 
@@ -53,6 +54,8 @@ struct ModelOptions {
     double rope_high_freq_factor = 4.0;
     int rope_original_max_positions = 8192;
   } llama;
+  // The llama family: LoRA adapters (model.lora); with them every other parameter is frozen.
+  LoraOptions lora;
 };
 
 enum class Task { Classification, MaskedLM, CausalLM };

@@ -380,5 +380,52 @@ TEST(LlmcShardErrors, TheDatasetNamesThePatternOrTheBadShard) {
       {dir.file("tiny_train_000002.bin"), "4 tokens, fewer than one window of seq_len 4"});
 }
 
+TEST(PackedDocuments, StartsAreTheLastBoundaryAtOrBeforeEachToken) {
+  Tensor ids = Tensor::from_vector<std::int64_t>({3, 7, 1, 7, 7, 2, 5, 6,  //
+                                                  7, 1, 2, 3, 4, 5, 6, 7},
+                                                 {2, 8});
+  Tensor starts = Tensor::empty({2, 8}, DType::I32);
+  fill_document_starts(ids, 7, starts);
+  EXPECT_EQ(starts.to_vector<std::int32_t>(), (std::vector<std::int32_t>{0, 1, 1, 3, 4, 4, 4, 4,  //
+                                                                         0, 0, 0, 0, 0, 0, 0, 7}));
+}
+
+// A shard whose documents each begin with the separator 50256 (as kiln tokenize and llm.c write
+// them): the loader's batches carry document starts (B, T) I32 computed from their windows, the
+// same after a restore, and llmc_first_token finds the separator.
+TEST(PackedDocuments, LoaderDeliversDocumentStartsWithEachBatch) {
+  ScratchDir dir;
+  const std::uint16_t sep = 50256;
+  // Windows of 8: [sep a b sep c d e f] [g sep h i j k l m] [n o p q r s t sep] + 1 target.
+  std::vector<std::uint16_t> tokens = {sep, 1,  2,  sep, 3,  4,  5,  6,  7,  sep, 8,   9, 10,
+                                       11,  12, 13, 14,  15, 16, 17, 18, 19, 20,  sep, 21};
+  write_llmc_shard(dir.file("docs_train_000001.bin"), tokens);
+  const std::string glob = dir.file("docs_train_*.bin");
+  EXPECT_EQ(llmc_first_token(glob), sep);
+  auto dataset = std::make_shared<LlmcShardDataset>(glob, 8, kVocab);
+  LoaderOptions options;
+  options.batch_size = 3;
+  options.workers = 0;
+  options.shuffle = false;
+  options.document_boundary_token = sep;
+  DataLoader loader(dataset, options);
+  const LoaderState start = loader.state();
+  Batch batch = loader.next();
+  ASSERT_TRUE(batch.document_starts.defined());
+  EXPECT_EQ(batch.document_starts.dtype(), DType::I32);
+  EXPECT_EQ(batch.document_starts.shape(), (Shape{3, 8}));
+  const std::vector<std::int32_t> want = {0, 0, 0, 3, 3, 3, 3, 3,  //
+                                          0, 1, 1, 1, 1, 1, 1, 1,  //
+                                          0, 0, 0, 0, 0, 0, 0, 7};
+  EXPECT_EQ(batch.document_starts.to_vector<std::int32_t>(), want);
+  loader.restore(start);
+  EXPECT_EQ(loader.next().document_starts.to_vector<std::int32_t>(), want);
+
+  options.document_boundary_token.reset();
+  DataLoader plain(dataset, options);
+  EXPECT_FALSE(plain.next().document_starts.defined());
+  expect_input_error([&] { llmc_first_token(dir.file("none_*.bin")); }, {"matches no file"});
+}
+
 }  // namespace
 }  // namespace kiln::data

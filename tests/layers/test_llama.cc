@@ -17,6 +17,7 @@
 #include "layers/models/model.h"
 #include "layers/rotary.h"
 #include "layers/swiglu_mlp.h"
+#include "tests/layers/tiny_llama.h"
 
 namespace kiln {
 namespace {
@@ -32,15 +33,7 @@ void randomize_parameters(Layer& layer, std::uint64_t seed, double bound = 0.5) 
   for (Parameter* p : layer.parameters()) ops::fill_uniform(p->value, -bound, bound, ++seed);
 }
 
-Context f64_context() {
-  Context ctx;
-  ctx.run.precision.activation = DType::F64;
-  ctx.run.precision.matmul = DType::F64;
-  ctx.run.seed = 99;
-  static const std::uint64_t kStep = 3;
-  ctx.step.step = &kStep;
-  return ctx;
-}
+using llama_test::f64_context;
 
 void expect_gradients_ok(Layer& layer, Context& ctx, const Tensor& x, bool check_input = true) {
   GradientCheckOptions opt;
@@ -263,18 +256,7 @@ TEST(GroupedQueryAttention, KvCacheDecodeMatchesFullForward) {
 }
 
 ModelOptions tiny_llama(bool tied) {
-  ModelOptions o;
-  o.name = tied ? "qwen2" : "llama";
-  o.vocab_size = 19;
-  o.hidden_size = 8;
-  o.num_layers = 2;
-  o.num_heads = 4;
-  o.intermediate_size = 12;
-  o.max_positions = 12;
-  o.seq_len = 6;
-  o.llama.num_kv_heads = 2;
-  o.llama.rope_theta = 50.0;
-  o.llama.rms_norm_eps = 1e-5;
+  ModelOptions o = llama_test::tiny_llama_options(tied ? "qwen2" : "llama");
   o.llama.tie_embeddings = tied;
   o.llama.qkv_bias = tied;
   if (!tied) o.llama.rope_llama3_factor = 8;  // tiny original_max_positions: every band used

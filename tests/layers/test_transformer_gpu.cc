@@ -827,9 +827,10 @@ FlashResult flash_run(const Tensor& qkv, const Tensor& dout, std::int64_t b, std
   const std::int64_t n = qkv.size(0);
   Tensor out = poisoned({n, h * kFlashDim}, dt), lse = poisoned({b * h, n / b}, DType::F32);
   Tensor dqkv = poisoned(qkv.shape(), dt);
-  cuda::flash_attention_forward(qkv, b, h, hkv, mask, causal, p, 1234, 7, nullptr, out, lse);
-  cuda::flash_attention_backward(qkv, out, dout, lse, mask, b, h, hkv, causal, p, 1234, 7, nullptr,
-                                 dqkv);
+  cuda::flash_attention_forward(qkv, b, h, hkv, mask, Tensor(), causal, p, 1234, 7, nullptr, out,
+                                lse);
+  cuda::flash_attention_backward(qkv, out, dout, lse, mask, Tensor(), b, h, hkv, causal, p, 1234, 7,
+                                 nullptr, dqkv);
   return {out.to(Device::cpu(), DType::F32), lse.to(Device::cpu()),
           dqkv.to(Device::cpu(), DType::F32)};
 }

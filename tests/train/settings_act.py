@@ -28,6 +28,12 @@ SHARDS = ["model.name=gpt2", "model.gpt.vocab_size=64", "model.gpt.seq_len=8", "
           "model.gpt.hidden_size=16", "model.gpt.num_layers=1", "model.gpt.num_heads=2",
           "model.gpt.intermediate_size=32", "data.kind=LLMC_SHARDS", "data.path=@SHARDS/tiny_train_*.bin",
           "data.workers=0", "data.eval_split=test", "train.eval_batches=1"]
+# A tiny Llama on the same shards (tokens below 64), windows of 32.
+LLAMA_SHARDS = ["model.name=llama", "model.llama.vocab_size=64", "model.llama.seq_len=32",
+                "model.llama.max_positions=32", "model.llama.hidden_size=16", "model.llama.num_layers=1",
+                "model.llama.num_heads=2", "model.llama.num_kv_heads=1", "model.llama.intermediate_size=32",
+                "data.kind=LLMC_SHARDS", "data.path=@SHARDS/tiny_train_*.bin", "data.workers=0",
+                "data.eval_split=none"]
 # A 6-layer GPT whose step exceeds RECOMPUTE_CAP MiB of host memory unless its blocks recompute
 # (tests/train/test_recompute.sh runs the same model).
 RECOMPUTE = ["model.name=gpt2", "model.gpt.vocab_size=64", "model.gpt.seq_len=64",
@@ -86,7 +92,7 @@ def run_once(overrides, env, mpi):
     shown["lr"] = [r["lr"] for r in train]
     shown["scale"] = [r["loss_scale"] for r in train]
     shown["eval"] = [(r["step"], r["eval_loss"]) for r in records if "eval_loss" in r]
-    m = re.search(r"\((\d+) parameters\)", shown["out"])
+    m = re.search(r"\((\d+) parameters[,)]", shown["out"])
     shown["parameters"] = m.group(1) if m else None
     shown["files"] = sorted(os.path.relpath(os.path.join(r, f), d)
                             for r, _, fs in os.walk(d) for f in fs)
@@ -158,6 +164,16 @@ CASES = {
     "model.from_hf_config": ([o for o in GPT if "num_layers" not in o] + ["model.gpt.num_layers=1"],
                              [o for o in GPT if "num_layers" not in o] + ["model.from_hf_config=@HF"],
                              differs("parameters")),
+    # LoRA (tests/infer/test_lora.cc and tests/train/test_lora_sft.sh show what the adapters do).
+    "model.lora.rank": (LLAMA_SHARDS, LLAMA_SHARDS + ["model.lora.rank=2"],
+                        lambda b, c: differs("parameters")(b, c) and "trained (LoRA adapters)" in c["out"]),
+    "model.lora.alpha": (LLAMA_SHARDS + ["model.lora.rank=2"],
+                         LLAMA_SHARDS + ["model.lora.rank=2", "model.lora.alpha=64"], differs("losses")),
+    "model.lora.dropout": (LLAMA_SHARDS + ["model.lora.rank=2"],
+                           LLAMA_SHARDS + ["model.lora.rank=2", "model.lora.dropout=0.5"], differs("losses")),
+    "model.lora.targets": (LLAMA_SHARDS + ["model.lora.rank=2"],
+                           LLAMA_SHARDS + ["model.lora.rank=2", "model.lora.targets=down_proj"],
+                           differs("parameters")),
     "model.mlp_hidden": (["model.name=mlp"], ["model.name=mlp", "model.mlp_hidden=64"], differs("parameters")),
     "data.kind": ([], ["data.kind=FASHION_MNIST", "data.workers=0"], differs("losses")),
     "data.path": (AUGMENT, AUGMENT + [f"data.path={WORK}"], fails_with("no such file")),
@@ -172,6 +188,10 @@ CASES = {
                              differs("losses")),
     # The default evaluates tiny_val_*.bin (data.path's "train" replaced by "val").
     "data.eval_path": (SHARDS, SHARDS + ["data.eval_path=@SHARDS/other_val_*.bin"], differs("eval")),
+    # -1: the first shard's first token begins each document; windows then pack documents that
+    # attend only to themselves (tests/layers/test_packed_documents.cc shows the equivalence).
+    "data.document_boundary_token": (LLAMA_SHARDS, LLAMA_SHARDS + ["data.document_boundary_token=-1"],
+                                     differs("losses")),
     "data.eval_split": ([], ["data.eval_split=train", "train.eval_batches=1"], differs("eval")),
     "data.augmentation.random_crop_padding": (AUGMENT, AUGMENT + ["data.augmentation.random_crop_padding=4"], differs("losses")),
     "data.augmentation.horizontal_flip": (AUGMENT, AUGMENT + ["data.augmentation.horizontal_flip=true"], differs("losses")),
