@@ -257,38 +257,91 @@ bool has_jpeg_extension(const std::filesystem::path& path) {
 
 }  // namespace
 
-bool decode_jpeg_rgb(const std::uint8_t* bytes, std::size_t size, std::vector<std::uint8_t>* rgb,
-                     int* width, int* height, std::string* error) {
+namespace {
+
+// The thread's decoder, made on first use; null with `error` set when TurboJPEG cannot make one.
+tjhandle thread_decoder(std::string* error) {
   TurboJpegHandle& handle = thread_turbojpeg();
   if (!handle.decoder) handle.decoder = tjInitDecompress();
-  if (!handle.decoder) {
-    *error = std::string("tjInitDecompress failed: ") + tjGetErrorStr2(nullptr);
-    return false;
-  }
-  int subsampling = 0, colorspace = 0;
+  if (!handle.decoder) *error = std::string("tjInitDecompress failed: ") + tjGetErrorStr2(nullptr);
+  return handle.decoder;
+}
+
+// A file that failed to decode can leave the handle unable to read the next header (TurboJPEG
+// 2.1 then reports a 0x0 image): the next file gets a fresh one.
+bool decoder_failed(std::string* error) {
+  TurboJpegHandle& handle = thread_turbojpeg();
+  *error = tjGetErrorStr2(handle.decoder);
+  tjDestroy(handle.decoder);
+  handle.decoder = nullptr;
+  return false;
+}
+
+}  // namespace
+
+bool read_jpeg_header(const std::uint8_t* bytes, std::size_t size, int* width, int* height,
+                      std::string* error) {
+  tjhandle decoder = thread_decoder(error);
+  if (!decoder) return false;
   if (size == 0 || size > 0xffffffffu) {
     *error = "empty or oversized file";
     return false;
   }
-  unsigned long length = static_cast<unsigned long>(size);
-  if (tjDecompressHeader3(handle.decoder, bytes, length, width, height, &subsampling,
-                          &colorspace) != 0) {
-    *error = tjGetErrorStr2(handle.decoder);
-    return false;
+  int subsampling = 0, colorspace = 0;
+  if (tjDecompressHeader3(decoder, bytes, static_cast<unsigned long>(size), width, height,
+                          &subsampling, &colorspace) != 0) {
+    return decoder_failed(error);
   }
   if (*width <= 0 || *height <= 0 || static_cast<std::int64_t>(*width) * *height > (1 << 28)) {
     *error = "implausible image size " + std::to_string(*width) + "x" + std::to_string(*height);
     return false;
   }
+  return true;
+}
+
+bool decode_jpeg_rgb(const std::uint8_t* bytes, std::size_t size, std::vector<std::uint8_t>* rgb,
+                     int* width, int* height, std::string* error, int eighths) {
+  if (!read_jpeg_header(bytes, size, width, height, error)) return false;
+  KILN_CHECK(eighths >= 1 && eighths <= 8,
+             "decode_jpeg_rgb: scale " + std::to_string(eighths) + "/8 is not in 1/8 .. 8/8");
+  const tjscalingfactor factor{eighths, 8};
+  *width = TJSCALED(*width, factor);
+  *height = TJSCALED(*height, factor);
   rgb->resize(static_cast<std::size_t>(*width) * *height * 3);
   // Warnings (a truncated scan, corrupt entropy data) count as corrupt: the decoded pixels
   // would be partly grey fill.
-  if (tjDecompress2(handle.decoder, bytes, length, rgb->data(), *width, 0, *height, TJPF_RGB,
-                    TJFLAG_STOPONWARNING) != 0) {
-    *error = tjGetErrorStr2(handle.decoder);
-    return false;
+  tjhandle decoder = thread_turbojpeg().decoder;
+  if (tjDecompress2(decoder, bytes, static_cast<unsigned long>(size), rgb->data(), *width, 0,
+                    *height, TJPF_RGB, TJFLAG_STOPONWARNING) != 0) {
+    return decoder_failed(error);
   }
   return true;
+}
+
+int jpeg_decode_eighths(CropBox box, int out_width, int out_height) {
+  if (box.width <= 0 || box.height <= 0) return 8;
+  auto need = [](int out, int in) {  // ceil(8 out / in)
+    return static_cast<int>((8 * static_cast<std::int64_t>(out) + in - 1) / in);
+  };
+  const int need_eighths = std::max(need(out_width, box.width), need(out_height, box.height));
+  // 1/8, 1/4 and 1/2 only: libjpeg-turbo's other scales run slower IDCTs than the full size's.
+  int eighths = 1;
+  while (eighths < 8 && eighths < need_eighths) eighths *= 2;
+  return eighths;
+}
+
+CropBox scale_crop_box(CropBox box, int eighths, int width, int height) {
+  if (eighths == 8) return box;
+  auto down = [&](int v) { return static_cast<int>(static_cast<std::int64_t>(v) * eighths / 8); };
+  auto up = [&](int v) {
+    return static_cast<int>((static_cast<std::int64_t>(v) * eighths + 7) / 8);
+  };
+  CropBox out;
+  out.x = std::min(down(box.x), width - 1);
+  out.y = std::min(down(box.y), height - 1);
+  out.width = std::max(1, std::min(up(box.x + box.width), width) - out.x);
+  out.height = std::max(1, std::min(up(box.y + box.height), height) - out.y);
+  return out;
 }
 
 std::vector<std::uint8_t> encode_jpeg_rgb(const std::uint8_t* rgb, int width, int height,
@@ -366,13 +419,26 @@ std::string JpegFolderDataset::describe() const {
 bool JpegFolderDataset::get(std::int64_t index, const SampleContext& context, void* input,
                             void* target) const {
   const std::string& path = files_[static_cast<std::size_t>(index)];
-  std::vector<std::uint8_t> rgb;
+  thread_local std::vector<std::uint8_t> rgb;  // one buffer per worker, grown to the largest image
   int width = 0, height = 0;
   std::string error;
   bool decoded = false;
+  CropBox box;
   try {
     std::vector<std::uint8_t> bytes = read_file(path);
-    decoded = decode_jpeg_rgb(bytes.data(), bytes.size(), &rgb, &width, &height, &error);
+    // The crop is drawn on the full size the header gives, so it does not depend on the scale.
+    if (read_jpeg_header(bytes.data(), bytes.size(), &width, &height, &error)) {
+      if (context.train && options_.random_resized_crop) {
+        box = random_resized_crop_box(width, height, options_.scale_min, options_.scale_max,
+                                      options_.ratio_min, options_.ratio_max, context, 4);
+      } else {
+        box = center_crop_box(width, height, options_.eval_crop_fraction);
+      }
+      const int size = options_.image_size;
+      const int eighths = options_.dct_scaling ? jpeg_decode_eighths(box, size, size) : 8;
+      decoded = decode_jpeg_rgb(bytes.data(), bytes.size(), &rgb, &width, &height, &error, eighths);
+      box = scale_crop_box(box, eighths, width, height);
+    }
   } catch (const InputError& e) {
     if (options_.on_corrupt == CorruptImagePolicy::kFail) throw;
     error = e.what();
@@ -385,14 +451,7 @@ bool JpegFolderDataset::get(std::int64_t index, const SampleContext& context, vo
     count_skipped();
     return false;
   }
-  CropBox box;
   bool flip = false;
-  if (context.train && options_.random_resized_crop) {
-    box = random_resized_crop_box(width, height, options_.scale_min, options_.scale_max,
-                                  options_.ratio_min, options_.ratio_max, context, 4);
-  } else {
-    box = center_crop_box(width, height, options_.eval_crop_fraction);
-  }
   if (context.train) flip = options_.horizontal_flip && (context.word(0) & 1u);
   float* image = static_cast<float*>(input);
   const int size = options_.image_size;

@@ -206,8 +206,14 @@ IntervalReport interval_report(const IntervalFigures& f) {
     report.line += buf;
   }
   report.record.emplace_back("ms_per_step", f.step_ms);
-  std::snprintf(buf, sizeof(buf), " %.1f ms/step elapsed %s ETA %s", f.step_ms,
-                format_duration(f.elapsed_s).c_str(),
+  std::snprintf(buf, sizeof(buf), " %.1f ms/step", f.step_ms);
+  report.line += buf;
+  // The share of the interval the step waited for the loader, once it is worth a look.
+  if (f.wait_fraction >= kShownDataWait) {
+    std::snprintf(buf, sizeof(buf), " data wait %.0f%%", 100.0 * f.wait_fraction);
+    report.line += buf;
+  }
+  std::snprintf(buf, sizeof(buf), " elapsed %s ETA %s", format_duration(f.elapsed_s).c_str(),
                 f.step >= f.total_steps ? "0s" : format_duration(f.eta_s).c_str());
   report.line += buf;
   if (f.grad_norm >= 0) report.record.emplace_back("grad_norm", f.grad_norm);

@@ -80,8 +80,8 @@ class MetricsSink {
 };
 
 // One training log interval's figures, and the record and line they make:
-// "step 6/6 epoch 0 loss ... samples/s [tokens/s] ... TFLOP/s [MFU ...] ... ms/step elapsed ...
-// ETA ...".
+// "step 6/6 epoch 0 loss ... samples/s [tokens/s] ... TFLOP/s [MFU ...] ... ms/step [data wait
+// N%] elapsed ... ETA ...".
 struct IntervalFigures {
   std::int64_t step = 0, total_steps = 0, epoch = 0;
   double mean_loss = 0, lr = 0, loss_scale = 1;
@@ -103,6 +103,8 @@ struct IntervalReport {
   std::string bar_text;
 };
 
+// The line shows "data wait N%" from this share of the interval on (the loader is the bound).
+constexpr double kShownDataWait = 0.01;
 IntervalReport interval_report(const IntervalFigures& f);
 
 }  // namespace kiln::train

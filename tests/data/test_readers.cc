@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -495,6 +496,78 @@ TEST(JpegFolder, ListsClassesAndDecodes) {
   }
 }
 
+// Red rising left to right, green top to bottom, a constant blue: a smooth image.
+std::vector<std::uint8_t> gradient_rgb(int width, int height, int blue) {
+  std::vector<std::uint8_t> rgb(static_cast<std::size_t>(width) * height * 3);
+  for (int y = 0; y < height; ++y) {
+    for (int x = 0; x < width; ++x) {
+      std::uint8_t* p = &rgb[(static_cast<std::size_t>(y) * width + x) * 3];
+      p[0] = static_cast<std::uint8_t>(255 * x / (width - 1));
+      p[1] = static_cast<std::uint8_t>(255 * y / (height - 1));
+      p[2] = static_cast<std::uint8_t>(blue);
+    }
+  }
+  return rgb;
+}
+
+TEST(JpegDctScaling, TheSmallestEighthThatCoversTheCrop) {
+  EXPECT_EQ(jpeg_decode_eighths({0, 0, 448, 448}, 224, 224), 4);
+  EXPECT_EQ(jpeg_decode_eighths({0, 0, 300, 500}, 224, 224), 8);  // 6/8 would do, but is slow
+  EXPECT_EQ(jpeg_decode_eighths({0, 0, 700, 900}, 224, 224), 4);  // 3/8 rounds up to 1/2
+  EXPECT_EQ(jpeg_decode_eighths({0, 0, 900, 1000}, 224, 224), 2);
+  EXPECT_EQ(jpeg_decode_eighths({0, 0, 2000, 1800}, 224, 224), 1);
+  EXPECT_EQ(jpeg_decode_eighths({0, 0, 224, 100}, 224, 224), 8);  // an enlargement: full size
+  const CropBox half = scale_crop_box({10, 21, 100, 51}, 4, 250, 188);
+  EXPECT_EQ(half.x, 5);
+  EXPECT_EQ(half.y, 10);
+  EXPECT_EQ(half.width, 50);
+  EXPECT_EQ(half.height, 26);  // the scaled box covers the original: ceil(72 / 2) - 10
+  const CropBox edge = scale_crop_box({400, 300, 100, 75}, 1, 63, 47);
+  EXPECT_EQ(edge.x + edge.width, 63);
+  EXPECT_EQ(edge.y + edge.height, 47);
+}
+
+// The same crop decoded at m/8 in the DCT domain and at full size then resized: a smooth image
+// gives the same pixels within a few levels, from a smaller decode.
+TEST(JpegDctScaling, ScaledDecodeGivesTheFullDecodesCrop) {
+  ScratchDir dir;
+  std::filesystem::create_directories(dir.file("train/a"));
+  const int width = 512, height = 384;
+  const std::vector<std::uint8_t> rgb = gradient_rgb(width, height, 90);
+  const std::vector<std::uint8_t> jpeg = encode_jpeg_rgb(rgb.data(), width, height, 95);
+  write_bytes(dir.file("train/a/0.jpg"), jpeg);
+  std::vector<std::uint8_t> decoded;
+  int w = 0, h = 0;
+  std::string error;
+  ASSERT_TRUE(decode_jpeg_rgb(jpeg.data(), jpeg.size(), &decoded, &w, &h, &error, 3)) << error;
+  EXPECT_EQ(w, 192);  // ceil(512 * 3 / 8)
+  EXPECT_EQ(h, 144);
+  EXPECT_EQ(decoded.size(), 192u * 144 * 3);
+  ASSERT_TRUE(decode_jpeg_rgb(jpeg.data(), jpeg.size(), &decoded, &w, &h, &error, 1)) << error;
+  EXPECT_EQ(w, 64);
+  EXPECT_EQ(h, 48);
+  auto image = [&](bool dct_scaling, bool train) {
+    DatasetOptions options;
+    options.jpeg.image_size = 32;
+    options.jpeg.normalization = Normalization{};  // outputs in [0, 1]
+    options.jpeg.dct_scaling = dct_scaling;
+    auto dataset = make_dataset("jpeg_folder", dir.path(), "train", options);
+    std::vector<float> out(3 * 32 * 32);
+    std::int64_t label = -1;
+    SampleContext context{5, 0, 0, train};
+    EXPECT_TRUE(dataset->get(0, context, out.data(), &label));
+    return out;
+  };
+  for (bool train : {false, true}) {
+    const std::vector<float> full = image(false, train), scaled = image(true, train);
+    double worst = 0;
+    for (std::size_t i = 0; i < full.size(); ++i)
+      worst = std::max(worst, static_cast<double>(std::abs(full[i] - scaled[i])));
+    EXPECT_GT(worst, 0.0) << "train " << train << ": no scaled decode happened";
+    EXPECT_LT(worst, 6 / 255.0) << "train " << train;
+  }
+}
+
 // A JPEG folder of smooth gradients (so crops, flips and shifts all change pixels), read as one
 // training batch through the loader.
 struct GradientJpegTree {
@@ -504,15 +577,7 @@ struct GradientJpegTree {
       std::string cls = i < 2 ? "train/a" : "train/b";
       std::filesystem::create_directories(dir.file(cls));
       int width = 64 + 8 * i, height = 48;
-      std::vector<std::uint8_t> rgb(static_cast<std::size_t>(width) * height * 3);
-      for (int y = 0; y < height; ++y) {
-        for (int x = 0; x < width; ++x) {
-          std::uint8_t* p = &rgb[(static_cast<std::size_t>(y) * width + x) * 3];
-          p[0] = static_cast<std::uint8_t>(255 * x / (width - 1));
-          p[1] = static_cast<std::uint8_t>(255 * y / (height - 1));
-          p[2] = static_cast<std::uint8_t>(40 * i + 20);
-        }
-      }
+      std::vector<std::uint8_t> rgb = gradient_rgb(width, height, 40 * i + 20);
       write_bytes(dir.file(cls + "/" + std::to_string(i) + ".jpg"),
                   encode_jpeg_rgb(rgb.data(), width, height, 95));
     }

@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "train/metrics.h"
+#include "train/metrics_sink.h"
 #include "train/run_lock.h"
 
 namespace kiln::train {
@@ -69,6 +70,23 @@ TEST(RunDirectoryWrites, NeverWriteThroughASymbolicLink) {
         << e.what();
   }
   EXPECT_EQ(read_all(victim), "precious\n");
+}
+
+TEST(IntervalReport, SaysWhenTheStepWaitsForData) {
+  IntervalFigures f;
+  f.step = 10;
+  f.total_steps = 20;
+  f.samples_per_s = 1100;
+  f.step_ms = 232.7;
+  f.wait_fraction = 0.004;  // below the 1 % worth showing
+  EXPECT_EQ(interval_report(f).line.find("data wait"), std::string::npos);
+  f.wait_fraction = 0.8;
+  const IntervalReport r = interval_report(f);
+  EXPECT_NE(r.line.find(" 232.7 ms/step data wait 80% elapsed "), std::string::npos) << r.line;
+  bool recorded = false;
+  for (const auto& [key, value] : r.record)
+    recorded = recorded || (key == "data_wait_fraction" && value == 0.8);
+  EXPECT_TRUE(recorded);
 }
 
 TEST(FormatDuration, Readable) {
