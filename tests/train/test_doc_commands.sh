@@ -14,9 +14,16 @@
 #                   made small: model.image_size=32 for ViT-B/16, 64 for ResNet-50 (2x2 at its
 #                   last batch norm), model.bert.num_layers=2 seq_len=32 vocab_size=1024 for
 #                   BERT, model.gpt.num_layers=2 hidden_size=64 num_heads=2 seq_len=64 for
-#                   gpt2* configs (vocabulary kept: documented prompts use GPT-2's ids); eval,
-#                   export and sample read the checkpoint of the last documented train of the
-#                   config
+#                   gpt2* configs (vocabulary kept: documented prompts use GPT-2's ids),
+#                   model.llama.num_layers=2 hidden_size=64 num_heads=4 num_kv_heads=2
+#                   intermediate_size=128 seq_len=64 max_positions=512 vocab_size=320 for the
+#                   llama family (configs and presets named *llama* or *qwen*: the chat
+#                   tokenizers' 320 ids); eval, export and sample read the checkpoint of the last
+#                   documented train of the config
+#   model.init_from=DIR (a downloaded model): a kiln export --hf --random-init of the config's
+#                   model made small, written here
+#   data.path=DIR/...: when DIR is a documented tokenize's --output, that run's folder here
+#   export --hf DIR: a new folder of the scratch directory
 #   config        + --set train.device=CPU parallel.backend=AUTO precision.opt_level=O0 (it
 #                   validates the experiment against this machine's devices)
 #   autobatch     + the train settings' device, backend, precision, workers and model size,
@@ -45,6 +52,11 @@
 #   tokenize      --tokenizer: that tokenizer.json with <|endoftext|> added; each --input: a
 #                   small file of the documented kind (.txt, .jsonl, .gz) written here; --output:
 #                   a folder of the scratch directory
+#   tokenize --chat, sample of a llama-family config --tokenizer: a byte-level tokenizer.json
+#                   (tests/data/write_byte_tokenizer.py) with the chat template's special tokens
+#                   (--chat-template, else llama3 when the documented path names Llama, else
+#                   chatml) and reserved ones up to 320 ids, the same file for both; each --input:
+#                   a JSONL of 40 conversations
 source "$(dirname "$0")/lib.sh"
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 python3 - "$KILN" "$SRC" "$WORK" "${MPIEXEC:-mpirun}" <<'PY'
@@ -161,7 +173,17 @@ def shrink(stem_or_model):
     if stem_or_model is not None and stem_or_model.startswith("gpt2"):
         return ["model.gpt.num_layers=2", "model.gpt.hidden_size=64", "model.gpt.num_heads=2",
                 "model.gpt.seq_len=64"]
+    if is_llama_family(stem_or_model):
+        return ["model.llama.num_layers=2", "model.llama.hidden_size=64",
+                "model.llama.num_heads=4", "model.llama.num_kv_heads=2",
+                "model.llama.intermediate_size=128", "model.llama.seq_len=64",
+                "model.llama.max_positions=512", "model.llama.vocab_size=%d" % CHAT_VOCAB]
     return []
+
+
+def is_llama_family(stem_or_model):
+    """Llama and Qwen presets and the configs named after them (sft_qwen2_5_1_5b, ...)."""
+    return stem_or_model is not None and re.search(r"llama|qwen", stem_or_model) is not None
 
 
 def config_and_sets(args):
@@ -212,11 +234,41 @@ def write_bpe_files(vocab_size):
     return tuple(os.path.join(d, name) for name in ("vocab.json", "merges.txt", "tokenizer.json"))
 
 
+# Chat models' tokenizers: the 256 bytes, the template's special tokens, reserved tokens up to
+# CHAT_VOCAB ids (the shrunk llama family's model.llama.vocab_size: every id decodes).
+CHAT_VOCAB = 320
+CHAT_SPECIAL = {"chatml": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                "llama3": ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+                           "<|end_header_id|>", "<|eot_id|>"]}
+documented_outputs = {}  # a documented tokenize --output -> the scratch folder it went to
+
+
+def chat_template_of(args, tokenizer):
+    """--chat-template when given, else llama3 for a tokenizer under a folder named Llama*."""
+    if "--chat-template" in args:
+        return args[args.index("--chat-template") + 1]
+    return "llama3" if "llama" in tokenizer.lower() else "chatml"
+
+
+def chat_tokenizer(template):
+    path = os.path.join(work, "chat-tokenizer-" + template, "tokenizer.json")
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        special = CHAT_SPECIAL[template]
+        special += ["<|reserved_special_token_%d|>" % i
+                    for i in range(CHAT_VOCAB - 256 - len(special))]
+        subprocess.run([sys.executable, os.path.join(src, "tests", "data",
+                                                     "write_byte_tokenizer.py"), path] + special,
+                       check=True)
+    return path
+
+
 def tokenize_form(args):
     """kiln tokenize's arguments with a tokenizer, a corpus and an output folder written here."""
     counter[0] += 1
     scratch = os.path.join(work, "tokenize-%d" % counter[0])
     os.makedirs(scratch, exist_ok=True)
+    chat = "--chat" in args
     tokenizer = write_bpe_files(512)[2]
     with open(tokenizer, encoding="utf-8") as f:
         data = json.load(f)
@@ -232,13 +284,21 @@ def tokenize_form(args):
         if a in ("--tokenizer", "--input", "--output") and i + 1 < len(args):
             value = args[i + 1]
             if a == "--tokenizer":
-                value = tokenizer
+                value = chat_tokenizer(chat_template_of(args, value)) if chat else tokenizer
             elif a == "--output":
-                value = os.path.join(scratch, os.path.basename(value.rstrip("/")) or "out")
+                documented = value.rstrip("/")
+                value = os.path.join(scratch, os.path.basename(documented) or "out")
+                documented_outputs[documented] = value
             else:  # a file of the documented kind
                 value = os.path.join(scratch, os.path.basename(value).replace("*", "doc"))
                 text = "".join('{"text": "document %d of the corpus"}\n' % k for k in range(20))
-                if ".jsonl" not in value:
+                if chat:
+                    text = "".join(json.dumps({"messages": [
+                        {"role": "system", "content": "Be brief."},
+                        {"role": "user", "content": "question %d?" % k},
+                        {"role": "assistant", "content": "answer %d" % k}]}) + "\n"
+                        for k in range(40))
+                elif ".jsonl" not in value:
                     text = "a text document of the corpus\n" * 20
                 data = text.encode("utf-8")
                 with open(value, "wb") as f:
@@ -264,6 +324,24 @@ def gpt_vocab_size(args):
     return int(m.group(1))
 
 
+def random_base(args):
+    """A transformers folder of the experiment's model made small, random weights: what a
+    documented model.init_from=DIR (a downloaded model) becomes."""
+    config = args[args.index("--config") + 1]
+    stem = config_stem(args)
+    path = os.path.join(work, "base-" + stem)
+    if not os.path.exists(path):
+        sets = ["train.device=CPU", "parallel.backend=AUTO", "precision.opt_level=O0",
+                "logging.dir=" + os.path.join(work, "base-run-" + stem)] + shrink(stem)
+        out = subprocess.run([kiln, "export", "--config", config, "--random-init", "--hf", path,
+                              "--dtype", "fp32"] + [w for s in sets for w in ("--set", s)],
+                             cwd=src, capture_output=True, text=True)
+        if out.returncode != 0:
+            sys.exit("FAIL: the random model.init_from of %s:\n%s%s" % (config, out.stdout,
+                                                                        out.stderr))
+    return path
+
+
 def cpu_form(kiln_args, ranks):
     """The kiln arguments of a documented command in their CPU-feasible form."""
     sub, args = kiln_args[0], kiln_args[1:]
@@ -277,7 +355,24 @@ def cpu_form(kiln_args, ranks):
     args = [os.path.join(work, os.path.basename(a))
             if i > 0 and args[i - 1] in ("--onnx", "--dump-logits", "--dump-inputs") else a
             for i, a in enumerate(args)]
-    if sub == "sample" and ("--vocab" in args or "--tokenizer" in args):
+    if "--hf" in args:  # a new folder each time (kiln export --hf refuses an existing one)
+        counter[0] += 1
+        i = args.index("--hf") + 1
+        args[i] = os.path.join(work, "hf-%d-%s" % (counter[0], os.path.basename(args[i])))
+    for i, a in enumerate(args):
+        if i == 0 or args[i - 1] != "--set":
+            continue
+        if a.startswith("data.path="):  # the shards of a documented kiln tokenize
+            path = a.split("=", 1)[1]
+            for documented, scratch in documented_outputs.items():
+                if path.startswith(documented + "/"):
+                    args[i] = "data.path=" + scratch + path[len(documented):]
+        elif a.startswith("model.init_from="):
+            args[i] = "model.init_from=" + random_base(args)
+    if sub == "sample" and "--tokenizer" in args and is_llama_family(stem):
+        i = args.index("--tokenizer") + 1
+        args[i] = chat_tokenizer(chat_template_of(args, args[i]))
+    elif sub == "sample" and ("--vocab" in args or "--tokenizer" in args):
         files = dict(zip(("--vocab", "--merges", "--tokenizer"),
                          write_bpe_files(gpt_vocab_size(args))))
         args = [files.get(args[i - 1], a) if i > 0 else a for i, a in enumerate(args)]
