@@ -18,10 +18,6 @@ bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
-bool is_adapter(const std::string& name) {
-  return ends_with(name, kA) || ends_with(name, kB);
-}
-
 }  // namespace
 
 NamedTensors merge_lora_adapters(const NamedTensors& tensors, double scale) {
@@ -31,9 +27,8 @@ NamedTensors merge_lora_adapters(const NamedTensors& tensors, double scale) {
     if (ends_with(name, kB)) adapters[name.substr(0, name.size() - kB.size())].second = &value;
   }
   NamedTensors out;
-  std::size_t merged = 0;
   for (const auto& [name, value] : tensors) {
-    if (is_adapter(name)) continue;
+    if (is_lora_parameter(name)) continue;
     const std::string module = ends_with(name, ".weight") ? name.substr(0, name.size() - 7) : "";
     auto it = adapters.find(module);
     if (it == adapters.end()) {
@@ -55,14 +50,11 @@ NamedTensors merge_lora_adapters(const NamedTensors& tensors, double scale) {
     const Tensor b64 = b->to(Device::cpu(), DType::F64).contiguous();
     ops::gemm(false, false, scale, b64, a64, 1.0, w);  // W + scale B A
     out.emplace_back(name, w.to(value.dtype()));
-    ++merged;
+    adapters.erase(it);
   }
-  if (merged != adapters.size()) {
-    for (const auto& [module, pair] : adapters) {
-      bool found = false;
-      for (const auto& [name, value] : tensors) found = found || name == module + ".weight";
-      if (!found) throw InputError("LoRA adapter " + module + ": no weight " + module + ".weight");
-    }
+  if (!adapters.empty()) {  // what is left found no weight to merge into
+    const std::string& module = adapters.begin()->first;
+    throw InputError("LoRA adapter " + module + ": no weight " + module + ".weight");
   }
   return out;
 }
@@ -70,7 +62,7 @@ NamedTensors merge_lora_adapters(const NamedTensors& tensors, double scale) {
 NamedTensors peft_adapter_tensors(const NamedTensors& tensors) {
   NamedTensors out;
   for (const auto& [name, value] : tensors)
-    if (is_adapter(name)) out.emplace_back("base_model.model." + name, value);
+    if (is_lora_parameter(name)) out.emplace_back("base_model.model." + name, value);
   return out;
 }
 

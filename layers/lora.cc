@@ -41,6 +41,15 @@ bool is_lora_parameter(const std::string& name) {
          name.find("lora_B.weight") != std::string::npos;
 }
 
+void reset_lora_parameter(Parameter& p, std::uint64_t seed) {
+  if (p.name.find("lora_B.weight") != std::string::npos) {
+    p.value.fill(0.0);
+    return;
+  }
+  const double bound = 1.0 / std::sqrt(static_cast<double>(p.value.size(-1)));
+  ops::fill_uniform(p.value, -bound, bound, seed);
+}
+
 bool LoraOptions::targets_module(const std::string& module) const {
   return enabled() && std::find(targets.begin(), targets.end(), module) != targets.end();
 }
@@ -70,9 +79,8 @@ double LowRankAdapter::forward_flops(const Shape& input) const {
 
 void LowRankAdapter::reset_parameters(std::uint64_t seed) {
   // nn.init.kaiming_uniform_(A, a=sqrt(5)) is U(-1/sqrt(in), 1/sqrt(in)); B starts at zero.
-  const double bound = 1.0 / std::sqrt(static_cast<double>(in_));
-  ops::fill_uniform(a_->value, -bound, bound, seed * 1000003ull + 17);
-  b_->value.fill(0.0);
+  reset_lora_parameter(*a_, seed * 1000003ull + 17);
+  reset_lora_parameter(*b_, seed);
   a_cache_.clear();
   b_cache_.clear();
 }

@@ -38,6 +38,9 @@ struct LoraOptions {
 const std::vector<std::string>& lora_projection_names();
 // Whether a parameter's name (local or full) is an adapter's: lora_A.weight, lora_B.weight.
 bool is_lora_parameter(const std::string& name);
+// PEFT's initialisation of an adapter parameter: lora_A as nn.Linear's weight
+// (U(-1/sqrt(in), 1/sqrt(in)) drawn under `seed`), lora_B zero.
+void reset_lora_parameter(Parameter& p, std::uint64_t seed);
 
 class LowRankAdapter : public Layer {
  public:

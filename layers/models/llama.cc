@@ -10,7 +10,6 @@
 // With model.lora (ModelOptions::lora), LoRA adapters on the projections it names (PEFT's names:
 // model.layers.N.self_attn.q_proj.lora_A.weight) and every other parameter frozen.
 
-#include <cmath>
 #include <memory>
 #include <string>
 #include <utility>
@@ -72,10 +71,6 @@ class LlamaDecoderLayer : public Layer {
   SwiGluMlp* mlp_;
 };
 
-bool is_adapter(const Parameter& p) {
-  return is_lora_parameter(p.name);
-}
-
 class LlamaForCausalLM : public HeadedLanguageModel {
  public:
   explicit LlamaForCausalLM(const ModelOptions& o)
@@ -116,7 +111,7 @@ class LlamaForCausalLM : public HeadedLanguageModel {
     }
     if (o.lora.enabled()) {
       for (Parameter* p : parameters()) {
-        p->frozen = !is_adapter(*p);
+        p->frozen = !is_lora_parameter(p->name);
         if (p->frozen) p->grad = Tensor();
       }
     }
@@ -133,14 +128,8 @@ class LlamaForCausalLM : public HeadedLanguageModel {
     std::uint64_t index = 0;
     std::uint64_t adapter = 0;  // the adapters' own count: the base initialises as without them
     for (Parameter* p : parameters()) {
-      if (is_adapter(*p)) {  // PEFT's init: A as nn.Linear's weight, B zero
-        const double bound = 1.0 / std::sqrt(static_cast<double>(p->value.size(-1)));
-        if (p->name.find("lora_A.") != std::string::npos) {
-          ops::fill_uniform(p->value, -bound, bound,
-                            (seed * 7919ull + 0x10Aull) * 1000003ull + ++adapter);
-        } else {
-          p->value.fill(0.0);
-        }
+      if (is_lora_parameter(p->name)) {
+        reset_lora_parameter(*p, (seed * 7919ull + 0x10Aull) * 1000003ull + ++adapter);
         continue;
       }
       ++index;

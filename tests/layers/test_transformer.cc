@@ -16,6 +16,7 @@
 #include "layers/layernorm.h"
 #include "layers/models/model.h"
 #include "layers/transformer_block.h"
+#include "tests/layers/tiny_llama.h"
 
 namespace kiln {
 namespace {
@@ -32,15 +33,7 @@ void randomize_parameters(Layer& layer, std::uint64_t seed, double bound = 0.5) 
   for (Parameter* p : layer.parameters()) ops::fill_uniform(p->value, -bound, bound, ++seed);
 }
 
-Context f64_context() {
-  Context ctx;
-  ctx.run.precision.activation = DType::F64;
-  ctx.run.precision.matmul = DType::F64;
-  ctx.run.seed = 99;
-  static const std::uint64_t kStep = 3;
-  ctx.step.step = &kStep;
-  return ctx;
-}
+using llama_test::f64_context;
 
 void expect_gradients_ok(Layer& layer, Context& ctx, const Tensor& x, bool check_input = true) {
   GradientCheckOptions opt;

@@ -1,6 +1,6 @@
 #pragma once
-// What the llama family's CPU tests share: the f64 context of a gradient check and a tiny llama's
-// shape (2 layers, 8 wide, grouped-query attention 4:2, vocabulary 19).
+// What the transformer layers' CPU tests share: the f64 context of a gradient check, and a tiny
+// llama's shape (2 layers, 8 wide, grouped-query attention 4:2, vocabulary 19).
 
 #include <cstdint>
 
