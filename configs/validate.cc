@@ -432,6 +432,12 @@ class Validator {
           "precision.half", "FP16",
           "the CPU backend has no fp16 arithmetic; use BF16 or opt_level O0");
     }
+    const std::string& model = experiment_.model().name();
+    check(!precision.fp8().enabled() || is_gpt_model(model) || is_llama_model(model),
+          "precision.fp8.enabled", "true",
+          "FP8 projections are built for GPT-2 (gpt2*) and the llama family (llama, qwen2, "
+          "qwen2_5_*, llama3_*), not " +
+              model);
     const LossScaleConfig& scale = precision.loss_scale();
     const std::string prefix = "precision.loss_scale.";
     check(scale.min_scale() <= scale.init_scale(), prefix + "min_scale", scale.min_scale(),

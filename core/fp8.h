@@ -72,4 +72,41 @@ KILN_HOST_DEVICE_INLINE float fp8_scale_for(float amax, Fp8Format f, float margi
   return scale < INFINITY ? scale : previous;
 }
 
+// Per-tensor scaling, Transformer Engine's two recipes (issue 37): the scale a cast multiplies by
+// comes from the amax of the tensor being cast (Current, measured in a pass before the cast) or
+// from the largest amax of the last `history` casts (Delayed: no pass before the cast).
+enum class Fp8Recipe : std::uint8_t { Current, Delayed };
+
+struct Fp8ScalingOptions {
+  Fp8Recipe recipe = Fp8Recipe::Delayed;
+  int history = 16;     // casts remembered (Delayed)
+  float margin = 0.0f;  // the scale is divided by 2^margin
+};
+
+// One tensor's scaling state as floats, the layout that the host class (optim/amp/fp8_scaling.h),
+// the checkpointed buffers of FP8 projections and their CUDA casts share:
+//   [0] the scale of the next cast  [1] overflows counted  [2] the next history slot
+//   [3, 3 + history) the amax history (a ring)
+constexpr int kFp8StateHeader = 3;
+
+// The amax a cast measured, recorded into `state`: a non-finite one (an overflow upstream) is
+// counted and changes nothing else; a finite one enters the history, and the next scale is
+// taken from the history's largest (Delayed) or from it (Current).
+KILN_HOST_DEVICE_INLINE void fp8_scaling_record(float* state, const Fp8ScalingOptions& options,
+                                                Fp8Format format, float amax) {
+  if (!(amax < INFINITY)) {  // NaN or infinity
+    state[1] += 1.0f;
+    return;
+  }
+  float* history = state + kFp8StateHeader;
+  const int next = static_cast<int>(state[2]);
+  history[next] = amax;
+  state[2] = static_cast<float>((next + 1) % options.history);
+  float largest = amax;
+  if (options.recipe == Fp8Recipe::Delayed) {
+    for (int i = 0; i < options.history; ++i) largest = fmaxf(largest, history[i]);
+  }
+  state[0] = fp8_scale_for(largest, format, options.margin, state[0]);
+}
+
 }  // namespace kiln

@@ -110,6 +110,7 @@ int run_bench(const Arguments& args) {
         j.field("amp", amp);
         j.field("half", precision == "fp32" ? std::string("none") : precision);
         j.field("precision", precision);
+        j.field("fp8", e.precision().fp8().enabled());
         j.field("input", input);
         j.field("gpus", world.size);
         j.field("device", gpu);

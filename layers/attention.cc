@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "core/cpu/element.h"
@@ -163,32 +164,37 @@ bool use_fused_attention(Device dev, DType mm, std::int64_t b, std::int64_t h, s
 
 // y (rows, out) = x w^T + bias: on CUDA one cuBLASLt GEMM with the bias in its epilogue (the bias
 // cast to y's dtype once per weights version), elsewhere a GEMM and a bias pass.
+// With `fp8` (precision.fp8), the GEMM in FP8 where the projection says so.
 void project(const Context& ctx, const Tensor& x, const Tensor& w, const Parameter& bias,
-             WeightCastCache& bias_cache, Tensor& y) {
+             WeightCastCache& bias_cache, Tensor& y, Fp8Projection* fp8) {
   if (y.device().is_cuda()) {
     DeviceGuard guard(y.device());
     Tensor saved;
     std::int64_t saved_ld = 0;
+    std::optional<cuda::Fp8Forward> operands;
+    if (fp8 != nullptr && fp8->begin_forward(ctx, x.size(0), x.size(1), w.size(0)))
+      operands = cuda::fp8_forward_operands(*fp8, x, w, ctx.recomputing);
     cuda::linear_forward(x, w, bias_cache.get(bias.value, y.dtype(), ctx.weights_version),
-                         Activation::None, y, saved, saved_ld);
+                         Activation::None, y, saved, saved_ld, Tensor(),
+                         operands ? &*operands : nullptr);
     return;
   }
-  ops::gemm(false, true, 1.0, x, w, 0.0, y);
+  project_forward(fp8, ctx, x, w, y);
   transformer_ops::add_bias(y, bias.value);
 }
 
 // project's backward: weight.grad += dy^T x, bias.grad += column sums of dy, dx = dy w. On CUDA
 // Linear's backward: the bias gradient in the weight-gradient GEMM's epilogue (BGRADB).
 void project_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Parameter& weight,
-                      Parameter& bias, Tensor& dx) {
+                      Parameter& bias, Tensor& dx, Fp8Projection* fp8) {
   if (dy.device().is_cuda()) {
     DeviceGuard guard(dy.device());
-    cuda::linear_backward(x, w, dy, Activation::None, Tensor(), 0, weight.grad, &bias.grad, dx);
+    cuda::linear_backward(x, w, dy, Activation::None, Tensor(), 0, weight.grad, &bias.grad, dx,
+                          nullptr, fp8 != nullptr && fp8->active() ? fp8 : nullptr);
     return;
   }
   transformer_ops::accumulate_bias_grad(dy, bias.grad);
-  ops::gemm_accumulate(true, false, dy, x, weight.grad);
-  ops::gemm(false, false, 1.0, dy, w, 0.0, dx);
+  kiln::project_backward(fp8, x, w, dy, weight.grad, dx);
 }
 
 }  // namespace
@@ -283,6 +289,15 @@ MultiHeadSelfAttention::MultiHeadSelfAttention(std::int64_t hidden, std::int64_t
   MultiHeadSelfAttention::reset_parameters(0);
 }
 
+void MultiHeadSelfAttention::use_fp8(const Fp8Settings& settings) {
+  if (!settings.enabled) return;
+  const Shape shape = Fp8Projection::state_shape(settings);
+  // Separate q/k/v projections (BERT) keep their three GEMMs in the GEMM dtype.
+  if (layout_ != QkvLayout::SeparateQKV)
+    fp8_qkv_ = std::make_unique<Fp8Projection>(add_buffer("fp8_qkv_scaling", shape), settings);
+  fp8_out_ = std::make_unique<Fp8Projection>(add_buffer("fp8_out_scaling", shape), settings);
+}
+
 double MultiHeadSelfAttention::forward_flops(const Shape& input) const {
   if (input.size() != 3) return 0;
   double b = static_cast<double>(input[0]), t = static_cast<double>(input[1]);
@@ -327,7 +342,7 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
   Tensor qkv = Tensor::empty({n, 3 * e}, mm, dev);
   if (layout_ != QkvLayout::SeparateQKV) {
     const Tensor& w = qkv_cache_[0].get(qkv_weights_[0]->value, mm, ctx.weights_version);
-    project(ctx, x_mm_, w, *qkv_biases_[0], qkv_bias_cache_, qkv);
+    project(ctx, x_mm_, w, *qkv_biases_[0], qkv_bias_cache_, qkv, fp8_qkv_.get());
   } else {
     Tensor qkv_bias = Tensor::empty({3 * e}, qkv_biases_[0]->value.dtype(), dev);
     for (std::size_t i = 0; i < 3; ++i) {
@@ -346,7 +361,7 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
     release_saved();
     Tensor y = Tensor::empty({n, e}, activation_, dev);
     project(ctx, context, out_cache_.get(out_weight_->value, mm, ctx.weights_version), *out_bias_,
-            out_bias_cache_, y);
+            out_bias_cache_, y, nullptr);
     return y.view({b, t, e});
   }
 
@@ -397,7 +412,7 @@ Tensor MultiHeadSelfAttention::forward_impl(Context& ctx, const Tensor& x) {
   // y = ctx W_o^T + b_o
   Tensor y = Tensor::empty({n, e}, activation_, dev);
   project(ctx, context_, out_cache_.get(out_weight_->value, mm, ctx.weights_version), *out_bias_,
-          out_bias_cache_, y);
+          out_bias_cache_, y, fp8_out_.get());
   return y.view({b, t, e});
 }
 
@@ -437,7 +452,7 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
   // Output projection.
   Tensor dcontext = Tensor::empty({n, e}, mm, dev);
   project_backward(context_, out_cache_.get(out_weight_->value, mm, ctx.weights_version), dy_mm,
-                   *out_weight_, *out_bias_, dcontext);
+                   *out_weight_, *out_bias_, dcontext, fp8_out_.get());
   double p = dropout_active_ ? dropout_ : 0.0;
   Tensor dqkv;  // (N, 3E)
   if (lse_.defined()) {
@@ -462,7 +477,7 @@ Tensor MultiHeadSelfAttention::backward_impl(Context& ctx, const Tensor& dy) {
   Tensor dx = Tensor::empty({n, e}, activation_, dev);
   if (layout_ != QkvLayout::SeparateQKV) {
     project_backward(x_mm_, qkv_cache_[0].get(qkv_weights_[0]->value, mm, ctx.weights_version),
-                     dqkv, *qkv_weights_[0], *qkv_biases_[0], dx);
+                     dqkv, *qkv_weights_[0], *qkv_biases_[0], dx, fp8_qkv_.get());
   } else {
     Tensor bias_sums = Tensor::zeros({3 * e}, sd, dev);  // (3E)
     transformer_ops::accumulate_bias_grad(dqkv, bias_sums);

@@ -42,9 +42,11 @@
 // are fp32, in the activation dtype when it is half; weights are cast once per weights_version.
 
 #include <cstdint>
+#include <memory>
 #include <unordered_map>
 #include <utility>
 
+#include "layers/fp8_projection.h"
 #include "layers/layer.h"
 #include "layers/weight_cast_cache.h"
 
@@ -112,11 +114,17 @@ class MultiHeadSelfAttention : public Layer {
   std::int64_t heads() const { return heads_; }
   QkvLayout layout() const { return layout_; }
   bool causal() const { return causal_; }
+  // precision.fp8: the QKV (fused layouts) and output projections in FP8 in training
+  // (layers/fp8_projection.h), their scaling states the buffers fp8_qkv_scaling and
+  // fp8_out_scaling.
+  void use_fp8(const Fp8Settings& settings);
 
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& x) override;
   Tensor backward_impl(Context& ctx, const Tensor& dy) override;
   void release_saved() override {
+    if (fp8_qkv_) fp8_qkv_->release_saved();
+    if (fp8_out_) fp8_out_->release_saved();
     x_mm_ = Tensor();
     q_ = Tensor();
     k_ = Tensor();
@@ -150,6 +158,7 @@ class MultiHeadSelfAttention : public Layer {
   WeightCastCache qkv_bias_cache_, out_bias_cache_;  // CUDA bias epilogues
   Parameter* out_weight_;
   Parameter* out_bias_;
+  std::unique_ptr<Fp8Projection> fp8_qkv_, fp8_out_;
   // Saved by forward for backward.
   Tensor x_mm_;           // (B*T, E) input in the matmul dtype
   Tensor q_, k_, v_;      // (B*H, T, d) matmul dtype

@@ -88,6 +88,13 @@ GroupedQueryAttention::GroupedQueryAttention(const GroupedQueryAttentionConfig& 
       adapters_[i] = &add_child(all[i], std::make_unique<LowRankAdapter>(ins[i], outs[i], c.lora));
 }
 
+void GroupedQueryAttention::use_fp8(const Fp8Settings& settings) {
+  if (!settings.enabled) return;
+  const Shape shape = Fp8Projection::state_shape(settings);
+  fp8_qkv_ = std::make_unique<Fp8Projection>(add_buffer("fp8_qkv_scaling", shape), settings);
+  fp8_out_ = std::make_unique<Fp8Projection>(add_buffer("fp8_out_scaling", shape), settings);
+}
+
 double GroupedQueryAttention::forward_flops(const Shape& input) const {
   if (input.size() != 3) return 0;
   const double b = static_cast<double>(input[0]), t = static_cast<double>(input[1]);
@@ -123,7 +130,7 @@ Tensor GroupedQueryAttention::forward_impl(Context& ctx, const Tensor& x) {
   // [q | k | v] = x [Wq; Wk; Wv]^T (+ b), one packed row per token, one GEMM.
   x_mm_ = x.contiguous().view({n, c.hidden}).to(mm);
   Tensor qkv = Tensor::empty({n, width()}, mm, dev);
-  ops::gemm(false, true, 1.0, x_mm_, stacked_weight(mm), 0.0, qkv);
+  project_forward(fp8_qkv_.get(), ctx, x_mm_, stacked_weight(mm), qkv);
   if (!biases_.empty()) {
     const Tensor bq = biases_[0]->value.view({-1, 1}), bk = biases_[1]->value.view({-1, 1}),
                  bv = biases_[2]->value.view({-1, 1});
@@ -189,8 +196,8 @@ Tensor GroupedQueryAttention::forward_impl(Context& ctx, const Tensor& x) {
     context = context_;
   }
   Tensor y = Tensor::empty({n, c.hidden}, activation_, dev);
-  ops::gemm(false, true, 1.0, context, out_cache_.get(out_weight_->value, mm, ctx.weights_version),
-            0.0, y);
+  project_forward(fp8_out_.get(), ctx, context,
+                  out_cache_.get(out_weight_->value, mm, ctx.weights_version), y);
   if (adapters_[3] != nullptr) {
     adapters_[3]->add_to_next_output(y);
     adapters_[3]->forward(ctx, context);
@@ -234,10 +241,11 @@ Tensor GroupedQueryAttention::backward_impl(Context& ctx, const Tensor& dy) {
   Tensor dy_mm = dy.contiguous().view({n, c.hidden}).to(mm);
 
   // y = context Wo^T.
-  if (!out_weight_->frozen) ops::gemm_accumulate(true, false, dy_mm, context_, out_weight_->grad);
   Tensor dcontext = Tensor::empty({n, c.heads * c.head_dim}, mm, dev);
-  ops::gemm(false, false, 1.0, dy_mm, out_cache_.get(out_weight_->value, mm, ctx.weights_version),
-            0.0, dcontext);
+  Tensor no_grad;
+  project_backward(fp8_out_.get(), context_,
+                   out_cache_.get(out_weight_->value, mm, ctx.weights_version), dy_mm,
+                   out_weight_->frozen ? no_grad : out_weight_->grad, dcontext);
   if (adapters_[3] != nullptr) {
     adapters_[3]->add_to_next_dx(dcontext);
     adapters_[3]->backward(ctx, dy_mm);
@@ -272,10 +280,9 @@ Tensor GroupedQueryAttention::backward_impl(Context& ctx, const Tensor& dy) {
     transformer_ops::accumulate_bias_grad(dqkv, bias_sums);
   }
   Tensor dw;
-  if (trained) {
-    dw = Tensor::empty({width(), c.hidden}, weights_[0]->grad.dtype(), dev);
-    ops::gemm(true, false, 1.0, dqkv, x_mm_, 0.0, dw);
-  }
+  if (trained) dw = Tensor::zeros({width(), c.hidden}, weights_[0]->grad.dtype(), dev);
+  Tensor dx = Tensor::empty({n, c.hidden}, activation_, dev);
+  project_backward(fp8_qkv_.get(), x_mm_, stacked_weight(mm), dqkv, dw, dx);
   std::int64_t lo = 0;
   for (std::size_t i = 0; i < 3 && trained; ++i) {
     const std::int64_t rows = weights_[i]->value.size(0);
@@ -283,8 +290,7 @@ Tensor GroupedQueryAttention::backward_impl(Context& ctx, const Tensor& dy) {
     if (bias_sums.defined()) ops::accumulate(biases_[i]->grad, bias_sums.slice(0, lo, lo + rows));
     lo += rows;
   }
-  Tensor dx = Tensor::empty({n, c.hidden}, activation_, dev);
-  ops::gemm(false, false, 1.0, dqkv, stacked_weight(mm), 0.0, dx);
+
   for (std::int64_t i = 0, lo = 0; i < 3; lo += weights_[i]->value.size(0), ++i) {
     if (adapters_[i] == nullptr) continue;
     adapters_[i]->add_to_next_dx(dx);

@@ -27,6 +27,7 @@
 #include <memory>
 #include <vector>
 
+#include "layers/fp8_projection.h"
 #include "layers/layer.h"
 #include "layers/lora.h"
 #include "layers/rotary.h"
@@ -56,11 +57,16 @@ class GroupedQueryAttention : public Layer {
   // nn.Linear's default init (the model's reset_parameters overrides it).
   void reset_parameters(std::uint64_t seed) override;
   const GroupedQueryAttentionConfig& config() const { return config_; }
+  // precision.fp8: the packed q/k/v and the o projections in FP8 in training (their scaling
+  // states the buffers fp8_qkv_scaling and fp8_out_scaling).
+  void use_fp8(const Fp8Settings& settings);
 
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& x) override;
   Tensor backward_impl(Context& ctx, const Tensor& dy) override;
   void release_saved() override {
+    if (fp8_qkv_) fp8_qkv_->release_saved();
+    if (fp8_out_) fp8_out_->release_saved();
     x_mm_ = Tensor();
     qkv_ = Tensor();
     lse_ = Tensor();
@@ -86,6 +92,7 @@ class GroupedQueryAttention : public Layer {
   std::vector<Parameter*> weights_;  // q, k, v
   std::vector<Parameter*> biases_;   // q, k, v (qkv_bias only)
   Parameter* out_weight_;
+  std::unique_ptr<Fp8Projection> fp8_qkv_, fp8_out_;
   WeightCastCache out_cache_;
   LowRankAdapter* adapters_[4] = {};  // q, k, v, o (null: none)
   // Saved by forward for backward.

@@ -1,6 +1,7 @@
 #include "layers/linear.h"
 
 #include <cmath>
+#include <optional>
 #include <utility>
 
 #include "core/cpu/element.h"
@@ -80,6 +81,12 @@ void Linear::add_adapter(const LoraOptions& options) {
   adapter_ = &add_child("", std::make_unique<LowRankAdapter>(in_features_, out_features_, options));
 }
 
+void Linear::use_fp8(const Fp8Settings& settings) {
+  if (!settings.enabled) return;
+  fp8_ = std::make_unique<Fp8Projection>(
+      add_buffer("fp8_scaling", Fp8Projection::state_shape(settings)), settings);
+}
+
 Tensor Linear::forward_impl(Context& ctx, const Tensor& x) {  // (N..., in) -> (N..., out)
   Shape out_shape = output_shape(x.shape());
   KILN_CHECK(x.device() == weight_->value.device(), "Linear " + name() + ": input on " +
@@ -103,8 +110,14 @@ Tensor Linear::forward_impl(Context& ctx, const Tensor& x) {  // (N..., in) -> (
     saved_input_ = x.to(mm).contiguous().view({rows, in_features_});         // (M, in)
     Tensor y = Tensor::empty({rows, out_features_}, out_dtype, x.device());  // (M, out)
     Tensor bias = bias_ ? bias_as(ctx, out_dtype) : Tensor();
-    cuda::linear_forward(saved_input_, weight_as(ctx, mm), bias, activation_, y, saved_activation_,
-                         saved_ld_, residual);
+    const Tensor& w = weight_as(ctx, mm);
+    std::optional<cuda::Fp8Forward> fp8;
+    if (fp8_ && fp8_->begin_forward(ctx, rows, in_features_, out_features_)) {
+      DeviceGuard guard(x.device());
+      fp8 = cuda::fp8_forward_operands(*fp8_, saved_input_, w, ctx.recomputing);
+    }
+    cuda::linear_forward(saved_input_, w, bias, activation_, y, saved_activation_, saved_ld_,
+                         residual, fp8 ? &*fp8 : nullptr);
     if (adapter_ != nullptr) {
       adapter_->add_to_next_output(y);
       adapter_->forward(ctx, saved_input_);
@@ -116,7 +129,15 @@ Tensor Linear::forward_impl(Context& ctx, const Tensor& x) {  // (N..., in) -> (
   saved_input_ = x.to(compute).contiguous().view({rows, in_features_});  // (M, in)
   Tensor w = weight_->value.to(compute).contiguous();                    // (out, in)
   Tensor z = Tensor::empty({rows, out_features_}, compute);              // (M, out)
-  ops::gemm(false, true, 1.0, saved_input_, w, 0.0, z);
+  if (fp8_ && fp8_->begin_forward(ctx, rows, in_features_, out_features_)) {
+    // The CPU twin: the GEMM of the FP8 casts' values (saved_input_ stays x itself).
+    const bool record = !ctx.recomputing;
+    Tensor wq = fp8_->emulate(Fp8Projection::Weight, w, record);
+    ops::gemm(false, true, 1.0, fp8_->emulate(Fp8Projection::Input, saved_input_, record), wq, 0.0,
+              z);
+  } else {
+    ops::gemm(false, true, 1.0, saved_input_, w, 0.0, z);
+  }
   saved_activation_ = Tensor();
   saved_ld_ = out_features_;
   Tensor y = z;
@@ -187,7 +208,8 @@ Tensor Linear::backward_impl(Context& ctx, const Tensor& dy) {
     if (cuda::linear_backward(
             saved_input_, weight_as(ctx, saved_input_.dtype()), g, act, saved_activation_,
             saved_ld_, weight_->frozen ? no_grad : weight_->grad,
-            bias_ && !bias_->frozen ? &bias_->grad : nullptr, dx, fuse_input ? &input : nullptr))
+            bias_ && !bias_->frozen ? &bias_->grad : nullptr, dx, fuse_input ? &input : nullptr,
+            fp8_ && fp8_->active() ? fp8_.get() : nullptr))
       producer_->dy_is_preactivation_ = true;
     if (adapter_ != nullptr) {
       adapter_->add_to_next_dx(dx);
@@ -205,13 +227,19 @@ Tensor Linear::backward_impl(Context& ctx, const Tensor& dy) {
     else
       cpu_activation_grad<float>(g, saved_activation_, activation_, dz);
   }
-  // weight.grad += dz^T x: straight into the grad when it has the compute dtype.
-  if (!weight_->frozen) ops::gemm_accumulate(true, false, dz, saved_input_, weight_->grad);
   if (bias_ && !bias_->frozen)
     ops::accumulate(bias_->grad, ops::reduce_cols(dz, ops::Reduction::Sum));
   Tensor w = weight_->value.to(compute).contiguous();
+  Tensor x = saved_input_, dz_mm = dz;
+  if (fp8_ && fp8_->active()) {  // the CPU twin: the GEMMs of the FP8 casts' values
+    dz_mm = fp8_->emulate(Fp8Projection::Gradient, dz, true);
+    x = fp8_->emulate(Fp8Projection::Input, saved_input_, false);
+    w = fp8_->emulate(Fp8Projection::Weight, w, false);
+  }
+  // weight.grad += dz^T x: straight into the grad when it has the compute dtype.
+  if (!weight_->frozen) ops::gemm_accumulate(true, false, dz_mm, x, weight_->grad);
   Tensor dx = Tensor::empty({rows, in_features_}, compute);  // (M, in) = dz (M, out) W (out, in)
-  ops::gemm(false, false, 1.0, dz, w, 0.0, dx);
+  ops::gemm(false, false, 1.0, dz_mm, w, 0.0, dx);
   if (adapter_ != nullptr) {
     adapter_->add_to_next_dx(dx);
     adapter_->backward(ctx, dz);

@@ -14,9 +14,11 @@
 // mask (no aux buffer); GELU keeps the pre-activation.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "layers/activations.h"
+#include "layers/fp8_projection.h"
 #include "layers/layer.h"
 #include "layers/lora.h"
 #include "layers/weight_cast_cache.h"
@@ -64,6 +66,9 @@ class Linear : public Layer {
   // A LoRA adapter on this projection (no activation): lora_A.weight and lora_B.weight beside
   // weight, its update added to every output.
   void add_adapter(const LoraOptions& options);
+  // precision.fp8: training forwards and their backwards run the three GEMMs in FP8 (bias,
+  // activation and residual epilogues as before); the scaling state is the buffer "fp8_scaling".
+  void use_fp8(const Fp8Settings& settings);
 
  protected:
   Tensor forward_impl(Context& ctx, const Tensor& x) override;
@@ -71,6 +76,7 @@ class Linear : public Layer {
   void release_saved() override {
     saved_input_ = Tensor();
     saved_activation_ = Tensor();
+    if (fp8_) fp8_->release_saved();
   }
 
  private:
@@ -96,10 +102,11 @@ class Linear : public Layer {
   std::int64_t saved_ld_ = 0;  // leading dimension of saved_activation_
   DType output_dtype_ = DType::F32;
 
-  Tensor pending_residual_;            // see add_to_next_output
-  Linear* producer_ = nullptr;         // see take_input_from
-  LowRankAdapter* adapter_ = nullptr;  // see add_adapter
-  bool dy_is_preactivation_ = false;   // the consumer's backward applied this layer's derivative
+  Tensor pending_residual_;             // see add_to_next_output
+  Linear* producer_ = nullptr;          // see take_input_from
+  LowRankAdapter* adapter_ = nullptr;   // see add_adapter
+  std::unique_ptr<Fp8Projection> fp8_;  // see use_fp8
+  bool dy_is_preactivation_ = false;    // the consumer's backward applied this layer's derivative
   bool can_take_preactivation_grad() const;
 };
 

@@ -75,6 +75,13 @@ SwiGluMlp::SwiGluMlp(std::int64_t hidden, std::int64_t intermediate, const LoraO
   if (lora.targets_module("down_proj")) down_->add_adapter(lora);
 }
 
+void SwiGluMlp::use_fp8(const Fp8Settings& settings) {
+  if (!settings.enabled) return;
+  fp8_gate_up_ = std::make_unique<Fp8Projection>(
+      add_buffer("fp8_gate_up_scaling", Fp8Projection::state_shape(settings)), settings);
+  down_->use_fp8(settings);
+}
+
 void SwiGluMlp::reset_parameters(std::uint64_t seed) {
   const double bound = 1.0 / std::sqrt(static_cast<double>(hidden_));
   ops::fill_uniform(gate_->value, -bound, bound, seed * 1000003ull + 1);
@@ -95,7 +102,8 @@ Tensor SwiGluMlp::forward_impl(Context& ctx, const Tensor& x) {
   const DType mm = transformer_ops::matmul_dtype(ctx, activation_);
   x_mm_ = x.contiguous().view({n, hidden_}).to(mm);
   gate_up_ = Tensor::empty({n, 2 * intermediate_}, activation_, x.device());
-  ops::gemm(false, true, 1.0, x_mm_, stack_rows({&gate_->value, &up_->value}, mm), 0.0, gate_up_);
+  project_forward(fp8_gate_up_.get(), ctx, x_mm_, stack_rows({&gate_->value, &up_->value}, mm),
+                  gate_up_);
   for (std::int64_t i = 0; i < 2; ++i) {
     if (adapters_[i] == nullptr) continue;
     adapters_[i]->add_to_next_output(gate_up_.slice(1, i * intermediate_, (i + 1) * intermediate_));
@@ -117,14 +125,15 @@ Tensor SwiGluMlp::backward_impl(Context& ctx, const Tensor& dy) {
   Tensor dgate_up = Tensor::empty({n, 2 * intermediate_}, activation_, dev);
   swiglu_ops::backward(da, gate_up_, dgate_up);
   Tensor d_mm = dgate_up.to(mm);
-  if (!gate_->frozen) {  // gate and up are frozen together (LoRA's base)
-    Tensor dw = Tensor::empty({2 * intermediate_, hidden_}, gate_->grad.dtype(), dev);
-    ops::gemm(true, false, 1.0, d_mm, x_mm_, 0.0, dw);
+  Tensor dw;  // gate and up are frozen together (LoRA's base)
+  if (!gate_->frozen) dw = Tensor::zeros({2 * intermediate_, hidden_}, gate_->grad.dtype(), dev);
+  Tensor dx = Tensor::empty({n, hidden_}, activation_, dev);
+  project_backward(fp8_gate_up_.get(), x_mm_, stack_rows({&gate_->value, &up_->value}, mm), d_mm,
+                   dw, dx);
+  if (dw.defined()) {
     ops::accumulate(gate_->grad, dw.slice(0, 0, intermediate_));
     ops::accumulate(up_->grad, dw.slice(0, intermediate_, 2 * intermediate_));
   }
-  Tensor dx = Tensor::empty({n, hidden_}, activation_, dev);
-  ops::gemm(false, false, 1.0, d_mm, stack_rows({&gate_->value, &up_->value}, mm), 0.0, dx);
   for (std::int64_t i = 0; i < 2; ++i) {
     if (adapters_[i] == nullptr) continue;
     adapters_[i]->add_to_next_dx(dx);

@@ -20,6 +20,9 @@ class SwiGluMlp : public Layer {
  public:
   // `lora`: adapters on gate_proj, up_proj, down_proj as its targets name them.
   SwiGluMlp(std::int64_t hidden, std::int64_t intermediate, const LoraOptions& lora = {});
+  // precision.fp8: the packed gate/up and the down projections in FP8 in training (scaling
+  // states: the buffers fp8_gate_up_scaling and down_proj.fp8_scaling).
+  void use_fp8(const Fp8Settings& settings);
   std::string type() const override { return "SwiGluMlp"; }
   Shape output_shape(const Shape& input) const override { return input; }
   double forward_flops(const Shape& input) const override;
@@ -31,6 +34,7 @@ class SwiGluMlp : public Layer {
   Tensor forward_impl(Context& ctx, const Tensor& x) override;
   Tensor backward_impl(Context& ctx, const Tensor& dy) override;
   void release_saved() override {
+    if (fp8_gate_up_) fp8_gate_up_->release_saved();
     x_mm_ = Tensor();
     gate_up_ = Tensor();
   }
@@ -41,6 +45,7 @@ class SwiGluMlp : public Layer {
   Parameter* up_;
   Linear* down_;
   LowRankAdapter* adapters_[2] = {};  // gate, up (null: none)
+  std::unique_ptr<Fp8Projection> fp8_gate_up_;
   DType activation_ = DType::F32;
   Tensor x_mm_;     // (N, E) in the matmul dtype
   Tensor gate_up_;  // (N, 2I) [g | u] in the activation dtype

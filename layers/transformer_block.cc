@@ -76,6 +76,9 @@ TransformerBlock::TransformerBlock(const TransformerBlockConfig& config) : confi
   if (c.mlp_inner_dropout)
     mlp_inner_dropout_ = &add_child("mlp_inner_dropout", std::make_unique<Dropout>(c.dropout));
   mlp_output_dropout_ = &add_child("mlp_output_dropout", std::make_unique<Dropout>(c.dropout));
+  attention_->use_fp8(c.fp8);
+  mlp_in_->use_fp8(c.fp8);
+  mlp_out_->use_fp8(c.fp8);
 }
 
 double TransformerBlock::forward_flops(const Shape& input) const {

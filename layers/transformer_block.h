@@ -36,6 +36,8 @@ struct TransformerBlockConfig {
   // linear keeps (Linear::recompute_output) instead of kept twice (GPT-2; where it can: CUDA
   // O2/O3).
   bool recompute_mlp_activation = false;
+  // precision.fp8: the attention's and the MLP's projections in FP8 in training.
+  Fp8Settings fp8;
   // Child names: the prefixes of their parameters.
   std::string attention_name = "attention";
   std::string attention_norm_name = "attention.output.LayerNorm";

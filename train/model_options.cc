@@ -78,6 +78,16 @@ ModelOptions model_options_from(const config::Experiment& experiment) {
       o.llama.rope_original_max_positions = l.rope_scaling().original_max_positions();
     }
   }
+  const config::Fp8Config& fp8 = e.precision().fp8();
+  if (fp8.enabled()) {
+    o.fp8.enabled = true;
+    o.fp8.scaling.recipe =
+        fp8.recipe() == config::Fp8Config::CURRENT ? Fp8Recipe::Current : Fp8Recipe::Delayed;
+    o.fp8.scaling.history = fp8.amax_history();
+    o.fp8.scaling.margin = static_cast<float>(fp8.margin());
+    o.fp8.gradient_format =
+        fp8.gradient_format() == config::Fp8Config::E4M3 ? Fp8Format::E4M3 : Fp8Format::E5M2;
+  }
   const config::LoraConfig& lora = m.lora();
   if (lora.rank() > 0) {
     if (!config::is_llama_model(m.name())) {

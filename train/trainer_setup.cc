@@ -14,6 +14,18 @@
 namespace kiln::train {
 namespace {
 
+// precision.fp8 on a GPU without FP8 tensor cores (compute capability below 8.9) is refused.
+void require_fp8_tensor_cores(Device device) {
+  for (const GpuInfo& gpu : collect_system_info().gpus) {
+    if (gpu.index != device.index || gpu.compute_major * 10 + gpu.compute_minor >= 89) continue;
+    throw InputError("precision.fp8.enabled: GPU " + std::to_string(gpu.index) + " (" + gpu.name +
+                     ") has compute capability " + std::to_string(gpu.compute_major) + "." +
+                     std::to_string(gpu.compute_minor) +
+                     "; FP8 tensor cores need 8.9 or newer (RTX 4090, L40, H100, H200). Turn "
+                     "precision.fp8 off on this GPU");
+  }
+}
+
 // Deterministic fp32 initialisation on the host (or model.init_from), before any device copy.
 void initialise_model(Trainer::State& s) {
   s.model = make_model(model_options_from(s.e));
@@ -118,6 +130,7 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
     }
   }
   s.device = choose_device(s.e.train(), world);
+  if (s.e.precision().fp8().enabled() && s.device.is_cuda()) require_fp8_tensor_cores(s.device);
   config::fill_device_defaults(s.e, s.device.is_cuda());
   configure_process(s.e, s.device, options.heuristic_algorithms);
   s.faults = FaultInjection::from_environment(world.rank);

@@ -52,7 +52,19 @@ std::uint32_t alignment_of(const void* p) {
 using LtPlanKey =
     std::tuple<int, bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
                std::int64_t, std::int64_t, int, int, int, bool, bool, std::int64_t, std::uint32_t,
-               std::uint32_t, std::uint32_t, std::uint32_t>;
+               std::uint32_t, std::uint32_t, std::uint32_t, int>;
+
+// The plan key's FP8 part: none, or both formats and the accumulation mode.
+int fp8_kind(const LtGemm& g) {
+  if (!g.fp8) return 0;
+  return 1 + static_cast<int>(g.a_format) * 4 + static_cast<int>(g.b_format) * 2 +
+         (g.fast_accumulation ? 1 : 0);
+}
+
+cudaDataType_t operand_type(const LtGemm& g, bool a) {
+  if (!g.fp8) return cuda_data_type(g.ab_type);
+  return (a ? g.a_format : g.b_format) == Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+}
 
 // The epilogue's bias and aux pointers of this call.
 void set_epilogue_pointers(const LtGemm& g, cublasLtMatmulDesc_t op) {
@@ -63,6 +75,14 @@ void set_epilogue_pointers(const LtGemm& g, cublasLtMatmulDesc_t op) {
   if (g.aux) {
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                                      &g.aux, sizeof(g.aux)));
+  }
+  if (g.a_scale) {
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                     &g.a_scale, sizeof(g.a_scale)));
+  }
+  if (g.b_scale) {
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                     &g.b_scale, sizeof(g.b_scale)));
   }
 }
 
@@ -153,6 +173,16 @@ void make_plan(const LtGemm& g, std::uint32_t align_a, std::uint32_t align_b, st
                                                    &g.epilogue, sizeof(g.epilogue)));
   // The heuristic must see the pointers' kinds (set or not); their values are set per call.
   set_epilogue_pointers(g, plan.op);
+  if (g.fp8) {
+    const std::int8_t fast = g.fast_accumulation ? 1 : 0;
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+                                                     &fast, sizeof(fast)));
+    if (g.bias) {  // FP8 GEMMs take the bias type from here (the output's: bf16 or f16)
+      const cudaDataType_t bias_type = cuda_data_type(g.d_type);
+      KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                       &bias_type, sizeof(bias_type)));
+    }
+  }
   if (g.aux) {
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
                                                      &g.aux_ld, sizeof(g.aux_ld)));
@@ -160,10 +190,10 @@ void make_plan(const LtGemm& g, std::uint32_t align_a, std::uint32_t align_b, st
   auto rows_of = [](bool trans, std::int64_t r, std::int64_t c) { return trans ? c : r; };
   auto cols_of = [](bool trans, std::int64_t r, std::int64_t c) { return trans ? r : c; };
   KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(
-      &plan.a, cuda_data_type(g.ab_type), static_cast<std::uint64_t>(rows_of(g.trans_a, g.m, g.k)),
+      &plan.a, operand_type(g, true), static_cast<std::uint64_t>(rows_of(g.trans_a, g.m, g.k)),
       static_cast<std::uint64_t>(cols_of(g.trans_a, g.m, g.k)), g.lda));
   KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(
-      &plan.b, cuda_data_type(g.ab_type), static_cast<std::uint64_t>(rows_of(g.trans_b, g.k, g.n)),
+      &plan.b, operand_type(g, false), static_cast<std::uint64_t>(rows_of(g.trans_b, g.k, g.n)),
       static_cast<std::uint64_t>(cols_of(g.trans_b, g.k, g.n)), g.ldb));
   KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, cuda_data_type(g.d_type),
                                                static_cast<std::uint64_t>(g.m),
@@ -227,7 +257,8 @@ bool lt_matmul(const LtGemm& g, Device device) {
                 align_a,
                 align_b,
                 align_d,
-                align_bias};
+                align_bias,
+                fp8_kind(g)};
   // One cache per thread: the descriptors are updated with each call's pointers.
   thread_local std::map<LtPlanKey, std::unique_ptr<LtPlan>> plans;
   std::unique_ptr<LtPlan>& slot = plans[key];

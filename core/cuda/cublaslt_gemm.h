@@ -13,6 +13,7 @@
 
 #include "core/device.h"
 #include "core/dtype.h"
+#include "core/fp8.h"
 
 namespace kiln::cuda {
 
@@ -34,6 +35,15 @@ struct LtGemm {
   const void* bias = nullptr;  // BIAS epilogues: (m) in d_type; BGRADB: output (n) in d_type
   void* aux = nullptr;         // GELU_AUX: pre-activation (m, n) in d_type, leading dim aux_ld
   std::int64_t aux_ld = 0;
+  // FP8 operands (issue 37): A and B as E4M3/E5M2 bytes (ab_type then unused), each product
+  // multiplied by *a_scale * *b_scale (device floats: the inverses of the casts' scales). cuBLASLt
+  // takes them transposed-A, plain-B only (both with k contiguous), m, n, k and lds multiples
+  // of 16.
+  bool fp8 = false;
+  Fp8Format a_format = Fp8Format::E4M3, b_format = Fp8Format::E4M3;
+  const float* a_scale = nullptr;
+  const float* b_scale = nullptr;
+  bool fast_accumulation = false;  // FP8: accumulate in the tensor cores' reduced precision
 };
 
 // Runs `g` on the current stream of `device` (fp32 compute and scale, f64 for f64 inputs);

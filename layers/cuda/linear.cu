@@ -130,10 +130,26 @@ bool bias_grad_epilogue() {
   return v != nullptr && std::strcmp(v, "1") == 0;
 }
 
+// A forward GEMM (y^T = W^T-view x^T) on FP8 operands: W's rows and x's rows, both with k = in
+// contiguous, which is the TN layout cuBLASLt's FP8 GEMMs ask for. The forward accumulates in
+// the tensor cores' fast mode, as Transformer Engine's does; the backward GEMMs do not.
+void use_fp8(LtGemm& g, const Fp8Forward* fp8) {
+  if (fp8 == nullptr) return;
+  g.fp8 = true;
+  g.fast_accumulation = true;
+  g.a = fp8->weight.bytes.data();
+  g.a_format = fp8->weight.format;
+  g.a_scale = fp8->weight.scale_inverse;
+  g.b = fp8->input.bytes.data();
+  g.b_format = fp8->input.format;
+  g.b_scale = fp8->input.scale_inverse;
+}
+
 }  // namespace
 
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act, Tensor& y,
-                    Tensor& saved, std::int64_t& saved_ld, const Tensor& residual) {
+                    Tensor& saved, std::int64_t& saved_ld, const Tensor& residual,
+                    const Fp8Forward* fp8) {
   if (residual.defined()) {
     KILN_CHECK(
         residual.dtype() == y.dtype() && residual.numel() == y.numel() && residual.is_contiguous(),
@@ -156,11 +172,12 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Activa
       g.beta = 1.0;
       g.bias = bias.defined() ? bias.data() : nullptr;
       g.epilogue = bias.defined() ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+      use_fp8(g, fp8);
       saved = Tensor();
       saved_ld = g.m;
       if (lt_matmul(g, x.device())) return;
     }
-    linear_forward(x, w, bias, act, y, saved, saved_ld);
+    linear_forward(x, w, bias, act, y, saved, saved_ld, Tensor(), fp8);
     ops::add(y, residual, y);
     return;
   }
@@ -182,6 +199,7 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Activa
   g.ldd = out;
   g.d_type = y.dtype();
   g.bias = bias.defined() ? bias.data() : nullptr;
+  use_fp8(g, fp8);
   bool has_bias = bias.defined();
   switch (act) {
     case Activation::None:
@@ -244,22 +262,12 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Activa
 
 namespace {
 
-// weight.grad (out, in) += dz^T x (and bias.grad += column sums of dz when asked for).
-void accumulate_weight_grad(const Tensor& x, const Tensor& dz, Tensor& weight_grad,
+// weight.grad (out, in) += dz^T x by `gw` (column-major dW^T (in, out), its D to be set here), and
+// bias.grad += column sums of dz when asked for.
+void accumulate_weight_grad(LtGemm gw, const Tensor& dz, DType mm, Tensor& weight_grad,
                             Tensor* bias_grad) {
-  const std::int64_t rows = x.size(0), in = x.size(1), out = dz.size(1);
-  const Device device = x.device();
-  const DType mm = x.dtype();
-  LtGemm gw;
-  gw.trans_b = true;
-  gw.m = in;
-  gw.n = out;
-  gw.k = rows;
-  gw.a = x.data();
-  gw.lda = in;
-  gw.b = dz.data();
-  gw.ldb = out;
-  gw.ab_type = mm;
+  const std::int64_t in = gw.m, out = gw.n;
+  const Device device = dz.device();
   gw.ldd = in;
   gw.beta = 1.0;
   // Accumulating straight into the grad needs a contiguous grad of a type cuBLASLt can write.
@@ -294,11 +302,80 @@ void accumulate_weight_grad(const Tensor& x, const Tensor& dz, Tensor& weight_gr
   if (!direct) ops::axpy(1.0, wg.to(weight_grad.dtype()), weight_grad);
 }
 
+// dx (M, in) by `gx` (column-major dx^T (in, M), its D to be set here), with the input
+// activation's derivative in the epilogue where it applies: true when it was.
+bool input_gradient(LtGemm gx, DType mm, Tensor& dx, const InputActivation* input_activation) {
+  const Device device = dx.device();
+  const std::int64_t rows = dx.size(0), in = dx.size(1);
+  gx.d = dx.data();
+  gx.ldd = in;
+  gx.d_type = dx.dtype();
+  if (dgelu_epilogue_applies(input_activation, mm, dx)) {
+    gx.epilogue = CUBLASLT_EPILOGUE_DGELU;
+    gx.aux = const_cast<void*>(input_activation->saved.data());
+    gx.aux_ld = input_activation->saved_ld;
+    if (lt_matmul(gx, device)) return true;
+    gx.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    gx.aux = nullptr;
+    gx.aux_ld = 0;
+  }
+  if (!lt_matmul(gx, device)) {
+    // Half output from a different half input type (or similar): compute in fp32, then cast.
+    Tensor dx32 = Tensor::empty({rows, in}, is_half(mm) ? DType::F32 : mm, device);
+    gx.d = dx32.data();
+    gx.d_type = dx32.dtype();
+    KILN_CHECK(lt_matmul(gx, device),
+               "Linear: cuBLASLt has no input-gradient GEMM for " + std::string(dtype_name(mm)));
+    dx.copy_from(dx32);
+  }
+  return false;
+}
+
+// A TN GEMM of FP8 operands, both with k contiguous: column-major D (m, n) = a-rows^T b-rows.
+LtGemm fp8_tn_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const Fp8Operand& a,
+                   const Fp8Operand& b) {
+  LtGemm g;
+  g.fp8 = true;
+  g.trans_a = true;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.lda = g.ldb = k;
+  g.a = a.bytes.data();
+  g.a_format = a.format;
+  g.a_scale = a.scale_inverse;
+  g.b = b.bytes.data();
+  g.b_format = b.format;
+  g.b_scale = b.scale_inverse;
+  return g;
+}
+
+// Backward's GEMMs on FP8 operands, both TN with k contiguous: dW^T (in, out) = x^T-rows (in, M)
+// by dz^T-rows (out, M), and dx^T (in, M) = W^T-rows (in, out) by dz-rows (M, out). x and W are
+// cast again with forward's scales; dz with its own (recorded).
+bool fp8_backward(const Tensor& x, const Tensor& w, const Tensor& dz, Tensor& weight_grad,
+                  Tensor* bias_grad, Tensor& dx, Fp8Projection& fp8) {
+  const std::int64_t rows = x.size(0), in = x.size(1), out = w.size(0);
+  Fp8Operand dz_rows, dz_t;
+  fp8.cast_gradient(dz, dz_rows, dz_t);
+  if (weight_grad.defined()) {
+    const Fp8Operand x_t = fp8.input_transposed(x);
+    accumulate_weight_grad(fp8_tn_gemm(in, out, rows, x_t, dz_t), dz, x.dtype(), weight_grad,
+                           bias_grad);
+  }
+  if (!dx.defined()) return false;
+  const Fp8Operand w_t = fp8.cast(Fp8Projection::Weight, w, /*transposed=*/true, false);
+  // No DGELU epilogue on FP8 operands: cuBLASLt's runs at a third of the plain GEMM's speed there
+  // (GPT-2 XL's c_proj, H200), so the producer applies the derivative itself.
+  return input_gradient(fp8_tn_gemm(in, rows, out, w_t, dz_rows), x.dtype(), dx, nullptr);
+}
+
 }  // namespace
 
 bool linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Activation act,
                      const Tensor& saved, std::int64_t saved_ld, Tensor& weight_grad,
-                     Tensor* bias_grad, Tensor& dx, const InputActivation* input_activation) {
+                     Tensor* bias_grad, Tensor& dx, const InputActivation* input_activation,
+                     Fp8Projection* fp8) {
   std::int64_t rows = x.size(0), in = x.size(1), out = w.size(0);
   if (rows == 0) return false;  // nothing to add, dx is empty
   Device device = x.device();
@@ -329,7 +406,20 @@ bool linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Activat
 
   // weight.grad (out, in) += dz^T x, i.e. column-major dW^T (in, out) = x^T-view (in, M) dz (M,
   // out). None for a frozen weight (LoRA's base).
-  if (weight_grad.defined()) accumulate_weight_grad(x, dz, weight_grad, bias_grad);
+  if (fp8 != nullptr) return fp8_backward(x, w, dz, weight_grad, bias_grad, dx, *fp8);
+  if (weight_grad.defined()) {
+    LtGemm gw;
+    gw.trans_b = true;
+    gw.m = in;
+    gw.n = out;
+    gw.k = rows;
+    gw.a = x.data();
+    gw.lda = in;
+    gw.b = dz.data();
+    gw.ldb = out;
+    gw.ab_type = mm;
+    accumulate_weight_grad(gw, dz, mm, weight_grad, bias_grad);
+  }
 
   // dx (M, in) = dz W, i.e. column-major dx^T (in, M) = W-view (in, out) dz^T (out, M).
   if (dx.defined()) {
@@ -342,27 +432,7 @@ bool linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Activat
     gx.b = dz.data();
     gx.ldb = out;
     gx.ab_type = mm;
-    gx.d = dx.data();
-    gx.ldd = in;
-    gx.d_type = dx.dtype();
-    if (dgelu_epilogue_applies(input_activation, mm, dx)) {
-      gx.epilogue = CUBLASLT_EPILOGUE_DGELU;
-      gx.aux = const_cast<void*>(input_activation->saved.data());
-      gx.aux_ld = input_activation->saved_ld;
-      if (lt_matmul(gx, device)) return true;
-      gx.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-      gx.aux = nullptr;
-      gx.aux_ld = 0;
-    }
-    if (!lt_matmul(gx, device)) {
-      // Half output from a different half input type (or similar): compute in fp32, then cast.
-      Tensor dx32 = Tensor::empty({rows, in}, is_half(mm) ? DType::F32 : mm, device);
-      gx.d = dx32.data();
-      gx.d_type = dx32.dtype();
-      KILN_CHECK(lt_matmul(gx, device),
-                 "Linear: cuBLASLt has no input-gradient GEMM for " + std::string(dtype_name(mm)));
-      dx.copy_from(dx32);
-    }
+    return input_gradient(gx, mm, dx, input_activation);
   }
   return false;
 }

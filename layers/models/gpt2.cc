@@ -36,9 +36,11 @@ class Gpt2LMHeadModel : public HeadedLanguageModel {
     wpe_ =
         &add_child("transformer.wpe", std::make_unique<Embedding>(o.max_positions, o.hidden_size));
     drop_ = &add_child("transformer.drop", std::make_unique<Dropout>(o.dropout));
+    TransformerBlockConfig block =
+        TransformerBlockConfig::gpt2(o.hidden_size, o.num_heads, o.intermediate_size, o.dropout);
+    block.fp8 = o.fp8;
     blocks_.build(
-        o.num_layers,
-        TransformerBlockConfig::gpt2(o.hidden_size, o.num_heads, o.intermediate_size, o.dropout),
+        o.num_layers, block,
         o.recompute_blocks, [this](int i, std::unique_ptr<TransformerBlock> block) -> auto& {
           return add_child("transformer.h." + std::to_string(i), std::move(block));
         });

@@ -40,6 +40,8 @@ class LlamaDecoderLayer : public Layer {
                             std::make_unique<RMSNorm>(o.hidden_size, o.llama.rms_norm_eps));
     mlp_ =
         &add_child("mlp", std::make_unique<SwiGluMlp>(o.hidden_size, o.intermediate_size, o.lora));
+    attention_->use_fp8(o.fp8);
+    mlp_->use_fp8(o.fp8);
   }
   std::string type() const override { return "LlamaDecoderLayer"; }
   Shape output_shape(const Shape& input) const override { return input; }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "layers/fp8_projection.h"
 #include "layers/layer.h"
 #include "layers/lora.h"
 
@@ -56,6 +57,8 @@ struct ModelOptions {
   } llama;
   // The llama family: LoRA adapters (model.lora); with them every other parameter is frozen.
   LoraOptions lora;
+  // precision.fp8: GPT-2's and the llama family's block projections in FP8 in training.
+  Fp8Settings fp8;
 };
 
 enum class Task { Classification, MaskedLM, CausalLM };

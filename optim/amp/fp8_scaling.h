@@ -6,7 +6,8 @@
 //   Delayed: from the largest amax of the last `history` casts, the newest recorded after its
 //            cast (TE's amax history; no pass before the cast)
 // An amax of infinity or NaN (an overflow upstream, which the loss scaler skips) keeps the scale
-// and is counted. The history and scale are state a checkpoint keeps (state()/load_state()).
+// and is counted. The rule is core/fp8.h's fp8_scaling_record, which the CUDA casts of FP8
+// projections run on the device; this class holds one tensor's state on the host.
 
 #include <cstdint>
 #include <string>
@@ -16,13 +17,8 @@
 
 namespace kiln::optim {
 
-enum class Fp8Recipe { Current, Delayed };
-
-struct Fp8ScalingOptions {
-  Fp8Recipe recipe = Fp8Recipe::Delayed;
-  int history = 16;     // Delayed: casts remembered
-  float margin = 0.0f;  // the scale is divided by 2^margin
-};
+using kiln::Fp8Recipe;
+using kiln::Fp8ScalingOptions;
 
 class Fp8TensorScaling {
  public:
@@ -31,24 +27,22 @@ class Fp8TensorScaling {
   Fp8Format format() const { return format_; }
   // The scale for the next cast: Delayed, from the history; Current, from `amax` (this tensor's,
   // measured now).
-  float scale() const { return scale_; }
+  float scale() const { return state_[0]; }
   float current_scale(float amax) const;
   // The amax a cast measured: Delayed, the next scale from the history with it.
-  void record(float amax);
-  std::int64_t overflows() const { return overflows_; }
+  void record(float amax) { fp8_scaling_record(state_.data(), options_, format_, amax); }
+  std::int64_t overflows() const { return static_cast<std::int64_t>(state_[1]); }
 
-  // [scale, overflows, history...]: what resume needs to continue bit for bit.
-  std::vector<float> state() const;
+  // [scale, overflows, next slot, history...] (core/fp8.h's layout): what resume needs to
+  // continue bit for bit.
+  const std::vector<float>& state() const { return state_; }
   // InputError naming `where` for a state of another length.
   void load_state(const std::vector<float>& state, const std::string& where);
 
  private:
   Fp8Format format_;
   Fp8ScalingOptions options_;
-  float scale_ = 1.0f;
-  std::int64_t overflows_ = 0;
-  std::vector<float> history_;  // a ring, the newest at next_ - 1
-  std::size_t next_ = 0;
+  std::vector<float> state_;
 };
 
 }  // namespace kiln::optim

@@ -46,6 +46,8 @@ LOGITS = ["model.name=gpt2", "model.gpt.vocab_size=4096", "model.gpt.seq_len=32"
           "model.gpt.hidden_size=16", "model.gpt.num_layers=1", "model.gpt.num_heads=2",
           "model.gpt.intermediate_size=32", "data.kind=SYNTHETIC", "train.batch_per_gpu=16",
           "train.max_memory_mb=6"]
+# A tiny GPT-2 whose projections run in FP8 (emulated on the CPU): every size a multiple of 16.
+FP8 = GPT + ["train.batch_per_gpu=4", "precision.fp8.enabled=true"]
 # On the CPU, the loss scaler runs with O1 in bf16.
 SCALED = ["precision.opt_level=O1", "precision.half=BF16", "precision.loss_scale.dynamic=true",
           "precision.loss_scale.init_scale=1024", "precision.loss_scale.growth_interval=1"]
@@ -228,6 +230,14 @@ CASES = {
                            ["schedule.kind=STEP", "schedule.step_size=2", "schedule.warmup_steps=0"], differs("lr")),
     "schedule.gamma": (["schedule.kind=STEP", "schedule.step_size=1", "schedule.warmup_steps=0"],
                        ["schedule.kind=STEP", "schedule.step_size=1", "schedule.warmup_steps=0", "schedule.gamma=0.5"], differs("lr")),
+    # FP8 projections: the CPU emulates the casts (tests/layers/test_fp8_projection.cc; on the GPU,
+    # test_layers_fp8_projection_gpu compares CUDA with the emulation).
+    "precision.fp8.enabled": (GPT + ["train.batch_per_gpu=4"], FP8, differs("losses")),
+    "precision.fp8.recipe": (FP8, FP8 + ["precision.fp8.recipe=CURRENT"], differs("losses")),
+    "precision.fp8.amax_history": (FP8 + ["train.steps=6"], FP8 + ["train.steps=6", "precision.fp8.amax_history=1"],
+                                   differs("losses")),
+    "precision.fp8.margin": (FP8, FP8 + ["precision.fp8.margin=3"], differs("losses")),
+    "precision.fp8.gradient_format": (FP8, FP8 + ["precision.fp8.gradient_format=E4M3"], differs("losses")),
     "precision.opt_level": ([], ["precision.opt_level=O1", "precision.half=BF16"], differs("losses")),
     "precision.half": (["precision.opt_level=O1", "precision.half=BF16"], ["precision.opt_level=O1", "precision.half=FP16"],
                        fails_with("FP16")),

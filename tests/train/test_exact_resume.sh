@@ -28,13 +28,13 @@ if [ -n "${EXPECT_FILE:-}" ]; then
     || fail "$EXPECT_FILE differs at step 20"
 fi
 # kiln eval loads the checkpoint in one process, whatever world size wrote it.
-"$KILN" eval --config "$TINY" --set logging.dir="$WORK/b" --set data.eval_split=train --set train.eval_batches=2 \
+"$KILN" eval --config "$TINY" "${EXTRA[@]}" --set logging.dir="$WORK/b" --set data.eval_split=train --set train.eval_batches=2 \
   > "$WORK/eval.log" 2>&1 || { cat "$WORK/eval.log"; fail "kiln eval of the step-20 checkpoint"; }
 grep -q "^eval: .*step-000020: loss" "$WORK/eval.log" || { cat "$WORK/eval.log"; fail "no eval result line"; }
 # --checkpoint DIR picks an older checkpoint; --resume is its other name.
 step10="$WORK/b/checkpoints/step-000010"
 for flag in --checkpoint --resume; do
-  "$KILN" eval --config "$TINY" --set logging.dir="$WORK/b" --set data.eval_split=train --set train.eval_batches=2 \
+  "$KILN" eval --config "$TINY" "${EXTRA[@]}" --set logging.dir="$WORK/b" --set data.eval_split=train --set train.eval_batches=2 \
     "$flag" "$step10" > "$WORK/eval10$flag.log" 2>&1 || { cat "$WORK/eval10$flag.log"; fail "kiln eval $flag $step10"; }
 done
 cmp "$WORK/eval10--checkpoint.log" "$WORK/eval10--resume.log" || fail "--checkpoint and --resume read different checkpoints"
