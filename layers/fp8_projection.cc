@@ -1,6 +1,7 @@
 #include "layers/fp8_projection.h"
 
 #include <cmath>
+#include <string>
 #include <utility>
 
 #include "core/check.h"
@@ -132,6 +133,23 @@ Tensor Fp8Projection::emulate(Role role, const Tensor& x, bool record) {
   row[kFp8RowInverse] = 1.0f / scale;
   fp8_scaling_record(state, settings_.scaling, f, amax);
   return out;
+}
+
+double fp8_overflows(const std::vector<Buffer*>& buffers) {
+  double total = 0;
+  for (const Buffer* b : buffers) {
+    const std::string local = b->name.substr(b->name.rfind('.') + 1);
+    const std::string suffix = "scaling";
+    if (local.rfind("fp8_", 0) != 0 || local.size() < suffix.size() ||
+        local.compare(local.size() - suffix.size(), suffix.size(), suffix) != 0 ||
+        b->value.dim() != 2 || b->value.size(0) != Fp8Projection::kRoles)
+      continue;
+    const std::vector<float> state = b->value.to(Device::cpu()).to_vector<float>();
+    const std::size_t row = static_cast<std::size_t>(b->value.size(1));
+    for (std::size_t role = 0; role < Fp8Projection::kRoles; ++role)
+      total += state[role * row + kFp8RowState + 1];
+  }
+  return total;
 }
 
 namespace {

@@ -17,6 +17,7 @@
 // scale), the same state updates, the GEMMs in f32.
 
 #include <cstdint>
+#include <vector>
 
 #include "core/fp8.h"
 #include "core/parameter.h"
@@ -93,6 +94,10 @@ class Fp8Projection {
   bool active_ = false;
   Fp8Operand input_t_;  // see cast_input
 };
+
+// The overflows (casts whose amax was infinite or NaN) counted so far by the FP8 scaling states
+// among `buffers` (those named "...fp8_*scaling"); reads them on the host.
+double fp8_overflows(const std::vector<Buffer*>& buffers);
 
 // A projection without bias or activation, in FP8 where `fp8` is set and begin_forward says so,
 // else in the GEMM dtype (ops::gemm). x (M, in) and w (out, in) in the GEMM dtype.

@@ -217,6 +217,11 @@ IntervalReport interval_report(const IntervalFigures& f) {
                 f.step >= f.total_steps ? "0s" : format_duration(f.eta_s).c_str());
   report.line += buf;
   if (f.grad_norm >= 0) report.record.emplace_back("grad_norm", f.grad_norm);
+  if (f.fp8_overflows >= 0) report.record.emplace_back("fp8_overflows", f.fp8_overflows);
+  if (f.fp8_overflows > 0) {  // an inf/NaN reached an FP8 cast: its scale was kept
+    std::snprintf(buf, sizeof(buf), " (FP8 overflows so far: %.0f)", f.fp8_overflows);
+    report.line += buf;
+  }
   if (f.skipped) report.line += " (step skipped: inf/NaN gradients)";
   if (f.tokens_per_sample > 0) {
     std::snprintf(buf, sizeof(buf), "loss %.4f %.0f tokens/s", f.mean_loss, tokens_per_s);

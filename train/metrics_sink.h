@@ -95,6 +95,7 @@ struct IntervalFigures {
   double step_ms = 0;            // the interval's mean wall time per optimizer step
   double elapsed_s = 0;          // since this process began training
   double eta_s = -1;             // the remaining steps at this process's mean rate; -1: unknown
+  double fp8_overflows = -1;     // precision.fp8: overflowed casts so far, all ranks; -1: no FP8
 };
 
 struct IntervalReport {

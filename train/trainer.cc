@@ -8,6 +8,7 @@
 
 #include "core/nvtx.h"
 #include "core/ops.h"
+#include "layers/fp8_projection.h"
 #include "optim/amp/amp.h"
 #include "train/trainer_state.h"
 
@@ -191,12 +192,30 @@ TrainResult Trainer::train() {
       result.final_loss = mean_loss;
       const double run_elapsed = seconds_since(run_start);
       const std::int64_t steps_run = n.step - first_step;
-      IntervalReport report = interval_report(
-          {n.step, s.total_steps, s.loader->epoch(), mean_loss, outcome.lr, outcome.loss_scale,
-           outcome.grad_norm, outcome.skipped, interval_samples * s.world.size / elapsed,
-           wait / elapsed, s.flops_per_sample, s.peak_flops, s.world.size, s.tokens_per_sample,
-           1e3 * elapsed / std::max<std::int64_t>(interval_steps, 1), run_elapsed,
-           steps_run > 0 ? run_elapsed / steps_run * (s.total_steps - n.step) : -1.0});
+      IntervalFigures figures{
+          n.step,
+          s.total_steps,
+          s.loader->epoch(),
+          mean_loss,
+          outcome.lr,
+          outcome.loss_scale,
+          outcome.grad_norm,
+          outcome.skipped,
+          interval_samples * s.world.size / elapsed,
+          wait / elapsed,
+          s.flops_per_sample,
+          s.peak_flops,
+          s.world.size,
+          s.tokens_per_sample,
+          1e3 * elapsed / std::max<std::int64_t>(interval_steps, 1),
+          run_elapsed,
+          steps_run > 0 ? run_elapsed / steps_run * (s.total_steps - n.step) : -1.0};
+      if (s.e.precision().fp8().enabled()) {
+        figures.fp8_overflows = fp8_overflows(s.model.net->buffers());
+        if (s.world.size > 1)
+          figures.fp8_overflows = s.comm->all_reduce_host(figures.fp8_overflows, HostReduceOp::Sum);
+      }
+      IntervalReport report = interval_report(figures);
       s.metrics->write(RecordKind::kTrain, n.step, std::move(report.record), report.line,
                        report.bar_text);
       loss_sum.zero();

@@ -115,6 +115,21 @@ TEST(Fp8Projection, AnOverflowIsCountedAndKeepsTheScale) {
   EXPECT_EQ(state[kFp8RowState + 0], 448.0f / amax_of(a));  // the scale of before
 }
 
+TEST(Fp8Projection, OverflowsAreReadFromTheScalingBuffers) {
+  Projection p(settings(Fp8Recipe::Delayed, 2));
+  p.state.name = "h.0.mlp.c_fc.fp8_scaling";
+  std::vector<float> v = random_matrix(16, 16, 1.0, 6).to_vector<float>();
+  p.fp8->emulate(Fp8Projection::Input, Tensor::from_vector(v, {16, 16}), true);
+  v[3] = NAN;
+  const Tensor bad = Tensor::from_vector(v, {16, 16});
+  p.fp8->emulate(Fp8Projection::Input, bad, true);
+  p.fp8->emulate(Fp8Projection::Gradient, bad, true);  // primed from a NaN amax: counted too
+  Buffer other;
+  other.name = "bn1.running_mean";
+  other.value = Tensor::full({3, 4}, 7.0, DType::F32);
+  EXPECT_EQ(fp8_overflows({&p.state, &other}), 2.0);
+}
+
 TEST(Fp8Projection, LinearIsTheGemmOfTheCasts) {
   const std::int64_t rows = 32, in = 48, out = 16;
   Linear linear(in, out, /*bias=*/true);

@@ -89,6 +89,26 @@ TEST(IntervalReport, SaysWhenTheStepWaitsForData) {
   EXPECT_TRUE(recorded);
 }
 
+TEST(IntervalReport, CountsFp8Overflows) {
+  IntervalFigures f;
+  f.step = 5;
+  f.total_steps = 10;
+  auto recorded = [](const IntervalReport& r) {
+    for (const auto& [key, value] : r.record)
+      if (key == "fp8_overflows") return value;
+    return -1.0;
+  };
+  EXPECT_EQ(recorded(interval_report(f)), -1.0);  // no FP8: no field
+  f.fp8_overflows = 0;
+  IntervalReport r = interval_report(f);
+  EXPECT_EQ(recorded(r), 0.0);
+  EXPECT_EQ(r.line.find("FP8"), std::string::npos) << r.line;
+  f.fp8_overflows = 3;
+  r = interval_report(f);
+  EXPECT_EQ(recorded(r), 3.0);
+  EXPECT_NE(r.line.find("(FP8 overflows so far: 3)"), std::string::npos) << r.line;
+}
+
 TEST(FormatDuration, Readable) {
   EXPECT_EQ(format_duration(12.4), "12s");
   EXPECT_EQ(format_duration(185), "3m05s");
