@@ -130,6 +130,8 @@ void fill_defaults(Experiment& experiment, const std::string& config_path) {
   if (!optimizer.has_eps() && optimizer.kind() == OptimizerConfig::LAMB) optimizer.set_eps(1e-6);
 
   PrecisionConfig& precision = *experiment.mutable_precision();
+  // Experiments that do not mention FP8 stay as they were recorded.
+  if (precision.has_fp8()) fill_declared_defaults(*precision.mutable_fp8());
   LossScaleConfig& loss_scale = *precision.mutable_loss_scale();
   if (!loss_scale.has_dynamic() && precision.half() == PrecisionConfig::BF16) {
     loss_scale.set_dynamic(false);
