@@ -7,11 +7,12 @@
 // output gradient in E5M2 or E4M3) in a Buffer: checkpointed, so resume is bit for bit.
 //
 // The casts update the state on the device (core/fp8.h's fp8_scaling_record in the cast's last
-// block), so a step never reads it on the host and CUDA graphs replay it. Forward casts x and W and
-// records their amax; backward casts W^T and x^T again with the scales forward used (they are the
-// same tensors) and dz and dz^T with its own, which it records. cuBLASLt's FP8 GEMMs on sm_89/sm_90
-// take both operands with k contiguous, so each GEMM's operands are cast in that layout (the
-// transposes come out of the cast kernel, not from a pass of their own).
+// block), so a step never reads it on the host and CUDA graphs replay it. Forward casts x (rows,
+// and x^T kept for the weight gradient) and W and records their amax; backward casts W^T again
+// with the scale forward used (the same tensor) and dz and dz^T with its own, which it records.
+// cuBLASLt's FP8 GEMMs on sm_89/sm_90 take both operands with k contiguous, so each GEMM's
+// operands are cast in that layout (the transposes come out of the cast kernel, not from a pass of
+// their own).
 //
 // The CPU twin (CI): the same casts emulated bit for bit (the bytes decoded and divided by the
 // scale), the same state updates, the GEMMs in f32.
@@ -44,8 +45,9 @@ class Fp8Projection {
  public:
   enum Role { Input = 0, Weight = 1, Gradient = 2 };
   static constexpr int kRoles = 3;
-  // The state buffer's shape for these settings: one row per role, core/fp8.h's state followed by
-  // the scale of the last cast, its inverse and the cast kernels' scratch (amax, blocks done).
+  // The state buffer's shape for these settings: one 16-byte aligned row per role, the inverse of
+  // the last cast's scale, that scale, the cast kernels' scratch (amax, blocks done), then
+  // core/fp8.h's state (layers/cuda/fp8_projection_cuda.h).
   static Shape state_shape(const Fp8Settings& settings);
   // The initial state (scale 1, nothing recorded) written into `state` (the owner's buffer).
   Fp8Projection(Buffer& state, const Fp8Settings& settings);
