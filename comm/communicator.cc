@@ -110,14 +110,18 @@ void Communicator::broadcast_on_comm_stream(Tensor& t, int root) {
 }
 
 void Communicator::all_gather(const Tensor& in, Tensor& out) {
+  comm_stream_wait_for_current();
+  all_gather_on_comm_stream(in, out);
+  current_stream_wait_for_comm();
+}
+
+void Communicator::all_gather_on_comm_stream(const Tensor& in, Tensor& out) {
   check_tensor(in, "all_gather");
   check_tensor(out, "all_gather");
   KILN_CHECK(
       in.dtype() == out.dtype() && out.numel() == in.numel() * size(),
       "all_gather of " + in.str() + " over " + std::to_string(size()) + " ranks into " + out.str());
-  comm_stream_wait_for_current();
   do_all_gather(in, out);
-  current_stream_wait_for_comm();
 }
 
 void Communicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {

@@ -81,6 +81,7 @@ class Communicator {
   // Enqueues on the communication stream only; the caller orders it (see above).
   void all_reduce_on_comm_stream(Tensor& t, ReduceOp op = ReduceOp::Sum);
   void broadcast_on_comm_stream(Tensor& t, int root = 0);
+  void all_gather_on_comm_stream(const Tensor& in, Tensor& out);
   void reduce_scatter_on_comm_stream(const Tensor& in, Tensor& out, ReduceOp op = ReduceOp::Sum);
   // The host waits for everything queued on the communication stream.
   virtual void synchronize() {}

@@ -74,8 +74,8 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
     : comm_(comm), options_(options), params_(std::move(parameters)), buffers_(std::move(buffers)) {
   KILN_CHECK(options_.bucket_bytes > 0, "DataParallel bucket_bytes must be positive");
   KILN_CHECK(
-      options_.zero_stage >= 0 && options_.zero_stage <= 2,
-      "DataParallel zero_stage must be 0, 1 or 2, got " + std::to_string(options_.zero_stage));
+      options_.zero_stage >= 0 && options_.zero_stage <= 3,
+      "DataParallel zero_stage must be 0, 1, 2 or 3, got " + std::to_string(options_.zero_stage));
   KILN_CHECK(options_.zero_stage == 0 || options_.compression == GradientCompression::None,
              "DataParallel: gradient compression is not supported with zero_stage > 0");
   KILN_CHECK(options_.compression != GradientCompression::Half || is_half(options_.half_dtype),
@@ -108,8 +108,16 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
   const std::size_t first_bucket_bytes =
       options_.first_bucket_bytes > 0 ? options_.first_bucket_bytes : options_.bucket_bytes;
   hash = fnv1a(hash, static_cast<std::int64_t>(options_.zero_stage));
+  // Stage 3: each parameter's unit (-1: none); a bucket holds one unit's parameters.
+  std::unordered_map<const Parameter*, std::int64_t> unit_of;
+  if (options_.zero_stage == 3) {
+    for (std::size_t u = 0; u < options_.units.size(); ++u) {
+      for (const Parameter* p : options_.units[u]) unit_of.emplace(p, static_cast<std::int64_t>(u));
+    }
+  }
   std::unordered_map<int, std::size_t> open;  // dtype -> bucket index
   std::vector<std::int64_t> fill;             // elements used per bucket
+  std::vector<std::int64_t> bucket_unit;      // stage 3: per bucket
   for (auto it = params_.rbegin(); it != params_.rend(); ++it) {
     Parameter* p = *it;
     KILN_CHECK(slots_.count(p) == 0, "parameter " + p->name + " passed to DataParallel twice");
@@ -118,14 +126,17 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
     const std::int64_t n = p->value.numel();
     const std::int64_t padded = (n + align - 1) / align * align;
     const int key = static_cast<int>(dtype);
+    const auto unit_it = unit_of.find(p);
+    const std::int64_t unit = unit_it == unit_of.end() ? -1 : unit_it->second;
     auto found = open.find(key);
-    if (found == open.end() ||
+    if (found == open.end() || bucket_unit[found->second] != unit ||
         static_cast<std::size_t>(fill[found->second] + padded) * dtype_size(dtype) >
             (found->second == 0 ? first_bucket_bytes : options_.bucket_bytes)) {
       Bucket b;
       b.dtype = dtype;
       buckets_.push_back(std::move(b));
       fill.push_back(0);
+      bucket_unit.push_back(unit);
       open[key] = buckets_.size() - 1;
       found = open.find(key);
     }
@@ -139,6 +150,7 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
     hash = fnv1a(hash, static_cast<std::int64_t>(dtype));
     for (std::int64_t s : p->value.shape()) hash = fnv1a(hash, s);
     hash = fnv1a(hash, static_cast<std::int64_t>(bi));
+    hash = fnv1a(hash, unit);
   }
   layout_hash_ = hash;
   comm_.check_same_on_all_ranks(layout_hash_,
@@ -179,6 +191,10 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
         piece.grad = b.shard.slice(0, lo - begin, hi - begin);
         piece.bucket = bi;
         piece.shard_offset = lo - begin;
+        if (options_.zero_stage == 3) {
+          if (!b.value_shard.defined()) b.value_shard = Tensor::zeros({shard}, b.dtype, device);
+          piece.value = b.value_shard.slice(0, lo - begin, hi - begin);
+        }
         pieces_.push_back(std::move(piece));
       }
     }
@@ -191,6 +207,22 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
   if (options_.broadcast_at_start) {
     broadcast_parameters();
     broadcast_buffers();
+  }
+  if (options_.zero_stage == 3) {
+    // From here on each rank keeps only its shard of the weights: the whole values go.
+    for (Bucket& b : buckets_) {
+      if (!b.value_shard.defined())
+        b.value_shard = Tensor::zeros({b.shard.numel()}, b.dtype, device);
+      b.values = Tensor::zeros({b.numel}, b.dtype, device);
+      for (std::size_t i = 0; i < b.params.size(); ++i) {
+        Parameter* p = b.params[i];
+        b.values.slice(0, b.offsets[i], b.offsets[i] + p->value.numel())
+            .view(p->value.shape())
+            .copy_from(p->value);
+      }
+      shard_values(b);
+      unbind_values(b);
+    }
   }
 }
 
@@ -271,11 +303,25 @@ void DataParallel::launch(Bucket& bucket) {
   if (options_.zero_stage > 0) allocate_gradients(bucket);  // stage 2: no backward wrote it
   reduction_->reduce(static_cast<std::size_t>(&bucket - buckets_.data()), bucket.flat, bucket.shard,
                      finished_steps_);
-  // Collectives that block the caller have read the bucket: stage 2 lets it go at once.
-  if (options_.zero_stage == 2 && comm_.comm_stream() == nullptr) release_gradients(bucket);
   if (timing_) mark(bucket.end, comm_.comm_stream());
+  if (options_.zero_stage >= 2) release_after_reduction(bucket);
   bucket.launched = true;
   ++bucket_all_reduces_;
+}
+
+void DataParallel::release_after_reduction(Bucket& bucket) {
+  // Collectives that block the caller have read the bucket: it goes at once.
+  if (comm_.comm_stream() == nullptr) return release_gradients(bucket);
+  // On a communication stream the previous bucket goes now: the compute stream waits for its
+  // reduce-scatter (queued a bucket ago, most likely done), so the allocator hands its memory
+  // out again only after the read. A rank holds about two full buckets at a time.
+  if (releasing_ != nullptr) {
+    releasing_->reduced->wait_on(current_stream(comm_.device()));
+    release_gradients(*releasing_);
+  }
+  if (!bucket.reduced) bucket.reduced = std::make_unique<Event>(comm_.device());
+  bucket.reduced->record(comm_.comm_stream());
+  releasing_ = &bucket;
 }
 
 void DataParallel::finish() {
@@ -291,8 +337,16 @@ void DataParallel::finish() {
   ++finished_steps_;
   // Stage 2: the full buffers are released once the compute stream has waited for their
   // reduce-scatters, so a stream-ordered allocator reuses them only after the reads.
-  if (options_.zero_stage == 2) {
+  if (options_.zero_stage >= 2) {
     for (Bucket& b : buckets_) release_gradients(b);
+  }
+  // Stage 3: prefetched weights nobody used go before the update makes them stale; the compute
+  // stream waits for their gather first, so their memory is reused only after it.
+  for (Bucket& b : buckets_) {
+    if (!b.prefetched) continue;
+    if (b.gathered) b.gathered->wait_on(current_stream(comm_.device()));
+    b.prefetched = false;
+    b.values = Tensor();
   }
 }
 
@@ -308,14 +362,14 @@ void DataParallel::release_gradients(Bucket& b) {
 }
 
 void DataParallel::zero_grad_lazily() {
-  if (options_.zero_stage != 2) return zero_grad();
+  if (options_.zero_stage < 2) return zero_grad();
   for (Bucket& b : buckets_) {
     if (b.flat.defined()) b.flat.zero();
   }
 }
 
 std::function<void(const std::vector<Parameter*>&)> DataParallel::gradient_allocation_hook() {
-  if (options_.zero_stage != 2) return {};
+  if (options_.zero_stage < 2) return {};
   return [this](const std::vector<Parameter*>& written) {
     for (Parameter* p : written) {
       auto it = slots_.find(p);
@@ -332,7 +386,107 @@ void DataParallel::bind_gradients(Bucket& b) {
   }
 }
 
+std::vector<std::size_t> DataParallel::buckets_of(const std::vector<Parameter*>& parameters) const {
+  std::vector<std::size_t> out;
+  for (Parameter* p : parameters) {
+    auto it = slots_.find(p);
+    if (it == slots_.end()) continue;  // not data-parallel (frozen): whole on every rank
+    if (std::find(out.begin(), out.end(), it->second.bucket) == out.end())
+      out.push_back(it->second.bucket);
+  }
+  return out;
+}
+
+void DataParallel::acquire_values(const std::vector<Parameter*>& parameters) {
+  if (options_.zero_stage != 3) return;
+  for (std::size_t bi : buckets_of(parameters)) {
+    Bucket& b = buckets_[bi];
+    if (b.holders++ > 0) continue;
+    if (!b.prefetched) {
+      gather_values(b);
+      continue;
+    }
+    if (b.gathered) b.gathered->wait_on(current_stream(comm_.device()));
+    b.prefetched = false;
+    bind_values(b);
+  }
+}
+
+void DataParallel::prefetch_values(const std::vector<Parameter*>& parameters) {
+  if (options_.zero_stage != 3) return;
+  for (std::size_t bi : buckets_of(parameters)) {
+    Bucket& b = buckets_[bi];
+    if (b.holders > 0 || b.prefetched) continue;
+    // Allocated on the compute stream, which the communication stream waits for: the memory
+    // (and the shard the optimizer wrote) is ready before the gather writes it.
+    b.values = Tensor::empty({b.numel}, b.dtype, comm_.device());
+    comm_.comm_stream_wait_for_current();
+    comm_.all_gather_on_comm_stream(b.value_shard, b.values);
+    if (comm_.comm_stream() != nullptr) {
+      if (!b.gathered) b.gathered = std::make_unique<Event>(comm_.device());
+      b.gathered->record(comm_.comm_stream());
+    }
+    b.prefetched = true;
+  }
+}
+
+void DataParallel::release_values(const std::vector<Parameter*>& parameters, bool written) {
+  if (options_.zero_stage != 3) return;
+  for (std::size_t bi : buckets_of(parameters)) {
+    Bucket& b = buckets_[bi];
+    KILN_CHECK(b.holders > 0, "ZeRO-3: the values of " + b.params.front()->name +
+                                  " were released more often than acquired");
+    if (written) shard_values(b);
+    if (--b.holders == 0) unbind_values(b);
+  }
+}
+
+void DataParallel::gather_values(Bucket& b) {
+  // Allocated on the compute stream, which the gather is ordered with: a released buffer is
+  // reused only after the kernels that read it.
+  b.values = Tensor::empty({b.numel}, b.dtype, comm_.device());
+  comm_.all_gather(b.value_shard, b.values);
+  bind_values(b);
+}
+
+void DataParallel::bind_values(Bucket& b) {
+  for (std::size_t i = 0; i < b.params.size(); ++i) {
+    Parameter* p = b.params[i];
+    p->value =
+        b.values.slice(0, b.offsets[i], b.offsets[i] + p->value.numel()).view(p->value.shape());
+  }
+}
+
+void DataParallel::shard_values(Bucket& b) {
+  const std::int64_t shard = b.value_shard.numel();
+  b.value_shard.copy_from(b.values.slice(0, shard * comm_.rank(), shard * (comm_.rank() + 1)));
+}
+
+void DataParallel::unbind_values(Bucket& b) {
+  b.values = Tensor();
+  // Shape, dtype and device stay readable; the data pointer is null until the next gather.
+  for (Parameter* p : b.params) {
+    p->value = Tensor::wrap(nullptr, p->value.shape(), p->value.dtype(), comm_.device());
+  }
+}
+
+std::size_t DataParallel::value_buffer_bytes() const {
+  std::size_t bytes = 0;
+  for (const Bucket& b : buckets_) {
+    if (b.values.defined()) bytes += b.values.nbytes();
+    if (b.value_shard.defined()) bytes += b.value_shard.nbytes();
+  }
+  return bytes;
+}
+
 void DataParallel::gather_parameters() {
+  if (options_.zero_stage == 3) {
+    // The shards were updated in place; buckets not held are gathered when next acquired.
+    for (Bucket& b : buckets_) {
+      if (b.holders > 0) comm_.all_gather(b.value_shard, b.values);
+    }
+    return;
+  }
   const std::int64_t ranks = comm_.size();
   for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
     Bucket& b = buckets_[bi];
@@ -383,6 +537,7 @@ void DataParallel::reset_step() {
   }
   std::fill(ready_.begin(), ready_.end(), 0);
   next_launch_ = 0;
+  releasing_ = nullptr;  // finish() released it with the rest
 }
 
 void DataParallel::set_accumulation_micro_step(bool micro_step) {

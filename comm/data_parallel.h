@@ -38,6 +38,15 @@
 // every bucket's updated values so that each rank holds the whole model again. Stage 2 also
 // releases the full gradient buffers in finish() (reallocated by zero_grad()), so between steps
 // a rank holds only its shard of the reduced gradients; Parameter::grad is then undefined.
+//
+// ZeRO-3 (zero_stage 3): stage 2's gradients, and the weights sharded too. Buckets follow
+// options.units (a new bucket starts where the unit changes), and between uses a rank keeps only
+// its shard of each bucket's values: Parameter::value then has its shape and dtype but no
+// memory (a null data pointer). acquire_values() all-gathers the buckets holding the given
+// parameters (the first holder gathers, views become Parameter::value) and release_values() drops
+// them when their last holder lets go. The optimizer's pieces are views into the value shards, so
+// an update changes them in place; gather_parameters() then refreshes only the buckets held at that
+// time.
 
 #include <chrono>
 #include <cstdint>
@@ -79,8 +88,11 @@ struct DataParallelOptions {
   // Broadcast parameters and buffers from rank 0 in the constructor.
   bool broadcast_at_start = true;
   // 0: all-reduce; 1: reduce-scatter into per-rank gradient shards; 2: also free the full
-  // gradient buffers between steps (see above).
+  // gradient buffers between steps; 3: also shard the weights (see above).
   int zero_stage = 0;
+  // Stage 3: the parameters gathered together (one model block each); a bucket never spans two.
+  // Parameters in no unit share a bucket run of their own. Ignored below stage 3.
+  std::vector<std::vector<const Parameter*>> units;
 };
 
 // One contiguous range of one parameter inside this rank's shard of a bucket (ZeRO).
@@ -89,6 +101,9 @@ struct ShardPiece {
   std::int64_t offset = 0;  // into the flattened parameter
   std::int64_t numel = 0;
   Tensor grad;  // (numel,) view into the bucket's reduced shard gradient
+  // Stage 3: (numel,) view into the bucket's value shard, the piece's only copy between uses;
+  // undefined below stage 3 (the piece is then a range of Parameter::value).
+  Tensor value;
   std::size_t bucket = 0;
   std::int64_t shard_offset = 0;  // of the piece's first element in the bucket's shard
 };
@@ -141,8 +156,9 @@ class DataParallel {
   // a layer's backward is about to write as that backward begins (layers/ adapts it to
   // Context::on_layer), allocates, zeroed, every bucket holding one of their gradients. Where the
   // collectives block the caller (MPI), a bucket is released again as soon as it is
-  // reduce-scattered, so a rank holds few full buckets at a time; on a communication stream,
-  // finish() releases them. Other stages: zero_grad_lazily() is zero_grad() and the hook is empty.
+  // reduce-scattered, so a rank holds few full buckets at a time; on a communication stream, as
+  // the next bucket is launched (the compute stream waits for its reduce-scatter first).
+  // Stages 0 and 1: zero_grad_lazily() is zero_grad() and the hook is empty.
   void zero_grad_lazily();
   std::function<void(const std::vector<Parameter*>& written)> gradient_allocation_hook();
 
@@ -169,6 +185,7 @@ class DataParallel {
   // All-reduces started since construction (one per bucket per step): for tests and metrics.
   std::uint64_t bucket_all_reduces() const { return bucket_all_reduces_; }
   Communicator& communicator() { return comm_; }
+  const std::vector<Parameter*>& parameters() const { return params_; }
 
   // Records when each bucket is ready, starts and ends (CUDA events, or host clocks on the CPU);
   // off by default since on CUDA it adds three event records per bucket.
@@ -181,8 +198,21 @@ class DataParallel {
   int zero_stage() const { return options_.zero_stage; }
   // ZeRO: this rank's pieces of every parameter, in bucket order (empty when zero_stage is 0).
   const std::vector<ShardPiece>& shard_pieces() const { return pieces_; }
-  // ZeRO, collective: every rank's updated pieces of Parameter::value reach every rank.
+  // ZeRO, collective: every rank's updated pieces of Parameter::value reach every rank (stage 3:
+  // the buckets held now; the others are gathered when next acquired).
   void gather_parameters();
+  // Stage 3, collective (every rank calls them with the same parameters, in the same order):
+  // the buckets holding `parameters` gathered whole, their values bound to Parameter::value,
+  // until each holder has released them. `written`: what was written into the whole values
+  // becomes this rank's shard (loading a checkpoint). Other stages: nothing to do.
+  void acquire_values(const std::vector<Parameter*>& parameters);
+  void release_values(const std::vector<Parameter*>& parameters, bool written = false);
+  // Stage 3, collective: starts gathering the buckets of `parameters` that are not held on the
+  // communication stream, so that a later acquire_values() of them waits only for that gather
+  // (the next block's weights while this one computes). finish() drops the ones never acquired.
+  void prefetch_values(const std::vector<Parameter*>& parameters);
+  // Stage 3: bytes of the whole value buffers held now and of this rank's value shards.
+  std::size_t value_buffer_bytes() const;
   // ZeRO: bytes of the full gradient buffers and of this rank's reduced shards now allocated.
   std::size_t gradient_buffer_bytes() const;
 
@@ -201,7 +231,13 @@ class DataParallel {
     Tensor shard;  // ZeRO: (numel / size,) this rank's reduced shard
     std::vector<Parameter*> params;
     std::vector<std::int64_t> offsets;
-    int pending = 0;  // parameters whose hook has not fired this step
+    Tensor values;            // stage 3: (numel,) the whole values while held, else undefined
+    Tensor value_shard;       // stage 3: (numel / size,) this rank's values between uses
+    int holders = 0;          // stage 3: acquire_values() calls not yet released
+    bool prefetched = false;  // stage 3: `values` being gathered, not yet acquired
+    std::unique_ptr<Event> gathered;  // stage 3, on a communication stream: the prefetch's end
+    std::unique_ptr<Event> reduced;   // stage 2/3, on a communication stream: its reduction's end
+    int pending = 0;                  // parameters whose hook has not fired this step
     bool launched = false;
     TimePoint ready, start, end;  // with set_timing(true)
   };
@@ -212,9 +248,15 @@ class DataParallel {
   void on_grad_ready(Parameter& p);
   void launch_ready_buckets();
   void launch(Bucket& bucket);
-  void bind_gradients(Bucket& bucket);      // Parameter::grad = views into bucket.flat
-  void allocate_gradients(Bucket& bucket);  // stage 2: a released bucket, zeroed and bound
-  void release_gradients(Bucket& bucket);   // stage 2: the full buffer goes, grads undefined
+  void bind_gradients(Bucket& bucket);           // Parameter::grad = views into bucket.flat
+  void allocate_gradients(Bucket& bucket);       // stage 2: a released bucket, zeroed and bound
+  void release_gradients(Bucket& bucket);        // stage 2: the full buffer goes, grads undefined
+  void release_after_reduction(Bucket& bucket);  // stage 2/3 (see launch())
+  void gather_values(Bucket& bucket);            // stage 3: value_shard of every rank -> values
+  void bind_values(Bucket& bucket);              // stage 3: Parameter::value = views into values
+  void shard_values(Bucket& bucket);             // stage 3: this rank's part of the values -> shard
+  void unbind_values(Bucket& bucket);            // stage 3: values go, Parameter::value unallocated
+  std::vector<std::size_t> buckets_of(const std::vector<Parameter*>& parameters) const;
 
   Communicator& comm_;
   DataParallelOptions options_;
@@ -226,6 +268,7 @@ class DataParallel {
   std::unordered_map<const Parameter*, Slot> slots_;
   std::vector<char> ready_;
   std::size_t next_launch_ = 0;
+  Bucket* releasing_ = nullptr;  // stage 2/3 on a communication stream: released at the next launch
   bool micro_step_ = false;
   std::uint64_t layout_hash_ = 0;
   std::uint64_t bucket_all_reduces_ = 0;

@@ -62,7 +62,7 @@ Verdict verdict(const train::MemoryPlan& plan) {
   const train::MemoryEstimate& leanest = plan.estimates.back();
   const std::string change =
       "raise --memory-mb (a GPU with more memory), shard over more GPUs (--world-size with "
-      "parallel.zero_stage 2), use half precision (precision.opt_level O2), or shrink the model "
+      "parallel.zero_stage 3), use half precision (precision.opt_level O2), or shrink the model "
       "(model.*)";
   if (!plan.measured) {
     if (leanest.total(0) > plan.limit) {
@@ -71,7 +71,8 @@ Verdict verdict(const train::MemoryPlan& plan) {
                ": the weights, gradients and optimizer state alone "
                "need " +
                std::to_string(static_cast<long long>(mib(leanest.total(0)))) +
-               " MiB with parallel.zero_stage 2 on " + gpus + "; " + change;
+               " MiB with parallel.zero_stage " + std::to_string(leanest.zero_stage) + " on " +
+               gpus + "; " + change;
     } else {
       v.line = "activations not measured (no " + plan.device +
                " here, train.device CUDA): run kiln plan where the GPU is for the largest batch";
@@ -96,7 +97,8 @@ Verdict verdict(const train::MemoryPlan& plan) {
     v.line = "nothing fits under " + limit + " on " + gpus +
              ": even batch 1 needs more in every combination (" +
              std::to_string(static_cast<long long>(mib(leanest.total(1)))) +
-             " MiB with parallel.zero_stage 2, train.recompute BLOCKS); " + change;
+             " MiB with parallel.zero_stage " + std::to_string(leanest.zero_stage) +
+             ", train.recompute BLOCKS); " + change;
     return v;
   }
   v.line = "batch " + std::to_string(plan.batch) + " fits in no combination: lower " +

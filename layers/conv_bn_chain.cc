@@ -183,6 +183,9 @@ Tensor ConvBatchNormChain::backward(Context& ctx, const Tensor& dy) {
     const Link& prev = links_[k - 1];
     Tensor d_prev = Tensor::empty(prev.y.shape(), t, device);
     if (fusion::supported(fusion::Pattern::BackwardData, g, options)) {
+      // The fused kernel reads the batch norm's weights: its backward begins first (ZeRO-3
+      // gathers them as it does).
+      begin_layer(ctx, bn, false);
       const std::int64_t c = g.in_channels;
       Tensor grad = Tensor::empty(prev.y.shape(), t, device);
       Tensor dscale = channel_floats(c, device), dbias = channel_floats(c, device);
@@ -191,7 +194,6 @@ Tensor ConvBatchNormChain::backward(Context& ctx, const Tensor& dy) {
       fusion::backward_data(g, options, d, w, prev.y, prev.mean, prev.invstd, bn.weight().value,
                             bn.bias().value, grad, dscale, dbias, eq_dy, eq_x, eq_bias);
       end_layer(ctx, conv, false);
-      begin_layer(ctx, bn, false);
       fusion::apply_backward(grad, prev.y, eq_dy, eq_x, eq_bias, d_prev);
       ops::axpy(1.0, dscale, bn.weight().grad);
       ops::axpy(1.0, dbias, bn.bias().grad);

@@ -28,8 +28,9 @@ ShardedOptimizer::Pieces ShardedOptimizer::make_pieces(const std::vector<Paramet
     Parameter& whole = *range.parameter;
     auto p = std::make_unique<Parameter>();
     p->name = whole.name;
-    p->value =
-        whole.value.view({whole.value.numel()}).slice(0, range.offset, range.offset + range.numel);
+    p->value = range.value.defined() ? range.value
+                                     : whole.value.view({whole.value.numel()})
+                                           .slice(0, range.offset, range.offset + range.numel);
     p->grad = range.grad;
     out.element_offsets.push_back(range.offset);
     p->no_weight_decay = whole.no_weight_decay;

@@ -2,7 +2,8 @@
 // ZeRO's optimizer: the mixed-precision optimizer of the ranges of the parameters this rank
 // updates. Under ZeRO (stage 1 or 2) each rank holds fp32 masters and moments only for its shard
 // of every gradient bucket; norms of whole tensors are this rank's partial sums added up over the
-// ranks, and after an update every rank's new values reach every rank. Without a shard group the
+// ranks, and after an update every rank's new values reach every rank (ZeRO-3: the ranges are the
+// only copy of the weights between uses, updated in place). Without a shard group the
 // ranges are the whole parameters: the one-rank case of the same class, so checkpoints of any
 // sharding load into any other (docs/data_parallel.md, "ZeRO").
 //
@@ -27,6 +28,9 @@ struct ParameterRange {
   std::int64_t offset = 0;
   std::int64_t numel = 0;
   Tensor grad;  // (numel,): the reduced gradient of the range
+  // (numel,): where the range's weights live when it is not a range of Parameter::value (ZeRO-3
+  // keeps only this rank's shard of every weight); undefined otherwise.
+  Tensor value;
 };
 
 // The ranks that share the parameters, as a sharded optimizer needs them.

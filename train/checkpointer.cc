@@ -83,7 +83,13 @@ std::string Checkpointer::maybe_save(bool last) {
 // Verified before step 1; a checkpoint of another model or batch layout is refused.
 void Checkpointer::restore(const std::string& path) {
   const config::Experiment& e = p_.experiment;
-  Checkpoint c = load_model_checkpoint(path, e.model().name(), p_.net);
+  Checkpoint c;
+  {
+    // ZeRO-3: the weights are loaded whole and kept as each rank's shards, before the
+    // optimizer's state (whose update rounds its masters into those shards) is loaded.
+    WholeWeights loading(p_.sync, /*written=*/true);
+    c = load_model_checkpoint(path, e.model().name(), p_.net);
+  }
   restored_from_ = path;
   const config::CheckpointState& st = c.state;
   if (!options_.evaluate_only) check_resumable(path, st);
@@ -259,9 +265,13 @@ std::string Checkpointer::save(const data::LoaderState* position) {
   const bool rank0 = p_.world.rank == 0;
   NamedTensors model;
   const NamedTensors reducer = gather_reducer_state();
-  if (rank0) {
-    for (Parameter* p : p_.net.parameters()) model.emplace_back(p->name, stored_layout(*p));
-    for (Buffer* b : p_.net.buffers()) model.emplace_back(b->name, b->value);
+  {
+    WholeWeights saving(p_.sync, /*written=*/false);
+    if (rank0) {
+      // The tensors keep ZeRO-3's gathered buckets alive after the release, until saved.
+      for (Parameter* p : p_.net.parameters()) model.emplace_back(p->name, stored_layout(*p));
+      for (Buffer* b : p_.net.buffers()) model.emplace_back(b->name, b->value);
+    }
   }
   if (p_.optimizer.sharded()) {
     // Every rank writes its optimizer shard into rank 0's staging directory; rank 0 completes it.

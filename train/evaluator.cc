@@ -66,6 +66,9 @@ EvalResult Evaluator::evaluate(const EvalOptions& options) {
   }
   std::vector<Tensor> dumped_logits, dumped_inputs;  // per batch, on the host
   p_.sync.broadcast_buffers();
+  // ZeRO-3: whole weights for the evaluation (ranks may see different numbers of batches, so
+  // the weights cannot be gathered layer by layer).
+  WholeWeights whole(p_.sync, /*written=*/false);
   data::LoaderOptions lo = p_.train_loader.options();
   lo.shuffle = false;
   lo.train = false;

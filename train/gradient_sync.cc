@@ -1,6 +1,8 @@
 #include "train/gradient_sync.h"
 
+#include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -54,6 +56,8 @@ class LocalGradients final : public GradientSync {
   void load_state(const NamedTensors&, const std::string&) override {}
   optim::ShardGroup* shard_group() override { return nullptr; }
   DataParallel* data_parallel() override { return nullptr; }
+  void gather_weights() override {}
+  void release_weights(bool) override {}
 
  private:
   bool in_arena(const Parameter& p) const {
@@ -79,7 +83,7 @@ class DataParallelShards final : public optim::ShardGroup {
   std::vector<optim::ParameterRange> ranges() const override {
     std::vector<optim::ParameterRange> out;
     for (const ShardPiece& piece : dp_.shard_pieces()) {
-      out.push_back({piece.parameter, piece.offset, piece.numel, piece.grad});
+      out.push_back({piece.parameter, piece.offset, piece.numel, piece.grad, piece.value});
     }
     return out;
   }
@@ -94,7 +98,23 @@ class DataParallelShards final : public optim::ShardGroup {
 
 class DataParallelSync final : public GradientSync {
  public:
-  explicit DataParallelSync(std::unique_ptr<DataParallel> dp) : dp_(std::move(dp)), shards_(*dp_) {}
+  DataParallelSync(std::unique_ptr<DataParallel> dp, std::vector<WeightUnit> units,
+                   std::vector<Parameter*> parameters)
+      : dp_(std::move(dp)), shards_(*dp_), parameters_(std::move(parameters)) {
+    if (dp_->zero_stage() != 3) return;
+    std::set<const Parameter*> in_unit;
+    for (std::size_t i = 0; i < units.size(); ++i) {
+      for (const Parameter* p : units[i].parameters) in_unit.insert(p);
+      unit_index_[units[i].layer] = i;
+    }
+    units_ = std::move(units);
+    // A model's own parameters (no unit's): gathered now and kept, refreshed after each update.
+    for (Parameter* p : parameters_) {
+      if (in_unit.count(p) == 0) resident_.push_back(p);
+    }
+    dp_->acquire_values(resident_);
+  }
+  ~DataParallelSync() override { dp_->release_values(resident_); }
   void zero_gradients() override { dp_->zero_grad_lazily(); }
   void set_accumulating(bool accumulating) override {
     dp_->set_accumulation_micro_step(accumulating);
@@ -103,6 +123,18 @@ class DataParallelSync final : public GradientSync {
     ctx.on_grad_ready = dp_->grad_ready_hook();
     auto allocate = dp_->gradient_allocation_hook();
     if (allocate) ctx.observers.push_back(on_backward_begin(std::move(allocate)));
+    if (units_.empty()) return;
+    ctx.observers.push_back([this](Layer& layer, bool forward, bool begin) {
+      auto it = unit_index_.find(&layer);
+      if (it == unit_index_.end()) return;
+      const std::size_t i = it->second;
+      if (!begin) return dp_->release_values(units_[i].parameters);
+      dp_->acquire_values(units_[i].parameters);
+      // The unit that comes next, in the model's order going forward and in reverse going
+      // backward, is gathered while this one computes.
+      if (forward && i + 1 < units_.size()) dp_->prefetch_values(units_[i + 1].parameters);
+      if (!forward && i > 0) dp_->prefetch_values(units_[i - 1].parameters);
+    });
   }
   void finish() override { dp_->finish(); }
   void reset_step() override { dp_->reset_step(); }
@@ -117,11 +149,28 @@ class DataParallelSync final : public GradientSync {
   }
   optim::ShardGroup* shard_group() override { return sharded() ? &shards_ : nullptr; }
   DataParallel* data_parallel() override { return dp_.get(); }
+  void gather_weights() override { dp_->acquire_values(parameters_); }
+  void release_weights(bool written) override { dp_->release_values(parameters_, written); }
 
  private:
   std::unique_ptr<DataParallel> dp_;
   DataParallelShards shards_;
+  std::vector<Parameter*> parameters_;              // every data-parallel one
+  std::vector<WeightUnit> units_;                   // ZeRO-3, in the model's order
+  std::map<const Layer*, std::size_t> unit_index_;  // ZeRO-3: into units_
+  std::vector<Parameter*> resident_;                // ZeRO-3: in no unit
 };
+
+// Every parameter `layer` and the layers below it use: their own and the shared (tied) ones.
+void collect_used(Layer& layer, std::vector<Parameter*>& out) {
+  for (Parameter* p : layer.written_parameters()) {
+    if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+  }
+  for (Parameter* p : layer.parameters()) {
+    if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+  }
+  for (Layer* child : layer.children()) collect_used(*child, out);
+}
 
 }  // namespace
 
@@ -129,8 +178,25 @@ std::unique_ptr<GradientSync> make_local_gradients(std::vector<Parameter*> param
   return std::make_unique<LocalGradients>(std::move(parameters));
 }
 
-std::unique_ptr<GradientSync> make_data_parallel_sync(std::unique_ptr<DataParallel> dp) {
-  return std::make_unique<DataParallelSync>(std::move(dp));
+std::vector<WeightUnit> weight_units(Layer& model) {
+  std::vector<WeightUnit> units;
+  for (Layer* child : model.children()) {
+    if (child->type() == "Sequential") {
+      for (WeightUnit& unit : weight_units(*child)) units.push_back(std::move(unit));
+      continue;
+    }
+    WeightUnit unit;
+    unit.layer = child;
+    collect_used(*child, unit.parameters);
+    if (!unit.parameters.empty()) units.push_back(std::move(unit));
+  }
+  return units;
+}
+
+std::unique_ptr<GradientSync> make_data_parallel_sync(std::unique_ptr<DataParallel> dp,
+                                                      std::vector<WeightUnit> units) {
+  std::vector<Parameter*> parameters = dp->parameters();
+  return std::make_unique<DataParallelSync>(std::move(dp), std::move(units), std::move(parameters));
 }
 
 }  // namespace kiln::train

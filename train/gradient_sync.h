@@ -48,11 +48,43 @@ class GradientSync {
   virtual optim::ShardGroup* shard_group() = 0;
   // The reducer behind it (benchmark timing); null on one rank.
   virtual DataParallel* data_parallel() = 0;
+  // ZeRO-3, collective: whole weights on every rank from gather_weights() until
+  // release_weights() (checkpoints, evaluation, loading); `written`: what was written into them
+  // meanwhile becomes each rank's shard. Elsewhere the weights are always whole: nothing to do.
+  virtual void gather_weights() = 0;
+  virtual void release_weights(bool written) = 0;
 };
+
+// Whole weights while it lives (GradientSync::gather_weights).
+class WholeWeights {
+ public:
+  WholeWeights(GradientSync& sync, bool written) : sync_(sync), written_(written) {
+    sync_.gather_weights();
+  }
+  ~WholeWeights() { sync_.release_weights(written_); }
+  WholeWeights(const WholeWeights&) = delete;
+  WholeWeights& operator=(const WholeWeights&) = delete;
+
+ private:
+  GradientSync& sync_;
+  bool written_;
+};
+
+// ZeRO-3's units: the layers whose forward and backward gather the weights they use (each child
+// of the model, or of a Sequential child: a block, an embedding, a head), with those parameters,
+// tied ones included.
+struct WeightUnit {
+  Layer* layer = nullptr;
+  std::vector<Parameter*> parameters;
+};
+std::vector<WeightUnit> weight_units(Layer& model);
 
 // One rank: zeroes the parameters' gradients, reduces nothing.
 std::unique_ptr<GradientSync> make_local_gradients(std::vector<Parameter*> parameters);
-// Several ranks: DataParallel's buckets and strategy.
-std::unique_ptr<GradientSync> make_data_parallel_sync(std::unique_ptr<DataParallel> dp);
+// Several ranks: DataParallel's buckets and strategy. ZeRO-3 gathers each unit's weights as its
+// layer's forward and backward begin and releases them as they end; the parameters of no unit
+// (a model's own) stay gathered.
+std::unique_ptr<GradientSync> make_data_parallel_sync(std::unique_ptr<DataParallel> dp,
+                                                      std::vector<WeightUnit> units = {});
 
 }  // namespace kiln::train

@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "core/device.h"
 #include "layers/models/model.h"
+#include "train/gradient_sync.h"
 #include "train/model_options.h"
 #include "train/run_setup.h"
 #include "train/trainer.h"
@@ -171,12 +172,21 @@ std::vector<MemoryEstimate> counted_memory(const config::Experiment& experiment,
   // host cores' update adds host twins of the weights and gradients and runs without ZeRO.
   const auto offload = offload_update(e);
   const bool twins = offload == config::TrainConfig::HOST_CORES;
-  for (int stage = 0; stage <= (twins ? 0 : 2); ++stage) {
+  // ZeRO-3 holds its shard of the weights and two units whole: the one being used (a block, or
+  // the head with the embedding it shares) and the next, prefetched.
+  double largest_unit = 0;
+  for (const WeightUnit& unit : weight_units(*model.net)) {
+    double bytes = 0;
+    for (const Parameter* p : unit.parameters)
+      bytes += static_cast<double>(p->value.numel()) * (half_weights && !p->fp32_in_half ? 2 : 4);
+    largest_unit = std::max(largest_unit, bytes);
+  }
+  for (int stage = 0; stage <= (twins ? 0 : 3); ++stage) {
     for (bool recompute : {false, true}) {
       MemoryEstimate m;
       m.zero_stage = stage;
       m.recompute = recompute;
-      m.weights = weights;
+      m.weights = stage == 3 ? weights / ranks + std::min(weights, 2 * largest_unit) : weights;
       // ZeRO-2 keeps its shard and one bucket being reduce-scattered (never more than all).
       const double shard = gradients / ranks;
       m.gradients = stage >= 2 ? shard + std::min(bucket, gradients - shard) : gradients;

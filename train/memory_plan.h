@@ -60,7 +60,7 @@ struct MemoryPlan {
   double limit = 0;                       // bytes; 0 = none given
   std::string device;                     // where the probes ran
   std::vector<int> probe_batches;         // the two batches measured
-  std::vector<MemoryEstimate> estimates;  // zero_stage 0..2 x recompute NONE, BLOCKS
+  std::vector<MemoryEstimate> estimates;  // zero_stage 0..3 x recompute NONE, BLOCKS
   // False when nothing was measured (no device of train.device here: a login node plans a GPU
   // job from the counted parts alone; activations and workspaces are unknown).
   bool measured = true;

@@ -155,8 +155,16 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
                                 ? DType::F32
                                 : s.precision.parameter_dtype);
   if (world.size > 1) {
-    s.sync = make_data_parallel_sync(std::make_unique<DataParallel>(
-        s.parameters, s.model.net->buffers(), *s.comm, data_parallel_options(s.e)));
+    DataParallelOptions dp = data_parallel_options(s.e);
+    std::vector<WeightUnit> units;
+    if (dp.zero_stage == 3) {
+      units = weight_units(*s.model.net);
+      for (const WeightUnit& unit : units)
+        dp.units.emplace_back(unit.parameters.begin(), unit.parameters.end());
+    }
+    s.sync = make_data_parallel_sync(
+        std::make_unique<DataParallel>(s.parameters, s.model.net->buffers(), *s.comm, dp),
+        std::move(units));
   } else {
     s.sync = make_local_gradients(s.parameters);
   }

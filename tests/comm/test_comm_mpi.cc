@@ -562,6 +562,18 @@ TEST_P(DataParallelZero, ShardsPartitionTheModelAverageAndGather) {
   }
 }
 
+// Step `step` of a 12-sample global batch: this rank's slice forward and backward (MSE loss).
+void forward_backward_on_this_rank(Layer& model, Context& ctx, int step) {
+  const std::int64_t shard = 12 / comm().size();
+  Tensor x, t;
+  testing::global_batch(static_cast<std::uint64_t>(step), 12, Device::cpu(), DType::F32, x, t);
+  const std::int64_t begin = comm().rank() * shard;
+  Tensor xm = x.slice(0, begin, begin + shard).contiguous();
+  Tensor tm = t.slice(0, begin, begin + shard).contiguous();
+  Tensor y = model.forward(ctx, xm);
+  model.backward(ctx, testing::mse_grad(y, tm, shard));
+}
+
 // ZeRO-2 without the full gradients at the start of backward: buckets are allocated as the
 // backward of a layer that writes them begins, and (MPI's collectives block) released as soon as
 // they are reduce-scattered; the training is bit for bit stage 1's.
@@ -587,17 +599,10 @@ TEST(DataParallel, ZeroStage2AllocatesBucketsAsBackwardReachesThem) {
     });
     auto params = model->parameters();
     std::vector<double> after;
-    const std::int64_t shard = 12 / comm().size();
     for (int step = 0; step < 3; ++step) {
       dp.zero_grad_lazily();
-      Tensor x, t;
-      testing::global_batch(static_cast<std::uint64_t>(step), 12, Device::cpu(), DType::F32, x, t);
-      const std::int64_t begin = comm().rank() * shard;
-      Tensor xm = x.slice(0, begin, begin + shard).contiguous();
-      Tensor tm = t.slice(0, begin, begin + shard).contiguous();
       seen = most = 0;
-      Tensor y = model->forward(ctx, xm);
-      model->backward(ctx, testing::mse_grad(y, tm, shard));
+      forward_backward_on_this_rank(*model, ctx, step);
       dp.finish();
       if (shard_bytes != nullptr) *shard_bytes = dp.gradient_buffer_bytes();
       // The update on the reduced shards, then every rank's pieces to every rank.
@@ -618,6 +623,107 @@ TEST(DataParallel, ZeroStage2AllocatesBucketsAsBackwardReachesThem) {
   EXPECT_EQ(stage1, stage2);
   EXPECT_EQ(first, shards) << "full buckets held when backward began";
   EXPECT_LT(most - shards, full - shards) << "every full bucket held at once during backward";
+}
+
+// ZeRO-3: between uses a rank holds only its shard of the weights (Parameter::value has its shape
+// but no memory); acquire_values() gathers whole buckets, every element from its owner's shard,
+// and release_values(written) keeps what was written; per-layer gathering trains bit for bit as
+// stage 1 does, and the buckets follow the units.
+TEST(DataParallel, ZeroStage3ShardsTheWeightsAndGathersThemPerUnit) {
+  const int r = comm().rank(), n = comm().size();
+  auto model = testing::make_tiny_model(11, Device::cpu(), DType::F32);
+  const std::vector<double> initial = testing::parameter_values(*model);
+  const std::vector<Parameter*> params = model->parameters();
+  std::size_t whole_bytes = 0;
+  for (Parameter* p : params) whole_bytes += p->value.nbytes();
+  DataParallelOptions options;
+  options.zero_stage = 3;
+  // fc2's parameters (registered last, laid out first) one unit, fc1's another: two buckets
+  // under a bucket size that would take all four.
+  options.units = {{params[0], params[1]}, {params[2], params[3]}};
+  DataParallel dp(params, model->buffers(), comm(), options);
+  EXPECT_EQ(dp.bucket_count(), 2u);
+  for (Parameter* p : params) EXPECT_EQ(p->value.data(), nullptr) << p->name;
+  std::size_t shard_bytes = 0;
+  for (const GradientBucketInfo& b : dp.bucket_layout())
+    shard_bytes += static_cast<std::size_t>(b.numel / n) * sizeof(float);
+  EXPECT_EQ(dp.value_buffer_bytes(), shard_bytes);
+  if (n > 1) {
+    EXPECT_LT(shard_bytes, whole_bytes);
+  }
+
+  dp.acquire_values({params[2]});  // fc2's bucket only
+  EXPECT_EQ(params[0]->value.data(), nullptr);
+  ASSERT_NE(params[3]->value.data(), nullptr);
+  dp.acquire_values(params);  // fc2's is held twice now
+  EXPECT_EQ(testing::parameter_values(*model), initial);
+  dp.release_values(params);
+  EXPECT_EQ(params[0]->value.data(), nullptr);
+  ASSERT_NE(params[2]->value.data(), nullptr) << "released while still held";
+  dp.release_values({params[2]});
+  EXPECT_EQ(params[2]->value.data(), nullptr);
+
+  // Each rank writes 10 + rank into its pieces' shards; a gather gives every rank every owner's.
+  for (const ShardPiece& piece : dp.shard_pieces()) {
+    ASSERT_TRUE(piece.value.defined());
+    Tensor mine = piece.value;
+    mine.fill(10.0 + r);
+  }
+  dp.acquire_values(params);
+  std::vector<double> all = testing::parameter_values(*model);
+  for (double v : all) ASSERT_TRUE(v >= 10.0 && v < 10.0 + n && v == std::floor(v)) << v;
+  EXPECT_TRUE(testing::bitwise_equal_on_all_ranks(comm(), all));
+  // Written while whole (a checkpoint loaded): kept as the shards.
+  for (Parameter* p : params) p->value.fill(3.0);
+  dp.release_values(params, /*written=*/true);
+  for (const ShardPiece& piece : dp.shard_pieces()) {
+    for (float v : piece.value.to_vector<float>()) ASSERT_EQ(v, 3.0f);
+  }
+
+  // Training: each layer gathers its weights for its forward and its backward.
+  auto train = [](int stage) {
+    auto m = testing::make_tiny_model(5, Device::cpu(), DType::F32);
+    DataParallelOptions o;
+    o.bucket_bytes = 64;
+    o.zero_stage = stage;
+    DataParallel dp(m->parameters(), m->buffers(), comm(), o);
+    const std::size_t shards = dp.value_buffer_bytes();
+    Context ctx;
+    ctx.on_grad_ready = dp.grad_ready_hook();
+    auto allocate = dp.gradient_allocation_hook();
+    ctx.observers.push_back([&](Layer& layer, bool forward, bool begin) {
+      if (!layer.children().empty()) return;
+      if (begin) {
+        dp.acquire_values(layer.parameters());
+        // Every other bucket prefetched: the later acquires take them, finish() drops the rest.
+        dp.prefetch_values(m->parameters());
+        if (!forward && allocate) allocate(layer.written_parameters());
+      } else {
+        dp.release_values(layer.parameters());
+      }
+    });
+    for (int step = 0; step < 3; ++step) {
+      dp.zero_grad_lazily();
+      forward_backward_on_this_rank(*m, ctx, step);
+      dp.finish();
+      if (stage == 3) {
+        EXPECT_EQ(dp.value_buffer_bytes(), shards) << "prefetched weights left";
+      }
+      for (const ShardPiece& piece : dp.shard_pieces()) {
+        Tensor v = piece.value.defined()
+                       ? Tensor(piece.value)
+                       : piece.parameter->value.view({piece.parameter->value.numel()})
+                             .slice(0, piece.offset, piece.offset + piece.numel);
+        ops::axpy(-0.05, piece.grad, v);
+      }
+      dp.gather_parameters();
+    }
+    dp.acquire_values(m->parameters());
+    std::vector<double> out = testing::parameter_values(*m);
+    dp.release_values(m->parameters());
+    return out;
+  };
+  EXPECT_EQ(train(1), train(3));
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, DataParallelZero, ::testing::Values(1, 2),

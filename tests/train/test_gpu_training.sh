@@ -84,17 +84,18 @@ same_parameters "$WORK/inf/checkpoints/step-000004/model.safetensors" \
 pass "inf in rank 1's gradients at step 5 on NCCL: skipped on every rank, weights unchanged, scale halved"
 fi
 
-# 3b. ZeRO on NCCL (fp16 O2: fp32 masters sharded): stage 2 against stage 0 after 20 steps with
+# 3b. ZeRO on NCCL (fp16 O2: fp32 masters sharded): stages 2 and 3 against stage 0 after 20 steps with
 # AdamW and LAMB (clipped), weights within a few half-precision ulps; the sharded checkpoint
 # reloads on one GPU.
 if want zero; then
   for opt in ADAMW LAMB; do
-    for z in 0 2; do
+    for z in 0 2 3; do
       run_np --set optimizer.kind=$opt --set optimizer.max_grad_norm=1 --set parallel.zero_stage=$z \
         --set logging.dir="$WORK/z$opt$z" > "$WORK/z$opt$z.log" 2>&1 || { cat "$WORK/z$opt$z.log"; fail "zero_stage $z $opt"; }
     done
-    python3 - "$WORK/z${opt}0/checkpoints/step-000020/model.safetensors" "$WORK/z${opt}2/checkpoints/step-000020/model.safetensors" <<'PY' \
-      || fail "$opt: zero_stage 2 differs from 0 on NCCL"
+    for z in 2 3; do
+    python3 - "$WORK/z${opt}0/checkpoints/step-000020/model.safetensors" "$WORK/z${opt}$z/checkpoints/step-000020/model.safetensors" <<'PY' \
+      || fail "$opt: zero_stage $z differs from 0 on NCCL"
 import json, struct, sys
 import numpy as np
 def load(path):
@@ -108,10 +109,11 @@ a, b = load(sys.argv[1]), load(sys.argv[2])
 worst = max(float(np.max(np.abs(a[k] - b[k]) / np.maximum(np.abs(a[k]), 1e-2))) for k in a)
 sys.exit(0 if worst < 4e-3 else f"max relative difference {worst:.3g}")
 PY
+    done
   done
   "$KILN" eval --config "$TINY" "${GPU[@]}" --set logging.dir="$WORK/zADAMW2" --set data.eval_split=train \
     --set train.eval_batches=2 > "$WORK/zeval.log" 2>&1 || { cat "$WORK/zeval.log"; fail "kiln eval of a sharded checkpoint"; }
-  pass "ZeRO stage 2 on $NP GPUs (fp16 O2, AdamW and LAMB) matches stage 0; its checkpoint reloads on one GPU"
+  pass "ZeRO stages 2 and 3 on $NP GPUs (fp16 O2, AdamW and LAMB) match stage 0; a stage-2 checkpoint reloads on one GPU"
 fi
 
 # 4. Hung rank: SIGSTOP with a 30 s collective timeout (last: it is the slowest part).

@@ -94,6 +94,15 @@ for f in model.safetensors optimizer-rank-00000-of-00002.safetensors optimizer-r
     || fail "ZeRO-1 on 2 ranks: $f differs with the device kernels' offload"
 done
 pass "DEVICE_KERNELS with ZeRO-1 on 2 ranks equals no offload bit for bit"
+# ZeRO-3: the offloaded pieces update the weights' shards in place; the same weights as ZeRO-1.
+"${MPIRUN[@]}" -np 2 "$KILN" train --config "$TINY" --set logging.dir="$W/z3-device" --set parallel.zero_stage=3 \
+  --set train.offload=OPTIMIZER --set train.offload_update=DEVICE_KERNELS > "$W/z3-device.log" 2>&1 \
+  || { tail -30 "$W/z3-device.log"; fail "ZeRO-3 run with offload"; }
+diff <(losses "$W/z1-none/metrics.jsonl") <(losses "$W/z3-device/metrics.jsonl") \
+  || fail "ZeRO-3 with the device kernels' offload: the losses differ from ZeRO-1's"
+cmp "$W/z1-none/checkpoints/step-000020/model.safetensors" "$W/z3-device/checkpoints/step-000020/model.safetensors" \
+  || fail "ZeRO-3 with the device kernels' offload: the weights differ from ZeRO-1's"
+pass "DEVICE_KERNELS with ZeRO-3 on 2 ranks trains the weights of ZeRO-1 without offload bit for bit"
 
 # kiln plan: the masters and moments leave the device's columns for host memory; the host cores'
 # update plans stage 0 only and pins twins of the weights and gradients too.
@@ -111,7 +120,7 @@ import json, sys
 none, host, device = ({(p["zero_stage"], p["recompute"]): p for p in
                        json.loads(open(f).read().strip().splitlines()[-1])["plans"]} for f in sys.argv[1:])
 state = lambda p: p["weights_mb"] + p["gradients_mb"] + p["master_mb"] + p["moments_mb"]
-assert sorted({k[0] for k in host}) == [0] and sorted({k[0] for k in device}) == [0, 1, 2], (host, device)
+assert sorted({k[0] for k in host}) == [0] and sorted({k[0] for k in device}) == [0, 1, 2, 3], (host, device)
 for key, d in none.items():
     assert d["moments_mb"] > 0 and d["host_mb"] == 0, d
     for plan, twins in ((device.get(key), 0), (host.get(key), d["weights_mb"] + d["gradients_mb"])):

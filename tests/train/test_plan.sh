@@ -15,7 +15,7 @@ BERT=(--config "$SRC/configs/bert_base.pbtxt" "${CPU[@]}" --set model.bert.num_l
 "$KILN" plan "${GPT[@]}" --world-size 2 --memory-mb 2048 > "$WORK/table" 2>&1 ||
   { cat "$WORK/table"; fail "kiln plan failed"; }
 cat "$WORK/table"
-[ "$(grep -cE '^[012] +(NONE|BLOCKS) ' "$WORK/table")" = 6 ] || fail "expected 6 rows (3 stages x 2)"
+[ "$(grep -cE '^[0123] +(NONE|BLOCKS) ' "$WORK/table")" = 8 ] || fail "expected 8 rows (4 stages x 2)"
 grep -q "fits" "$WORK/table" || fail "no verdict under --memory-mb"
 
 for name in GPT BERT; do
@@ -41,7 +41,7 @@ assert close(base["gradients_mb"], base["weights_mb"]), base
 for n, p in plans.items():
     assert p["world_size"] == n
     for rec in ("NONE", "BLOCKS"):
-        s0, s1, s2 = (row(p, s, rec) for s in (0, 1, 2))
+        s0, s1, s2, s3 = (row(p, s, rec) for s in (0, 1, 2, 3))
         for r in (s0, s1, s2):
             assert close(r["weights_mb"], base["weights_mb"]), r  # never sharded
             assert r["nccl_mb"] == 0, r  # MPI on the CPU: no NCCL buffers
@@ -53,6 +53,10 @@ for n, p in plans.items():
         assert close(s2["gradients_mb"], grads), (n, s2)                          # stage 2: + grads
         assert close(s2["moments_mb"], base["moments_mb"] / n), (n, s2)
         assert s2["total_mb"] <= s1["total_mb"] + 1e-9 or n == 1, (s1, s2)
+        # stage 3: stage 2's, and the weights' shard plus the largest unit whole (here the
+        # embedding the head shares)
+        assert close(s3["gradients_mb"], s2["gradients_mb"]) and close(s3["moments_mb"], s2["moments_mb"]), s3
+        assert base["weights_mb"] / n < s3["weights_mb"] <= base["weights_mb"] / n + base["weights_mb"] + 1e-9, (n, s3)
     blocks, none = row(p, 0, "BLOCKS"), row(p, 0, "NONE")
     assert blocks["activations_per_sample_mb"] <= none["activations_per_sample_mb"], (none, blocks)
 print(name, "shards as ZeRO does on 1, 2, 4 GPUs")
@@ -79,7 +83,7 @@ PY
 code=0
 "$KILN" plan "${BERT[@]}" --world-size 1 --memory-mb 1 > "$WORK/tiny" 2>&1 || code=$?
 [ "$code" = 1 ] || { cat "$WORK/tiny"; fail "plan under 1 MiB exited $code, expected 1"; }
-[ "$(grep -c 'does not fit' "$WORK/tiny")" = 6 ] || { cat "$WORK/tiny"; fail "1 MiB: expected 6 rows that do not fit"; }
+[ "$(grep -c 'does not fit' "$WORK/tiny")" = 8 ] || { cat "$WORK/tiny"; fail "1 MiB: expected 8 rows that do not fit"; }
 grep -q "^nothing fits under 1 MiB on 1 GPU: .*raise --memory-mb" "$WORK/tiny" || { cat "$WORK/tiny"; fail "1 MiB: no verdict naming what to change"; }
 ! grep -q "lower train.batch_per_gpu" "$WORK/tiny" || fail "1 MiB: advises a lower batch while none fits"
 # The experiment's batch too large, a smaller one fitting: exit 1, naming the batch to set.
@@ -103,7 +107,7 @@ PY
 "$KILN" plan "${BERT[@]}" --set train.device=CUDA --world-size 2 --memory-mb 24576 > "$WORK/login" 2>&1 \
   || { cat "$WORK/login"; fail "a login node cannot plan a GPU job"; }
 grep -q "counted only: no GPU here" "$WORK/login" || { cat "$WORK/login"; fail "the counted-only plan does not say so"; }
-[ "$(grep -cE '^[012] +(NONE|BLOCKS) ' "$WORK/login")" = 6 ] || { cat "$WORK/login"; fail "no counted rows"; }
+[ "$(grep -cE '^[0123] +(NONE|BLOCKS) ' "$WORK/login")" = 8 ] || { cat "$WORK/login"; fail "no counted rows"; }
 
 expect_bad() {  # message-part args...
   local want=$1; shift

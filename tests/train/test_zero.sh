@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ZeRO (parallel.zero_stage 1 and 2) under mpirun -np $NP (default 2) on the CPU: after 20 steps
+# ZeRO (parallel.zero_stage 1, 2 and 3) under mpirun -np $NP (default 2) on the CPU: after 20 steps
 # the weights equal stage 0's (SGD and AdamW bit for bit: the reduce-scatter folds ranks in the
 # order the all-reduce does; LAMB with clipping within 1e-6 relative: its norms add up partial
 # sums), with gradient accumulation, an injected inf and tied weights (GPT-2); the per-rank optimizer state falls by
@@ -42,13 +42,13 @@ SCALED=(precision.opt_level=O1 precision.half=BF16 precision.loss_scale.dynamic=
 # cases other than SGD check one of them: 20-step runs cost seconds each on CI's 2 cores.
 for case in ${CASES:-accum sgd lamb inf bf16}; do
   case $case in
-    accum) o=(train.accumulation_steps=2); tol=0; stages="0 1" ;;
-    sgd) o=(optimizer.kind=SGD optimizer.lr=0.05 optimizer.momentum=0.9); tol=0; stages="0 1 2" ;;
-    lamb) o=(optimizer.kind=LAMB optimizer.max_grad_norm=0.5); tol=1e-6; stages="0 2" ;;
-    inf) o=("${SCALED[@]}"); tol=0; stages="0 2" ;;
-    bf16) o=(optimizer.moments_dtype=BF16); tol=0; stages="0 2" ;;
+    accum) o=(train.accumulation_steps=2); tol=0; stages="0 1 3" ;;
+    sgd) o=(optimizer.kind=SGD optimizer.lr=0.05 optimizer.momentum=0.9); tol=0; stages="0 1 2 3" ;;
+    lamb) o=(optimizer.kind=LAMB optimizer.max_grad_norm=0.5); tol=1e-6; stages="0 2 3" ;;
+    inf) o=("${SCALED[@]}"); tol=0; stages="0 2 3" ;;
+    bf16) o=(optimizer.moments_dtype=BF16); tol=0; stages="0 2 3" ;;
   esac
-  [ "$NP" != 2 ] && [ "$case" = sgd ] && stages="0 2"
+  [ "$NP" != 2 ] && [ "$case" = sgd ] && stages="0 2 3"
   for z in $stages; do
     if [ "$case" = inf ]; then
       KILN_FAULT_KIND=inf-grad KILN_FAULT_STEP=5 KILN_FAULT_RANK=$((NP - 1)) run "$NP" "$W/$case$z" "${o[@]}" parallel.zero_stage=$z
@@ -76,9 +76,14 @@ with open(f"{sys.argv[1]}/tiny_train_000001.bin", "wb") as f:
 PY
 GPT=(data.path="$W/shards/tiny_train_*.bin" data.eval_split=none train.steps=20 train.global_batch=24
      train.batch_per_gpu=$((24 / NP)))
-for z in 0 1; do CONFIG=$SRC/tests/train/tiny_gpt.pbtxt run "$NP" "$W/gpt$z" "${GPT[@]}" parallel.zero_stage=$z; done
-compare "$W/gpt0" "$W/gpt1" 1e-6 || fail "tied weights (GPT-2): stage 1 differs from stage 0 (np $NP)"
-pass "tied weights (GPT-2, clipped AdamW): stage 1 agrees with stage 0 (np $NP)"
+for z in 0 1 3; do CONFIG=$SRC/tests/train/tiny_gpt.pbtxt run "$NP" "$W/gpt$z" "${GPT[@]}" parallel.zero_stage=$z; done
+# ZeRO-3 gathers each block's weights again for the recomputed forward inside its backward.
+CONFIG=$SRC/tests/train/tiny_gpt.pbtxt run "$NP" "$W/gpt3r" "${GPT[@]}" parallel.zero_stage=3 train.recompute=BLOCKS
+for z in 1 3 3r; do
+  compare "$W/gpt0" "$W/gpt$z" 1e-6 || fail "tied weights (GPT-2): stage $z differs from stage 0 (np $NP)"
+done
+compare "$W/gpt3" "$W/gpt3r" 0 || fail "tied weights (GPT-2): stage 3 with recompute differs from without (np $NP)"
+pass "tied weights (GPT-2, clipped AdamW): stages 1 and 3 (and 3 with recompute) agree with stage 0 (np $NP)"
 
 # Per-rank optimizer state (allocator statistics, rank 0): stage 1 holds about 1/NP of stage 0's.
 b0=$(sed -n 's/.*optimizer state: \([0-9]*\) bytes.*/\1/p' "$W/accum0.log" | head -1)
@@ -128,7 +133,9 @@ PY
 full_state "$W/ref/checkpoints/step-000020" "$W/ref.npz"
 others="1 3"; [ "$NP" = 2 ] || others="1 2"
 for np2 in $others; do
-  run "$np2" "$W/re$np2" train.global_batch=48 train.batch_per_gpu=$((48 / np2)) parallel.zero_stage=1 \
+  # Onto several ranks at stage 3: the stage-1 shards become stage 3's (another bucket layout).
+  z=3; [ "$np2" = 1 ] && z=1
+  run "$np2" "$W/re$np2" train.global_batch=48 train.batch_per_gpu=$((48 / np2)) parallel.zero_stage=$z \
     checkpoint.resume="$W/ref/checkpoints/step-000020"
   grep -q "resumed from .*step-000020" "$W/re$np2.log" || { tail "$W/re$np2.log"; fail "no resume on $np2 ranks"; }
   compare "$W/ref" "$W/re$np2" 0 || fail "weights differ after resharding onto $np2 ranks"
@@ -140,4 +147,25 @@ assert sorted(a.files) == sorted(b.files), (a.files, b.files)
 bad = [k for k in a.files if a[k].tobytes() != b[k].tobytes()]
 sys.exit('optimizer state differs: ' + ', '.join(bad[:5]) if bad else 0)" || fail "optimizer state differs after resharding onto $np2 ranks"
 done
-pass "the $NP-rank checkpoint resumes on ${others/ / and } ranks with the same weights and optimizer state"
+pass "the $NP-rank checkpoint resumes on ${others/ / and } ranks (stage 3 on several) with the same weights and optimizer state"
+
+# ZeRO-3's own checkpoints: stage 1's weights, resumed bit for bit on $NP ranks, and on one rank.
+G3=(train.global_batch=48 train.batch_per_gpu=$((48 / NP)) parallel.zero_stage=3)
+run "$NP" "$W/ref3" "${G3[@]}"
+compare "$W/ref" "$W/ref3" 0 || fail "stage 3 differs from stage 1 (np $NP)"
+mkdir -p "$W/half3/checkpoints" && cp -r "$W/ref3/checkpoints/step-000010" "$W/half3/checkpoints/"
+run "$NP" "$W/half3" "${G3[@]}" checkpoint.resume=latest
+for f in model.safetensors $(cd "$W/ref3/checkpoints/step-000020" && ls optimizer-rank-*); do
+  cmp "$W/ref3/checkpoints/step-000020/$f" "$W/half3/checkpoints/step-000020/$f" || fail "stage 3: $f differs after resume on $NP ranks"
+done
+run 1 "$W/one3" train.global_batch=48 train.batch_per_gpu=48 checkpoint.resume="$W/ref3/checkpoints/step-000020"
+compare "$W/ref3" "$W/one3" 0 || fail "stage 3's checkpoint: weights differ on one rank"
+full_state "$W/ref3/checkpoints/step-000020" "$W/ref3.npz"
+full_state "$W/one3/checkpoints/step-000020" "$W/one3.npz"
+python3 -c "
+import numpy as np, sys
+a, b = np.load('$W/ref3.npz'), np.load('$W/one3.npz')
+bad = [k for k in a.files if a[k].tobytes() != b[k].tobytes()]
+sys.exit('optimizer state differs: ' + ', '.join(bad[:5]) if bad or sorted(a.files) != sorted(b.files) else 0)" \
+  || fail "stage 3's checkpoint: optimizer state differs on one rank"
+pass "stage 3 trains as stage 1; its $NP-rank checkpoint resumes bit for bit, and on one rank with the same state"
