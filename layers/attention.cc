@@ -286,7 +286,7 @@ MultiHeadSelfAttention::MultiHeadSelfAttention(std::int64_t hidden, std::int64_t
     out_weight_->stored_transposed = true;
   }
   qkv_cache_.resize(qkv_weights_.size());
-  MultiHeadSelfAttention::reset_parameters(0);
+  if (!ParameterShapesOnly::active()) MultiHeadSelfAttention::reset_parameters(0);
 }
 
 void MultiHeadSelfAttention::use_fp8(const Fp8Settings& settings) {

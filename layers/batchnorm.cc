@@ -20,7 +20,7 @@ BatchNorm2d::BatchNorm2d(std::int64_t channels, double eps, double momentum)
   running_mean_ = &add_buffer("running_mean", {channels}, 0.0);
   running_var_ = &add_buffer("running_var", {channels}, 1.0);
   num_batches_tracked_ = &add_buffer("num_batches_tracked", {}, 0.0);
-  reset_parameters(0);
+  if (!ParameterShapesOnly::active()) reset_parameters(0);
 }
 
 Shape BatchNorm2d::output_shape(const Shape& input) const {

@@ -96,7 +96,7 @@ Conv2d::Conv2d(std::int64_t in_channels, std::int64_t out_channels,
   }
   weight_ = &add_parameter("weight", {out_channels, in_channels / groups, kernel_h_, kernel_w_});
   if (bias) bias_ = &add_parameter("bias", {out_channels}, /*no_weight_decay=*/true);
-  reset_parameters(0);
+  if (!ParameterShapesOnly::active()) reset_parameters(0);
 }
 
 Conv2dGeometry Conv2d::geometry(const Shape& input, DType dtype, bool channels_last) const {

@@ -15,7 +15,7 @@ Embedding::Embedding(std::int64_t num_embeddings, std::int64_t dim, std::int64_t
   KILN_CHECK(padding_idx_ == kNoPadding || (padding_idx_ >= 0 && padding_idx_ < num_),
              "Embedding: padding_idx " + std::to_string(padding_idx_) + " out of range");
   weight_ = &add_parameter("weight", {num_, dim_});
-  Embedding::reset_parameters(0);
+  if (!ParameterShapesOnly::active()) Embedding::reset_parameters(0);
 }
 
 Shape Embedding::output_shape(const Shape& input) const {

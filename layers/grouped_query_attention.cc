@@ -79,7 +79,7 @@ GroupedQueryAttention::GroupedQueryAttention(const GroupedQueryAttentionConfig& 
       biases_.push_back(&add_parameter(std::string(names[i]) + ".bias", {rows[i]}, true));
   }
   out_weight_ = &add_parameter("o_proj.weight", {c.hidden, c.heads * c.head_dim});
-  GroupedQueryAttention::reset_parameters(0);
+  if (!ParameterShapesOnly::active()) GroupedQueryAttention::reset_parameters(0);
   const std::int64_t ins[4] = {c.hidden, c.hidden, c.hidden, c.heads * c.head_dim};
   const std::int64_t outs[4] = {rows[0], rows[1], rows[2], c.hidden};
   const char* all[4] = {"q_proj", "k_proj", "v_proj", "o_proj"};

@@ -144,12 +144,33 @@ void Layer::reset_parameters(std::uint64_t seed) {
   for (auto& [local, child] : children_) child->reset_parameters(seed * 1000003ull + (++i));
 }
 
+namespace {
+thread_local bool shapes_only = false;
+}  // namespace
+
+ParameterShapesOnly::ParameterShapesOnly() : previous_(shapes_only) {
+  shapes_only = true;
+}
+
+ParameterShapesOnly::~ParameterShapesOnly() {
+  shapes_only = previous_;
+}
+
+bool ParameterShapesOnly::active() {
+  return shapes_only;
+}
+
 Parameter& Layer::add_parameter(const std::string& local_name, const Shape& shape,
                                 bool no_weight_decay, bool fp32_in_half) {
   auto p = std::make_unique<Parameter>();
   p->name = local_name;
-  p->value = Tensor::zeros(shape, DType::F32);
-  p->grad = Tensor::zeros(shape, DType::F32);
+  if (shapes_only) {
+    p->value = Tensor::wrap(nullptr, shape, DType::F32, Device::cpu());
+    p->grad = Tensor::wrap(nullptr, shape, DType::F32, Device::cpu());
+  } else {
+    p->value = Tensor::zeros(shape, DType::F32);
+    p->grad = Tensor::zeros(shape, DType::F32);
+  }
   p->no_weight_decay = no_weight_decay;
   p->fp32_in_half = fp32_in_half;
   params_.push_back(std::move(p));

@@ -75,6 +75,22 @@ LayerObserver on_backward_begin(std::function<void(const std::vector<Parameter*>
 // Tells every observer of `ctx` (Layer::forward/backward and fused chains call it).
 void notify_observers(Context& ctx, Layer& layer, bool forward, bool begin);
 
+// While one lives on this thread, layers register their parameters with shapes but no memory
+// (a null data pointer) and models skip their initialisation, so a model can be counted (kiln
+// plan of a 7B model on a login node) without the 8 bytes per parameter of fp32 values and
+// gradients. Such a model can be inspected, not run.
+class ParameterShapesOnly {
+ public:
+  ParameterShapesOnly();
+  ~ParameterShapesOnly();
+  ParameterShapesOnly(const ParameterShapesOnly&) = delete;
+  ParameterShapesOnly& operator=(const ParameterShapesOnly&) = delete;
+  static bool active();
+
+ private:
+  bool previous_;
+};
+
 class Layer {
  public:
   virtual ~Layer() = default;

@@ -17,7 +17,7 @@ LayerNorm::LayerNorm(std::int64_t normalized_size, double eps, bool centered)
   KILN_CHECK(normalized_size > 0, "LayerNorm: normalized size must be positive");
   weight_ = &add_parameter("weight", {size_}, /*no_weight_decay=*/true, /*fp32_in_half=*/true);
   if (centered_) bias_ = &add_parameter("bias", {size_}, true, true);
-  LayerNorm::reset_parameters(0);
+  if (!ParameterShapesOnly::active()) LayerNorm::reset_parameters(0);
 }
 
 void LayerNorm::reset_parameters(std::uint64_t) {

@@ -49,7 +49,7 @@ Linear::Linear(std::int64_t in_features, std::int64_t out_features, bool bias,
   }
   weight_ = &add_parameter("weight", {out_features, in_features});
   if (bias) bias_ = &add_parameter("bias", {out_features}, /*no_weight_decay=*/true);
-  reset_parameters(0);
+  if (!ParameterShapesOnly::active()) reset_parameters(0);
 }
 
 Shape Linear::output_shape(const Shape& input) const {

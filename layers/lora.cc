@@ -62,7 +62,7 @@ LowRankAdapter::LowRankAdapter(std::int64_t in_features, std::int64_t out_featur
   b_ = &add_parameter("lora_B.weight", {out_, rank_});
   if (options.dropout > 0)
     dropout_ = &add_child("lora_dropout", std::make_unique<Dropout>(options.dropout));
-  LowRankAdapter::reset_parameters(0);
+  if (!ParameterShapesOnly::active()) LowRankAdapter::reset_parameters(0);
 }
 
 Shape LowRankAdapter::output_shape(const Shape& input) const {

@@ -66,7 +66,7 @@ SwiGluMlp::SwiGluMlp(std::int64_t hidden, std::int64_t intermediate, const LoraO
   gate_ = &add_parameter("gate_proj.weight", {intermediate, hidden});
   up_ = &add_parameter("up_proj.weight", {intermediate, hidden});
   down_ = &add_child("down_proj", std::make_unique<Linear>(intermediate, hidden, false));
-  SwiGluMlp::reset_parameters(0);
+  if (!ParameterShapesOnly::active()) SwiGluMlp::reset_parameters(0);
   const char* names[2] = {"gate_proj", "up_proj"};
   for (int i = 0; i < 2; ++i)
     if (lora.targets_module(names[i]))

@@ -136,7 +136,8 @@ std::vector<MemoryEstimate> counted_memory(const config::Experiment& experiment,
       moments_per_parameter = o.amsgrad() ? 3 : 2;
   }
 
-  // The parameters as the model declares them (fp32 on the host; only their sizes are read).
+  // The parameters as the model declares them.
+  ParameterShapesOnly shapes;  // only sizes are read: no memory for a 7B model's values
   Model model = make_model(model_options_from(e));
   if (parameters != nullptr) *parameters = model.net->parameter_count();
   double weights = 0, master = 0, moments = 0;

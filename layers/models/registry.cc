@@ -63,7 +63,7 @@ Model token_model(std::unique_ptr<Layer> net, const ModelOptions& options, Task 
   Model m;
   m.net = std::move(net);
   m.net->set_name("");
-  m.net->reset_parameters(0);
+  if (!ParameterShapesOnly::active()) m.net->reset_parameters(0);
   m.sample_shape = {options.seq_len};
   m.input_dtype = DType::I64;
   m.task = task;
@@ -76,7 +76,7 @@ Model image_model(std::unique_ptr<Layer> net, const ModelOptions& options) {
   Model m;
   m.net = std::move(net);
   m.net->set_name("");
-  m.net->reset_parameters(0);
+  if (!ParameterShapesOnly::active()) m.net->reset_parameters(0);
   m.sample_shape = {options.image_channels, options.image_size, options.image_size};
   m.input_dtype = DType::F32;
   m.task = Task::Classification;

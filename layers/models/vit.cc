@@ -34,7 +34,7 @@ class PatchEmbedding : public Layer {
       : channels_(channels), hidden_(hidden), patch_(patch) {
     weight_ = &add_parameter("weight", {hidden, channels, patch, patch});
     bias_ = &add_parameter("bias", {hidden}, /*no_weight_decay=*/true);
-    PatchEmbedding::reset_parameters(0);
+    if (!ParameterShapesOnly::active()) PatchEmbedding::reset_parameters(0);
   }
   std::string type() const override { return "PatchEmbedding"; }
   Shape output_shape(const Shape& in) const override {

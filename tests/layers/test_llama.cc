@@ -332,3 +332,43 @@ TEST(Llama, Qwen2_5_0_5bHasTransformersParameterCount) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// Shapes only: Llama-3.1-8B's parameters counted without the 64 GB of fp32 values and gradients
+// (kiln plan on a login node), with no memory behind any of them; the guard restores allocation.
+TEST(ParameterShapesOnly, CountsAnEightBillionParameterModelWithoutMemory) {
+  ModelOptions o;
+  o.name = "llama3_1_8b";
+  o.vocab_size = 128256;
+  o.seq_len = 1024;
+  o.hidden_size = 4096;
+  o.num_layers = 32;
+  o.num_heads = 32;
+  o.intermediate_size = 14336;
+  o.max_positions = 8192;
+  o.llama.num_kv_heads = 8;
+  o.llama.tie_embeddings = false;
+  {
+    ParameterShapesOnly shapes;
+    Model m = make_model(o);
+    EXPECT_EQ(m.net->parameter_count(), 8030261248);
+    for (Parameter* p : m.net->parameters()) {
+      ASSERT_EQ(p->value.data(), nullptr) << p->name;
+      ASSERT_EQ(p->grad.data(), nullptr) << p->name;
+    }
+  }
+  EXPECT_FALSE(ParameterShapesOnly::active());
+  o.num_layers = 1;
+  o.vocab_size = 64;
+  o.hidden_size = 64;
+  o.num_heads = 4;
+  o.llama.num_kv_heads = 2;
+  o.intermediate_size = 128;
+  Model small = make_model(o);
+  for (Parameter* p : small.net->parameters()) ASSERT_NE(p->value.data(), nullptr) << p->name;
+}
+
+}  // namespace
+}  // namespace kiln
