@@ -174,7 +174,7 @@ std::vector<MemoryEstimate> counted_memory(const config::Experiment& experiment,
   const auto offload = offload_update(e);
   const bool twins = offload == config::TrainConfig::HOST_CORES;
   // ZeRO-3 holds its shard of the weights and two units whole: the one being used (a block, or
-  // the head with the embedding it shares) and the next, prefetched.
+  // the head with the embedding it shares) and the next, prefetched (one rank: nothing sharded).
   double largest_unit = 0;
   for (const WeightUnit& unit : weight_units(*model.net)) {
     double bytes = 0;
@@ -187,7 +187,9 @@ std::vector<MemoryEstimate> counted_memory(const config::Experiment& experiment,
       MemoryEstimate m;
       m.zero_stage = stage;
       m.recompute = recompute;
-      m.weights = stage == 3 ? weights / ranks + std::min(weights, 2 * largest_unit) : weights;
+      m.weights = stage == 3 && world_size > 1
+                      ? weights / ranks + std::min(weights, 2 * largest_unit)
+                      : weights;
       // ZeRO-2 keeps its shard and one bucket being reduce-scattered (never more than all).
       const double shard = gradients / ranks;
       m.gradients = stage >= 2 ? shard + std::min(bucket, gradients - shard) : gradients;
