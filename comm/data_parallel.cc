@@ -180,6 +180,7 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
       const std::int64_t shard = fill[bi] / ranks;
       const std::int64_t begin = shard * comm_.rank(), end = begin + shard;
       b.shard = Tensor::zeros({shard}, b.dtype, device);
+      if (options_.zero_stage == 3) b.value_shard = Tensor::zeros({shard}, b.dtype, device);
       for (std::size_t i = 0; i < b.params.size(); ++i) {
         const std::int64_t lo = std::max(begin, b.offsets[i]);
         const std::int64_t hi = std::min(end, b.offsets[i] + b.params[i]->value.numel());
@@ -191,10 +192,7 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
         piece.grad = b.shard.slice(0, lo - begin, hi - begin);
         piece.bucket = bi;
         piece.shard_offset = lo - begin;
-        if (options_.zero_stage == 3) {
-          if (!b.value_shard.defined()) b.value_shard = Tensor::zeros({shard}, b.dtype, device);
-          piece.value = b.value_shard.slice(0, lo - begin, hi - begin);
-        }
+        if (options_.zero_stage == 3) piece.value = b.value_shard.slice(0, lo - begin, hi - begin);
         pieces_.push_back(std::move(piece));
       }
     }
@@ -211,8 +209,6 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
   if (options_.zero_stage == 3) {
     // From here on each rank keeps only its shard of the weights: the whole values go.
     for (Bucket& b : buckets_) {
-      if (!b.value_shard.defined())
-        b.value_shard = Tensor::zeros({b.shard.numel()}, b.dtype, device);
       b.values = Tensor::zeros({b.numel}, b.dtype, device);
       for (std::size_t i = 0; i < b.params.size(); ++i) {
         Parameter* p = b.params[i];

@@ -360,13 +360,7 @@ TEST(ParameterShapesOnly, CountsAnEightBillionParameterModelWithoutMemory) {
     }
   }
   EXPECT_FALSE(ParameterShapesOnly::active());
-  o.num_layers = 1;
-  o.vocab_size = 64;
-  o.hidden_size = 64;
-  o.num_heads = 4;
-  o.llama.num_kv_heads = 2;
-  o.intermediate_size = 128;
-  Model small = make_model(o);
+  Model small = make_model(llama_test::tiny_llama_options("llama"));
   for (Parameter* p : small.net->parameters()) ASSERT_NE(p->value.data(), nullptr) << p->name;
 }
 
