@@ -98,9 +98,8 @@ class DataParallelShards final : public optim::ShardGroup {
 
 class DataParallelSync final : public GradientSync {
  public:
-  DataParallelSync(std::unique_ptr<DataParallel> dp, std::vector<WeightUnit> units,
-                   std::vector<Parameter*> parameters)
-      : dp_(std::move(dp)), shards_(*dp_), parameters_(std::move(parameters)) {
+  DataParallelSync(std::unique_ptr<DataParallel> dp, std::vector<WeightUnit> units)
+      : dp_(std::move(dp)), shards_(*dp_) {
     if (dp_->zero_stage() != 3) return;
     std::set<const Parameter*> in_unit;
     for (std::size_t i = 0; i < units.size(); ++i) {
@@ -109,7 +108,7 @@ class DataParallelSync final : public GradientSync {
     }
     units_ = std::move(units);
     // A model's own parameters (no unit's): gathered now and kept, refreshed after each update.
-    for (Parameter* p : parameters_) {
+    for (Parameter* p : dp_->parameters()) {
       if (in_unit.count(p) == 0) resident_.push_back(p);
     }
     dp_->acquire_values(resident_);
@@ -149,13 +148,12 @@ class DataParallelSync final : public GradientSync {
   }
   optim::ShardGroup* shard_group() override { return sharded() ? &shards_ : nullptr; }
   DataParallel* data_parallel() override { return dp_.get(); }
-  void gather_weights() override { dp_->acquire_values(parameters_); }
-  void release_weights(bool written) override { dp_->release_values(parameters_, written); }
+  void gather_weights() override { dp_->acquire_values(dp_->parameters()); }
+  void release_weights(bool written) override { dp_->release_values(dp_->parameters(), written); }
 
  private:
   std::unique_ptr<DataParallel> dp_;
   DataParallelShards shards_;
-  std::vector<Parameter*> parameters_;              // every data-parallel one
   std::vector<WeightUnit> units_;                   // ZeRO-3, in the model's order
   std::map<const Layer*, std::size_t> unit_index_;  // ZeRO-3: into units_
   std::vector<Parameter*> resident_;                // ZeRO-3: in no unit
@@ -195,8 +193,7 @@ std::vector<WeightUnit> weight_units(Layer& model) {
 
 std::unique_ptr<GradientSync> make_data_parallel_sync(std::unique_ptr<DataParallel> dp,
                                                       std::vector<WeightUnit> units) {
-  std::vector<Parameter*> parameters = dp->parameters();
-  return std::make_unique<DataParallelSync>(std::move(dp), std::move(units), std::move(parameters));
+  return std::make_unique<DataParallelSync>(std::move(dp), std::move(units));
 }
 
 }  // namespace kiln::train
