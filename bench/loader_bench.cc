@@ -2,7 +2,9 @@
 // decoded per second on one core. Fashion-MNIST reads the installed files; CIFAR-10, JPEG and
 // token files are generated into a temporary directory removed at the end.
 //
-//   loader_bench [--seconds S] [--jpeg-images N] [--only KIND] [--keep]
+//   loader_bench [--seconds S] [--jpeg-images N] [--only KIND] [--keep] [--gpu] [--jpeg-dir DIR]
+// --jpeg-dir reads that JPEG folder (DIR/train/<class>/*.jpg or DIR/<class>/*.jpg) instead of the
+// generated files; --gpu adds the rates of data.decode GPU on GPU 0.
 
 #include <stdlib.h>
 
@@ -17,6 +19,7 @@
 
 #include "core/check.h"
 #include "core/random.h"
+#include "core/stream.h"
 #include "data/factory.h"
 #include "data/file_io.h"
 #include "data/image_datasets.h"
@@ -68,21 +71,33 @@ void make_jpegs(const std::string& root, int count) {
 }
 
 // Runs the loader for about `seconds` after one warm-up batch; returns samples/s.
+// With `gpu`, batches go to GPU 0 and JPEG folders are decoded there (data.decode GPU); each
+// batch is waited for on the device, so the rate is what a training step could consume.
 double measure(std::shared_ptr<const Dataset> dataset, std::int64_t batch_size, int workers,
-               double seconds, double* wait_share) {
+               double seconds, double* wait_share, bool gpu = false) {
   LoaderOptions options;
   options.batch_size = batch_size;
   options.workers = workers;
   options.prefetch = 2 * workers;
   options.seed = 1;
+  if (gpu) {
+    options.device = Device::cuda(0);
+    options.decode = LoaderOptions::ImageDecode::kDevice;
+  }
   DataLoader loader(dataset, options);
-  loader.next();
+  auto next = [&] {
+    std::int64_t n = loader.next().size();
+    if (gpu) device_synchronize(options.device);
+    return n;
+  };
+  next();
   double waited_before = loader.wait_time();
   std::int64_t samples = 0;
   Clock::time_point start = Clock::now();
   double elapsed = 0;
-  while ((elapsed = seconds_since(start)) < seconds) samples += loader.next().size();
+  while ((elapsed = seconds_since(start)) < seconds) samples += next();
   *wait_share = (loader.wait_time() - waited_before) / elapsed;
+  if (gpu) std::printf(" (%s)", loader.image_decoding().c_str());
   return samples / elapsed;
 }
 
@@ -91,8 +106,9 @@ double measure(std::shared_ptr<const Dataset> dataset, std::int64_t batch_size, 
 int main(int argc, char** argv) {
   double seconds = 3.0;
   int jpeg_images = 256;
-  bool keep = false;
-  std::string only;  // run the dataset kinds containing this text only
+  bool keep = false, gpu = false;
+  std::string only;      // run the dataset kinds containing this text only
+  std::string jpeg_dir;  // an existing JPEG folder instead of generated files
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--seconds") && i + 1 < argc) {
       seconds = std::atof(argv[++i]);
@@ -102,8 +118,14 @@ int main(int argc, char** argv) {
       only = argv[++i];
     } else if (!std::strcmp(argv[i], "--keep")) {
       keep = true;
+    } else if (!std::strcmp(argv[i], "--gpu")) {
+      gpu = true;
+    } else if (!std::strcmp(argv[i], "--jpeg-dir") && i + 1 < argc) {
+      jpeg_dir = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: %s [--seconds S] [--jpeg-images N] [--only KIND] [--keep]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--seconds S] [--jpeg-images N] [--only KIND] [--keep] [--gpu] "
+                   "[--jpeg-dir DIR]\n",
                    argv[0]);
       return 2;
     }
@@ -118,7 +140,10 @@ int main(int argc, char** argv) {
 
     Clock::time_point start = Clock::now();
     make_cifar(join_path(dir, "cifar"), 2000);
-    make_jpegs(join_path(dir, "jpeg"), jpeg_images);
+    if (jpeg_dir.empty()) {
+      jpeg_dir = join_path(dir, "jpeg");
+      make_jpegs(jpeg_dir, jpeg_images);
+    }
     std::vector<std::uint32_t> tokens(4u << 20);
     for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = philox_word(3, 0, i) % 30522;
     write_token_file(join_path(dir, "train.tok"), tokens, 30522, 2);
@@ -128,7 +153,7 @@ int main(int argc, char** argv) {
     {
       std::vector<std::vector<std::uint8_t>> files;
       for (const auto& entry :
-           std::filesystem::recursive_directory_iterator(join_path(dir, "jpeg"))) {
+           std::filesystem::recursive_directory_iterator(jpeg_split_dir(jpeg_dir, "train"))) {
         if (entry.is_regular_file()) files.push_back(read_file(entry.path().string()));
       }
       std::size_t bytes = 0;
@@ -169,8 +194,7 @@ int main(int argc, char** argv) {
         {"cifar10 (3x32x32, crop+flip+normalise)", "cifar10", join_path(dir, "cifar"), {}, 256});
     DatasetOptions jpeg;
     jpeg.jpeg.image_size = 224;
-    cases.push_back({"jpeg_folder (500x375 -> RRC 224, flip)", "jpeg_folder",
-                     join_path(dir, "jpeg"), jpeg, 32});
+    cases.push_back({"jpeg_folder (500x375 -> RRC 224, flip)", "jpeg_folder", jpeg_dir, jpeg, 32});
     DatasetOptions mlm;
     mlm.seq_len = 128;
     mlm.masking.mask_token_id = 103;
@@ -199,6 +223,19 @@ int main(int argc, char** argv) {
       std::printf("\n");
     }
     std::printf("\n(samples/s delivered to a consumer that does nothing else)\n");
+    if (gpu) {
+      // The same JPEGs decoded on GPU 0 (nvJPEG + one resize kernel), batches of 256: the workers
+      // only read files and headers.
+      std::shared_ptr<Dataset> dataset = make_dataset("jpeg_folder", jpeg_dir, "train", jpeg);
+      std::printf("\njpeg_folder decoded on the GPU, batch 256, samples/s:\n");
+      for (int workers : {1, 2, 4, 8}) {
+        double wait_share = 0;
+        std::printf("%d workers:", workers);
+        double rate = measure(dataset, 256, workers, seconds, &wait_share, true);
+        std::printf(" %.0f (consumer waited %.0f %%)\n", rate, 100 * wait_share);
+        std::fflush(stdout);
+      }
+    }
     if (!keep) std::filesystem::remove_all(dir);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "loader_bench: %s\n", e.what());

@@ -36,6 +36,19 @@ if(NOT KILN_CUDA STREQUAL "OFF")
         "backend alone with -DKILN_CUDA=OFF.")
     endif()
     set(KILN_WITH_CUDA ON)
+    # nvJPEG's header for data.decode GPU (the library is opened at run time): the toolkit's, or
+    # the nvidia-nvjpeg wheel's that scripts/install-deps.sh installs. Without it Kiln decodes on
+    # the host only.
+    execute_process(COMMAND python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+                    OUTPUT_VARIABLE _kiln_purelib OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    find_path(KILN_NVJPEG_INCLUDE_DIR nvjpeg.h
+      HINTS ${NVJPEG_ROOT} $ENV{NVJPEG_ROOT} ${CUDAToolkit_INCLUDE_DIRS}
+            ${_kiln_purelib}/nvidia/cu13 ${_kiln_purelib}/nvidia/nvjpeg
+      PATH_SUFFIXES include)
+    if(NOT KILN_NVJPEG_INCLUDE_DIR)
+      message(WARNING "nvjpeg.h not found: data.decode GPU will be unavailable "
+                      "(pip install nvidia-nvjpeg, or -DNVJPEG_ROOT=...)")
+    endif()
     set(CMAKE_CUDA_STANDARD 17)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   elseif(KILN_CUDA STREQUAL "ON")

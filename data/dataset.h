@@ -13,6 +13,9 @@
 
 namespace kiln::data {
 
+struct EncodedImage;      // data/device_decode.h
+struct ResizeCropParams;  // data/cuda/resize_crop_cuda.h
+
 // The label value a loss ignores (PyTorch's CrossEntropyLoss ignore_index).
 constexpr std::int64_t kIgnoreIndex = -100;
 
@@ -72,6 +75,15 @@ class Dataset {
   // InputError when it is configured to fail.
   virtual bool get(std::int64_t index, const SampleContext& context, void* input,
                    void* target) const = 0;
+
+  // Datasets of encoded images (JPEG folders) can leave decoding and augmentation to the device
+  // (data.decode GPU): get_encoded() reads the file and makes the sample's random choices exactly
+  // as get() does, writes the target, and leaves the pixels to a DeviceImageDecoder, which finishes
+  // every sample with device_finish(). Same return and errors as get().
+  virtual bool encodes_images() const { return false; }
+  virtual bool get_encoded(std::int64_t index, const SampleContext& context, EncodedImage* image,
+                           void* target) const;
+  virtual ResizeCropParams device_finish() const;
 
   // Samples get() refused so far (corrupt images in skip mode).
   std::int64_t skipped_samples() const { return skipped_.load(std::memory_order_relaxed); }

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "core/check.h"
+#include "data/device_decode.h"
 #include "data/file_io.h"
 
 namespace kiln::data {
@@ -416,6 +417,34 @@ std::string JpegFolderDataset::describe() const {
          shape_str({3, options_.image_size, options_.image_size}) + ")";
 }
 
+JpegFolderDataset::Choices JpegFolderDataset::choose(int width, int height,
+                                                     const SampleContext& context) const {
+  Choices c;
+  if (context.train && options_.random_resized_crop) {
+    c.box = random_resized_crop_box(width, height, options_.scale_min, options_.scale_max,
+                                    options_.ratio_min, options_.ratio_max, context, 4);
+  } else {
+    c.box = center_crop_box(width, height, options_.eval_crop_fraction);
+  }
+  if (context.train) c.flip = options_.horizontal_flip && (context.word(0) & 1u);
+  const int pad = context.train ? options_.crop_padding : 0;
+  if (pad > 0) {
+    c.shift_x = static_cast<int>(context.below(1, 2 * pad + 1)) - pad;
+    c.shift_y = static_cast<int>(context.below(2, 2 * pad + 1)) - pad;
+  }
+  return c;
+}
+
+bool JpegFolderDataset::refuse(std::int64_t index, const std::string& error) const {
+  if (options_.on_corrupt == CorruptImagePolicy::kFail) {
+    throw InputError(files_[static_cast<std::size_t>(index)] + ": corrupt JPEG (sample " +
+                     std::to_string(index) + "): " + error +
+                     " (set on_corrupt to skip to skip such images)");
+  }
+  count_skipped();
+  return false;
+}
+
 bool JpegFolderDataset::get(std::int64_t index, const SampleContext& context, void* input,
                             void* target) const {
   const std::string& path = files_[static_cast<std::size_t>(index)];
@@ -423,49 +452,79 @@ bool JpegFolderDataset::get(std::int64_t index, const SampleContext& context, vo
   int width = 0, height = 0;
   std::string error;
   bool decoded = false;
-  CropBox box;
+  Choices c;
   try {
     std::vector<std::uint8_t> bytes = read_file(path);
     // The crop is drawn on the full size the header gives, so it does not depend on the scale.
     if (read_jpeg_header(bytes.data(), bytes.size(), &width, &height, &error)) {
-      if (context.train && options_.random_resized_crop) {
-        box = random_resized_crop_box(width, height, options_.scale_min, options_.scale_max,
-                                      options_.ratio_min, options_.ratio_max, context, 4);
-      } else {
-        box = center_crop_box(width, height, options_.eval_crop_fraction);
-      }
+      c = choose(width, height, context);
       const int size = options_.image_size;
-      const int eighths = options_.dct_scaling ? jpeg_decode_eighths(box, size, size) : 8;
+      const int eighths = options_.dct_scaling ? jpeg_decode_eighths(c.box, size, size) : 8;
       decoded = decode_jpeg_rgb(bytes.data(), bytes.size(), &rgb, &width, &height, &error, eighths);
-      box = scale_crop_box(box, eighths, width, height);
+      c.box = scale_crop_box(c.box, eighths, width, height);
     }
   } catch (const InputError& e) {
     if (options_.on_corrupt == CorruptImagePolicy::kFail) throw;
     error = e.what();
   }
-  if (!decoded) {
-    if (options_.on_corrupt == CorruptImagePolicy::kFail) {
-      throw InputError(path + ": corrupt JPEG (sample " + std::to_string(index) + "): " + error +
-                       " (set on_corrupt to skip to skip such images)");
-    }
-    count_skipped();
-    return false;
-  }
-  bool flip = false;
-  if (context.train) flip = options_.horizontal_flip && (context.word(0) & 1u);
+  if (!decoded) return refuse(index, error);
   float* image = static_cast<float*>(input);
   const int size = options_.image_size;
-  resize_crop_hwc(rgb.data(), width, height, 3, box, size, size, flip, mean_.data(),
+  resize_crop_hwc(rgb.data(), width, height, 3, c.box, size, size, c.flip, mean_.data(),
                   inv_std_.data(), image);
-  const int pad = context.train ? options_.crop_padding : 0;
-  if (pad > 0) {
+  if (c.shift_x != 0 || c.shift_y != 0) {
     float fill[3];
-    for (int c = 0; c < 3; ++c) fill[c] = -mean_[c] * inv_std_[c];  // a black padding pixel
-    shift_image_chw(image, 3, size, size, static_cast<int>(context.below(1, 2 * pad + 1)) - pad,
-                    static_cast<int>(context.below(2, 2 * pad + 1)) - pad, fill);
+    for (int ch = 0; ch < 3; ++ch) fill[ch] = -mean_[ch] * inv_std_[ch];  // a black padding pixel
+    shift_image_chw(image, 3, size, size, c.shift_x, c.shift_y, fill);
   }
   *static_cast<std::int64_t*>(target) = labels_[static_cast<std::size_t>(index)];
   return true;
+}
+
+bool JpegFolderDataset::get_encoded(std::int64_t index, const SampleContext& context,
+                                    EncodedImage* image, void* target) const {
+  image->file = files_[static_cast<std::size_t>(index)];
+  image->rgb.clear();
+  std::string error;
+  try {
+    image->bytes = read_file(image->file);
+  } catch (const InputError& e) {
+    if (options_.on_corrupt == CorruptImagePolicy::kFail) throw;
+    return refuse(index, e.what());
+  }
+  if (!read_jpeg_header(image->bytes.data(), image->bytes.size(), &image->width, &image->height,
+                        &error)) {
+    return refuse(index, error);
+  }
+  const Choices c = choose(image->width, image->height, context);
+  image->box = c.box;
+  image->flip = c.flip;
+  image->shift_x = c.shift_x;
+  image->shift_y = c.shift_y;
+  bool truncated = false;
+  if (!jpeg_decodable_on_device(image->bytes.data(), image->bytes.size(), &truncated)) {
+    // Progressive, grayscale, CMYK...: decoded here at full size (the device only finishes it);
+    // a truncated file fails here as it does on the CPU path.
+    int width = 0, height = 0;
+    if (!decode_jpeg_rgb(image->bytes.data(), image->bytes.size(), &image->rgb, &width, &height,
+                         &error)) {
+      return refuse(index, error);
+    }
+    image->bytes.clear();
+  }
+  *static_cast<std::int64_t*>(target) = labels_[static_cast<std::size_t>(index)];
+  return true;
+}
+
+ResizeCropParams JpegFolderDataset::device_finish() const {
+  ResizeCropParams p;
+  p.out_width = p.out_height = options_.image_size;
+  for (int c = 0; c < 3; ++c) {
+    p.mean[c] = mean_[c];
+    p.inv_std[c] = inv_std_[c];
+    p.fill[c] = -mean_[c] * inv_std_[c];
+  }
+  return p;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "data/cuda/resize_crop_cuda.h"
 #include "data/dataset.h"
+#include "data/device_decode.h"
 #include "data/image_transform.h"
 
 namespace kiln::data {
@@ -105,12 +107,26 @@ class JpegFolderDataset : public Dataset {
   }
   bool get(std::int64_t index, const SampleContext& context, void* input,
            void* target) const override;
+  bool encodes_images() const override { return true; }
+  bool get_encoded(std::int64_t index, const SampleContext& context, EncodedImage* image,
+                   void* target) const override;
+  ResizeCropParams device_finish() const override;
 
   const std::vector<std::string>& class_names() const { return class_names_; }
   const std::string& file(std::int64_t index) const { return files_[index]; }
   int label(std::int64_t index) const { return labels_[index]; }
 
  private:
+  // A sample's random choices, from the full image size: the same on both decode paths.
+  struct Choices {
+    CropBox box;
+    bool flip = false;
+    int shift_x = 0, shift_y = 0;
+  };
+  Choices choose(int width, int height, const SampleContext& context) const;
+  // The corrupt-image policy: throws naming the file (FAIL), or counts it and returns false.
+  bool refuse(std::int64_t index, const std::string& error) const;
+
   std::string root_;
   JpegFolderOptions options_;
   std::vector<std::string> class_names_;

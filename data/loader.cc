@@ -59,9 +59,29 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, LoaderOptions opt
                      " per epoch, less than one batch of " + std::to_string(options_.batch_size) +
                      " with drop_last");
   }
+  if (options_.decode == LoaderOptions::ImageDecode::kDevice) {
+    if (!dataset_->encodes_images()) {
+      throw InputError("data.decode GPU: " + dataset_->describe() +
+                       " has no encoded images to decode on the device (JPEG folders have)");
+    }
+    if (!options_.device.is_cuda()) {
+      throw InputError("data.decode GPU needs a CUDA device; the loader delivers to " +
+                       options_.device.str());
+    }
+  }
+  if (dataset_->encodes_images()) image_decoding_ = "on the host (TurboJPEG)";
   if (options_.device.is_cuda()) {
 #if KILN_WITH_CUDA
     copy_stream_ = Stream::create(options_.device);
+    if (dataset_->encodes_images() && options_.decode != LoaderOptions::ImageDecode::kHost) {
+      std::string why;
+      decoder_ = make_device_image_decoder(options_.device, &why);
+      if (!decoder_ && options_.decode == LoaderOptions::ImageDecode::kDevice) {
+        throw InputError("data.decode GPU: " + why + " (data.decode CPU decodes on the host)");
+      }
+      image_decoding_ = decoder_ ? "on the GPU (" + decoder_->describe() + ")"
+                                 : "on the host (TurboJPEG): no GPU decoder: " + why;
+    }
 #else
     throw InputError("DataLoader: device " + options_.device.str() +
                      " asked for, but Kiln was built without CUDA");
@@ -154,6 +174,30 @@ void fill_document_starts(const Tensor& ids, std::int64_t boundary, Tensor& star
   }
 }
 
+SampleContext DataLoader::sample_context(std::int64_t epoch, std::int64_t index) const {
+  SampleContext context;
+  context.seed = options_.seed;
+  context.epoch = static_cast<std::uint64_t>(epoch);
+  context.index = static_cast<std::uint64_t>(index);
+  context.train = options_.train;
+  return context;
+}
+
+std::int64_t DataLoader::load_from(std::int64_t epoch, std::int64_t position, char* input,
+                                   char* target, std::int64_t* skipped) {
+  std::shared_ptr<const std::vector<std::int64_t>> order = epoch_order(epoch);
+  const std::int64_t shard = static_cast<std::int64_t>(order->size());
+  // An unreadable sample (skip mode) is replaced by the next ones in this rank's order:
+  // deterministic, so resume and worker count do not change the batch.
+  for (std::int64_t attempt = 0; attempt < shard; ++attempt) {
+    const std::int64_t index = (*order)[static_cast<std::size_t>((position + attempt) % shard)];
+    if (dataset_->get(index, sample_context(epoch, index), input, target)) return index;
+    ++*skipped;
+  }
+  throw InputError(dataset_->describe() + ": every sample of rank " +
+                   std::to_string(options_.rank) + "'s shard failed to load");
+}
+
 DataLoader::HostBatch DataLoader::produce(std::int64_t global) {
   HostBatch out;
   out.global = global;
@@ -166,7 +210,10 @@ DataLoader::HostBatch DataLoader::produce(std::int64_t global) {
     Shape input_shape = spec_.input_shape, target_shape = spec_.target_shape;
     input_shape.insert(input_shape.begin(), count);    // (B, ...)
     target_shape.insert(target_shape.begin(), count);  // (B) or (B, T)
-    const std::size_t input_bytes = spec_.input_bytes(), target_bytes = spec_.target_bytes();
+    // Decoded on the device: the inputs never exist on the host.
+    const bool encoded = decoder_ != nullptr;
+    const std::size_t input_bytes = encoded ? 0 : spec_.input_bytes();
+    const std::size_t target_bytes = spec_.target_bytes();
     const bool documents = options_.document_boundary_token.has_value();
     const std::size_t starts_bytes =
         documents ? static_cast<std::size_t>(shape_numel(input_shape)) * sizeof(std::int32_t) : 0;
@@ -178,7 +225,7 @@ DataLoader::HostBatch DataLoader::produce(std::int64_t global) {
       std::size_t total = input_total + target_total + starts_bytes;
       void* block = pinned_allocator().allocate(total);
       out.pinned = std::shared_ptr<void>(block, [](void* p) { pinned_allocator().free(p); });
-      out.inputs = Tensor::wrap(block, input_shape, spec_.input_dtype, Device::cpu());
+      if (!encoded) out.inputs = Tensor::wrap(block, input_shape, spec_.input_dtype, Device::cpu());
       out.targets = Tensor::wrap(static_cast<char*>(block) + input_total, target_shape,
                                  spec_.target_dtype, Device::cpu());
       if (documents) {
@@ -187,33 +234,37 @@ DataLoader::HostBatch DataLoader::produce(std::int64_t global) {
       }
     }
 #endif
-    if (!out.inputs.defined()) {
+    if (!out.targets.defined()) {
       out.inputs = Tensor::empty(input_shape, spec_.input_dtype, Device::cpu());
       out.targets = Tensor::empty(target_shape, spec_.target_dtype, Device::cpu());
       if (documents) out.document_starts = Tensor::empty(input_shape, DType::I32, Device::cpu());
     }
-    auto* inputs = static_cast<char*>(out.inputs.data());
     auto* targets = static_cast<char*>(out.targets.data());
     out.sample_indices.resize(static_cast<std::size_t>(count));
+    if (encoded) {
+      out.encoded.resize(static_cast<std::size_t>(count));
+      out.positions.resize(static_cast<std::size_t>(count));
+    }
     const std::int64_t shard = static_cast<std::int64_t>(order->size());
     for (std::int64_t row = 0; row < count; ++row) {
-      // An unreadable sample (skip mode) is replaced by the next ones in this rank's order:
-      // deterministic, so resume and worker count do not change the batch.
-      std::int64_t position = first + row;
-      for (std::int64_t attempt = 0;; ++attempt) {
+      char* target = targets + row * target_bytes;
+      if (!encoded) {
+        auto* input = static_cast<char*>(out.inputs.data()) + row * spec_.input_bytes();
+        out.sample_indices[static_cast<std::size_t>(row)] =
+            load_from(epoch, first + row, input, target, &out.skipped_samples);
+        continue;
+      }
+      for (std::int64_t attempt = 0;; ++attempt) {  // load_from's rule, on encoded samples
         if (attempt == shard) {
           throw InputError(dataset_->describe() + ": every sample of rank " +
                            std::to_string(options_.rank) + "'s shard failed to load");
         }
-        std::int64_t index = (*order)[static_cast<std::size_t>((position + attempt) % shard)];
-        SampleContext context;
-        context.seed = options_.seed;
-        context.epoch = static_cast<std::uint64_t>(epoch);
-        context.index = static_cast<std::uint64_t>(index);
-        context.train = options_.train;
-        if (dataset_->get(index, context, inputs + row * input_bytes,
-                          targets + row * target_bytes)) {
+        const std::int64_t position = first + row + attempt;
+        std::int64_t index = (*order)[static_cast<std::size_t>(position % shard)];
+        if (dataset_->get_encoded(index, sample_context(epoch, index),
+                                  &out.encoded[static_cast<std::size_t>(row)], target)) {
           out.sample_indices[static_cast<std::size_t>(row)] = index;
+          out.positions[static_cast<std::size_t>(row)] = position;
           break;
         }
         ++out.skipped_samples;
@@ -276,6 +327,28 @@ Batch DataLoader::deliver_host(HostBatch host) {
   return batch;
 }
 
+void DataLoader::decode_on_device(const std::vector<EncodedImage>& encoded,
+                                  const std::vector<std::int64_t>& positions, std::int64_t epoch,
+                                  const Event& out_ready, Batch& on_host, Batch& staged) {
+  const std::size_t target_bytes = spec_.target_bytes();
+  std::int64_t skipped = 0;
+  // A file no decoder takes: the CPU path's rule from its position (its own get() refuses it
+  // first: an InputError naming it, or counted and the next sample taken).
+  auto replace = [&](std::size_t row, float* image) {
+    const std::int64_t index =
+        load_from(epoch, positions[row], reinterpret_cast<char*>(image),
+                  static_cast<char*>(on_host.targets.data()) + row * target_bytes, &skipped);
+    staged.sample_indices[row] = index;
+  };
+  decoder_->decode(encoded, dataset_->device_finish(), staged.inputs, out_ready,
+                   copy_stream_.handle(), replace);
+  if (skipped > 0) {
+    staged.skipped_samples += skipped;
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.skipped_samples += skipped;
+  }
+}
+
 DataLoader::Staged DataLoader::stage_copy(HostBatch host) {
   Staged staged;
   if (host.error) {
@@ -283,6 +356,9 @@ DataLoader::Staged DataLoader::stage_copy(HostBatch host) {
     return staged;
   }
   std::shared_ptr<void> pinned = std::move(host.pinned);
+  std::vector<EncodedImage> encoded = std::move(host.encoded);
+  const std::vector<std::int64_t> positions = std::move(host.positions);
+  const std::int64_t epoch = host.global / batches_per_epoch_;
   Batch on_host = deliver_host(std::move(host));
   staged.batch = on_host;
 #if KILN_WITH_CUDA
@@ -290,7 +366,9 @@ DataLoader::Staged DataLoader::stage_copy(HostBatch host) {
   // Device memory comes from the consumer's stream pool, so a block freed by earlier compute is
   // reused only after that compute: the copy stream waits for the consumer's stream first.
   void* compute = current_stream(device);
-  staged.batch.inputs = Tensor::empty(on_host.inputs.shape(), on_host.inputs.dtype(), device);
+  Shape input_shape = spec_.input_shape;
+  input_shape.insert(input_shape.begin(), on_host.targets.shape()[0]);
+  staged.batch.inputs = Tensor::empty(input_shape, spec_.input_dtype, device);
   staged.batch.targets = Tensor::empty(on_host.targets.shape(), on_host.targets.dtype(), device);
   if (on_host.document_starts.defined()) {
     staged.batch.document_starts =
@@ -298,10 +376,21 @@ DataLoader::Staged DataLoader::stage_copy(HostBatch host) {
   }
   Event allocated(device);
   allocated.record(compute);
-  allocated.wait_on(copy_stream_.handle());
+  // Decoding reads and writes the decoder's own memory: only its last kernel waits for compute.
+  if (encoded.empty()) allocated.wait_on(copy_stream_.handle());
   {
     StreamGuard guard(device, copy_stream_.handle());
-    staged.batch.inputs.copy_from(on_host.inputs);
+    if (!encoded.empty()) {
+      try {  // before the targets' copy: a replaced row changes its target
+        decode_on_device(encoded, positions, epoch, allocated, on_host, staged.batch);
+      } catch (...) {
+        staged.error = std::current_exception();
+        allocated.wait_on(copy_stream_.handle());
+        copy_stream_.synchronize();  // nothing in flight reads the batch's memory after this
+      }
+    } else {
+      staged.batch.inputs.copy_from(on_host.inputs);
+    }
     staged.batch.targets.copy_from(on_host.targets);
     if (on_host.document_starts.defined()) {
       staged.batch.document_starts.copy_from(on_host.document_starts);
@@ -310,6 +399,7 @@ DataLoader::Staged DataLoader::stage_copy(HostBatch host) {
   staged.copied = std::make_shared<Event>(device);
   staged.copied->record(copy_stream_.handle());
 #endif
+  staged.encoded = std::move(encoded);
   staged.pinned = std::move(pinned);
   return staged;
 }

@@ -28,6 +28,7 @@
 #include "core/stream.h"
 #include "core/tensor.h"
 #include "data/dataset.h"
+#include "data/device_decode.h"
 #include "data/sampler.h"
 
 namespace kiln::data {
@@ -44,6 +45,12 @@ struct LoaderOptions {
   int world_size = 1;
   Device device = Device::cpu();  // where Batch tensors are delivered
   bool train = true;              // random augmentation (SampleContext::train)
+  // Where datasets of encoded images (Dataset::encodes_images: JPEG folders) are decoded. kDevice:
+  // each file's bytes go to the device, where nvJPEG decodes the batch and one kernel crops,
+  // resizes and normalises it (data.decode GPU; data/device_decode.h); InputError without a CUDA
+  // device or a decoder. kAuto: there when it can be, else on the host (image_decoding() says why).
+  enum class ImageDecode { kHost, kDevice, kAuto };
+  ImageDecode decode = ImageDecode::kHost;
   // Set: the id of the token that begins each document in (B, T) integer inputs; every batch then
   // has document_starts (data.document_boundary_token).
   std::optional<std::int64_t> document_boundary_token;
@@ -115,6 +122,9 @@ class DataLoader {
   void restore(const LoaderState& state);
   void set_epoch(std::int64_t epoch);  // start of `epoch`
 
+  // "on the GPU (nvJPEG hardware decoder ...)" or "on the host (TurboJPEG)[: why not the GPU]",
+  // for datasets of encoded images; empty for the others.
+  const std::string& image_decoding() const { return image_decoding_; }
   double wait_time() const;  // LoaderStats::wait_seconds
   LoaderStats stats() const;
   const Dataset& dataset() const { return *dataset_; }
@@ -130,6 +140,10 @@ class DataLoader {
     std::vector<std::int64_t> sample_indices;
     std::int64_t skipped_samples = 0;
     std::int64_t counted_targets = -1;
+    // Decoding on the device: each row's file and choices, and the position in the epoch's order it
+    // was taken from (a row the device cannot decode is replaced from there on, as produce() does).
+    std::vector<EncodedImage> encoded;
+    std::vector<std::int64_t> positions;
     std::exception_ptr error;
   };
   // A batch whose copy to the device is in flight.
@@ -137,7 +151,8 @@ class DataLoader {
     Batch batch;
     std::shared_ptr<void> pinned;
     std::shared_ptr<Event> copied;
-    std::exception_ptr error;  // the batch failed to load: rethrown when it is its turn
+    std::vector<EncodedImage> encoded;  // kept until the decoder has read them
+    std::exception_ptr error;           // the batch failed to load: rethrown when it is its turn
   };
 
   void start_workers();
@@ -150,6 +165,13 @@ class DataLoader {
   void jump_to(std::int64_t global_batch);
   void retire_copies(bool wait_all);
   Staged stage_copy(HostBatch host);
+  SampleContext sample_context(std::int64_t epoch, std::int64_t index) const;
+  // A sample from the shard's `position` on (the next that loads), as produce() picks one.
+  std::int64_t load_from(std::int64_t epoch, std::int64_t position, char* input, char* target,
+                         std::int64_t* skipped);
+  void decode_on_device(const std::vector<EncodedImage>& encoded,
+                        const std::vector<std::int64_t>& positions, std::int64_t epoch,
+                        const Event& out_ready, Batch& on_host, Batch& staged);
 
   std::shared_ptr<const Dataset> dataset_;
   LoaderOptions options_;
@@ -171,6 +193,8 @@ class DataLoader {
 
   // CUDA delivery: copies issued ahead on copy_stream_, pinned memory kept until copied.
   Stream copy_stream_;
+  std::unique_ptr<DeviceImageDecoder> decoder_;  // set: images are decoded on the device
+  std::string image_decoding_;
   std::deque<Staged> staged_;
   std::deque<Staged> retiring_;
 };

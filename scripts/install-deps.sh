@@ -53,3 +53,11 @@ TOKENIZERS_PIN=tokenizers==0.23.3
 if ! python3 -c "import tokenizers; assert tokenizers.__version__ == '0.23.3'" 2>/dev/null; then
   python3 -m pip install -q "$TOKENIZERS_PIN" || $SUDO python3 -m pip install -q --break-system-packages "$TOKENIZERS_PIN"
 fi
+
+# nvJPEG's header (CUDA 13), pinned, for data.decode GPU: the build compiles the decoder against it
+# and opens libnvjpeg.so.13 at run time (the GPU machine's toolkit has it). Without the header the
+# build leaves GPU decoding out and says so.
+NVJPEG_PIN=nvidia-nvjpeg==13.3.2.43
+if ! python3 -c "import importlib.metadata as m; assert m.version('nvidia-nvjpeg') == '13.3.2.43'" 2>/dev/null; then
+  python3 -m pip install -q "$NVJPEG_PIN" || $SUDO python3 -m pip install -q --break-system-packages "$NVJPEG_PIN"
+fi

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 BUILD=${1:-build-gpu}
 files=("$BUILD/bin")
 for t in core/test_core_gpu layers/test_layers_dense_gpu layers/test_layers_conv_gpu \
-         layers/test_layers_transformer_gpu layers/test_layers_packed_documents_gpu layers/test_layers_fp8_projection_gpu optim/test_optim_gpu data/test_data_loader_gpu \
+         layers/test_layers_transformer_gpu layers/test_layers_packed_documents_gpu layers/test_layers_fp8_projection_gpu optim/test_optim_gpu data/test_data_loader_gpu data/test_data_device_decode_gpu \
          comm/test_comm_nccl comm/test_powersgd_gpu; do
   [ -x "$BUILD/tests/$t" ] && files+=("$BUILD/tests/$t")
 done

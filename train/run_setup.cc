@@ -158,6 +158,17 @@ data::LoaderOptions loader_options(const config::Experiment& e, const config::Ba
   lo.world_size = world.size;
   lo.device = device;
   lo.train = true;
+  switch (e.data().decode()) {
+    case config::DataConfig::CPU:
+      lo.decode = data::LoaderOptions::ImageDecode::kHost;
+      break;
+    case config::DataConfig::GPU:
+      lo.decode = data::LoaderOptions::ImageDecode::kDevice;
+      break;
+    default:
+      lo.decode = data::LoaderOptions::ImageDecode::kAuto;
+      break;
+  }
   if (e.data().has_document_boundary_token()) {
     lo.document_boundary_token = e.data().document_boundary_token() >= 0
                                      ? e.data().document_boundary_token()

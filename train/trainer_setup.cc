@@ -208,6 +208,9 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
   // Which folder or files each split reads (a jpeg_folder's train/ and val/, say).
   s.metrics->print("data train: " + train_set->describe());
   if (eval_set) s.metrics->print("data " + eval_split + ": " + eval_set->describe());
+  if (!s.loader->image_decoding().empty()) {
+    s.metrics->print("images decoded " + s.loader->image_decoding());
+  }
   record_experiment(s);
   CheckpointerOptions checkpointing =
       checkpointer_options(s.e, options.resume, options.evaluate_only, s.total_steps);

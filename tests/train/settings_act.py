@@ -295,6 +295,7 @@ CASES = {
     "logging.progress": "tests/train/test_progress.sh: AUTO in a terminal, a file and under mpirun; ON/OFF in test_train_run_setup",
     "data.workers": "test_train_run_setup (RunSetup.LoaderOptionsFollowTheExperiment): the loader gets data.workers",
     "data.prefetch": "test_train_run_setup (RunSetup.LoaderOptionsFollowTheExperiment): the loader gets data.prefetch",
+    "data.decode": ([], ["data.decode=GPU"], fails_with("data.decode")),
     "data.on_corrupt_image": "test_train_run_setup (RunSetup.DatasetOptionsFollowTheExperiment); SKIP/FAIL in test_data_readers",
     "data.augmentation.random_resized_crop_scale": "test_train_run_setup (RunSetup.DatasetOptionsFollowTheExperiment) and the JPEG augmentation tests",
     "model.fuse_conv_batch_norm": "CUDA only (cuDNN's fused engines): test_layers_conv_gpu (ConvGpuTest.ResNetFusedBatchNormEqualsTheLayers) "
