@@ -1,5 +1,6 @@
 #include "data/loader.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -29,7 +30,9 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, LoaderOptions opt
   if (options_.workers < 0) {
     throw InputError("workers must be >= 0, got " + std::to_string(options_.workers));
   }
-  if (options_.prefetch < 1) options_.prefetch = 1;
+  // Each worker assembles whole batches: a window smaller than the worker count leaves workers
+  // idle (16 workers with prefetch 2 loaded at the rate of 2).
+  options_.prefetch = std::max({options_.prefetch, options_.workers, 1});
   if (options_.world_size <= 0 || options_.rank < 0 || options_.rank >= options_.world_size) {
     throw InputError("rank " + std::to_string(options_.rank) + " is outside world size " +
                      std::to_string(options_.world_size));

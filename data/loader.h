@@ -35,8 +35,9 @@ namespace kiln::data {
 
 struct LoaderOptions {
   std::int64_t batch_size = 32;
-  int workers = 2;   // threads loading batches; 0 loads on the thread calling next()
-  int prefetch = 4;  // batches loaded ahead of the consumer (at least 1)
+  int workers = 2;  // threads loading batches; 0 loads on the thread calling next()
+  // Batches loaded ahead of the consumer; at least `workers` (each worker loads whole batches).
+  int prefetch = 4;
   bool shuffle = true;
   std::uint64_t seed = 0;
   bool drop_last = false;  // drop each epoch's final partial batch on every rank

@@ -75,6 +75,7 @@ EvalResult Evaluator::evaluate(const EvalOptions& options) {
   lo.drop_last = false;
   lo.shard_mode = data::ShardMode::kUneven;  // every sample exactly once: exact accuracy
   lo.workers = std::min(lo.workers, 2);
+  lo.prefetch = std::min(lo.prefetch, 2 * std::max(lo.workers, 1));  // not the training window
   data::DataLoader loader(eval_set_, lo);
   Context ctx = context_;
   p_.net.set_training(false);

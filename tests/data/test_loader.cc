@@ -356,6 +356,17 @@ TEST(DataLoader, PrefetchBoundsWorkAheadAndWaitTimeIsCounted) {
     EXPECT_EQ(stats.batches, 2);
     EXPECT_EQ(stats.samples, 4);
   }
+  {
+    // More workers than prefetch: every worker gets a batch (4 ahead), or 2 of them would idle.
+    LoaderOptions busy = options;
+    busy.workers = 4;
+    auto slow = std::make_shared<IndexDataset>(1000, /*sleep_us=*/2000);
+    DataLoader loader(slow, busy);
+    loader.next();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_LE(slow->calls.load(), 10);  // (1 + 4) batches of 2
+    EXPECT_GE(slow->calls.load(), 8);
+  }
 }
 
 TEST(DataLoader, SampleErrorsReachTheConsumer) {
