@@ -186,15 +186,18 @@ SampleContext DataLoader::sample_context(std::int64_t epoch, std::int64_t index)
   return context;
 }
 
-std::int64_t DataLoader::load_from(std::int64_t epoch, std::int64_t position, char* input,
-                                   char* target, std::int64_t* skipped) {
-  std::shared_ptr<const std::vector<std::int64_t>> order = epoch_order(epoch);
-  const std::int64_t shard = static_cast<std::int64_t>(order->size());
+std::int64_t DataLoader::load_from(const std::vector<std::int64_t>& order, std::int64_t epoch,
+                                   std::int64_t position, const LoadSample& load,
+                                   std::int64_t* skipped, std::int64_t* taken_at) const {
+  const std::int64_t shard = static_cast<std::int64_t>(order.size());
   // An unreadable sample (skip mode) is replaced by the next ones in this rank's order:
   // deterministic, so resume and worker count do not change the batch.
   for (std::int64_t attempt = 0; attempt < shard; ++attempt) {
-    const std::int64_t index = (*order)[static_cast<std::size_t>((position + attempt) % shard)];
-    if (dataset_->get(index, sample_context(epoch, index), input, target)) return index;
+    const std::int64_t index = order[static_cast<std::size_t>((position + attempt) % shard)];
+    if (load(index, sample_context(epoch, index))) {
+      if (taken_at != nullptr) *taken_at = position + attempt;
+      return index;
+    }
     ++*skipped;
   }
   throw InputError(dataset_->describe() + ": every sample of rank " +
@@ -248,29 +251,24 @@ DataLoader::HostBatch DataLoader::produce(std::int64_t global) {
       out.encoded.resize(static_cast<std::size_t>(count));
       out.positions.resize(static_cast<std::size_t>(count));
     }
-    const std::int64_t shard = static_cast<std::int64_t>(order->size());
     for (std::int64_t row = 0; row < count; ++row) {
       char* target = targets + row * target_bytes;
-      if (!encoded) {
-        auto* input = static_cast<char*>(out.inputs.data()) + row * spec_.input_bytes();
-        out.sample_indices[static_cast<std::size_t>(row)] =
-            load_from(epoch, first + row, input, target, &out.skipped_samples);
-        continue;
-      }
-      for (std::int64_t attempt = 0;; ++attempt) {  // load_from's rule, on encoded samples
-        if (attempt == shard) {
-          throw InputError(dataset_->describe() + ": every sample of rank " +
-                           std::to_string(options_.rank) + "'s shard failed to load");
-        }
-        const std::int64_t position = first + row + attempt;
-        std::int64_t index = (*order)[static_cast<std::size_t>(position % shard)];
-        if (dataset_->get_encoded(index, sample_context(epoch, index),
-                                  &out.encoded[static_cast<std::size_t>(row)], target)) {
-          out.sample_indices[static_cast<std::size_t>(row)] = index;
-          out.positions[static_cast<std::size_t>(row)] = position;
-          break;
-        }
-        ++out.skipped_samples;
+      const auto r = static_cast<std::size_t>(row);
+      if (encoded) {
+        out.sample_indices[r] = load_from(
+            *order, epoch, first + row,
+            [&](std::int64_t index, const SampleContext& context) {
+              return dataset_->get_encoded(index, context, &out.encoded[r], target);
+            },
+            &out.skipped_samples, &out.positions[r]);
+      } else {
+        char* input = static_cast<char*>(out.inputs.data()) + row * spec_.input_bytes();
+        out.sample_indices[r] = load_from(
+            *order, epoch, first + row,
+            [&](std::int64_t index, const SampleContext& context) {
+              return dataset_->get(index, context, input, target);
+            },
+            &out.skipped_samples);
       }
     }
     if (documents)
@@ -337,11 +335,15 @@ void DataLoader::decode_on_device(const std::vector<EncodedImage>& encoded,
   std::int64_t skipped = 0;
   // A file no decoder takes: the CPU path's rule from its position (its own get() refuses it
   // first: an InputError naming it, or counted and the next sample taken).
+  std::shared_ptr<const std::vector<std::int64_t>> order = epoch_order(epoch);
   auto replace = [&](std::size_t row, float* image) {
-    const std::int64_t index =
-        load_from(epoch, positions[row], reinterpret_cast<char*>(image),
-                  static_cast<char*>(on_host.targets.data()) + row * target_bytes, &skipped);
-    staged.sample_indices[row] = index;
+    char* target = static_cast<char*>(on_host.targets.data()) + row * target_bytes;
+    staged.sample_indices[row] = load_from(
+        *order, epoch, positions[row],
+        [&](std::int64_t index, const SampleContext& context) {
+          return dataset_->get(index, context, image, target);
+        },
+        &skipped);
   };
   decoder_->decode(encoded, dataset_->device_finish(), staged.inputs, out_ready,
                    copy_stream_.handle(), replace);

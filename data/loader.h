@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -167,9 +168,12 @@ class DataLoader {
   void retire_copies(bool wait_all);
   Staged stage_copy(HostBatch host);
   SampleContext sample_context(std::int64_t epoch, std::int64_t index) const;
-  // A sample from the shard's `position` on (the next that loads), as produce() picks one.
-  std::int64_t load_from(std::int64_t epoch, std::int64_t position, char* input, char* target,
-                         std::int64_t* skipped);
+  // The index of the first sample from `position` of the epoch's `order` on that `load` takes
+  // (skip mode refuses unreadable ones, each counted in *skipped); *taken_at: its position.
+  using LoadSample = std::function<bool(std::int64_t index, const SampleContext& context)>;
+  std::int64_t load_from(const std::vector<std::int64_t>& order, std::int64_t epoch,
+                         std::int64_t position, const LoadSample& load, std::int64_t* skipped,
+                         std::int64_t* taken_at = nullptr) const;
   void decode_on_device(const std::vector<EncodedImage>& encoded,
                         const std::vector<std::int64_t>& positions, std::int64_t epoch,
                         const Event& out_ready, Batch& on_host, Batch& staged);
