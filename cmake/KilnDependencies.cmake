@@ -17,8 +17,10 @@ find_path(KILN_CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas x86_64-linux-gnu
           REQUIRED)
 
 find_path(KILN_TURBOJPEG_INCLUDE_DIR turbojpeg.h REQUIRED)
-# Static: libturbojpeg.so.0 is absent on the GPU machine.
+# Static: libturbojpeg.so.0 is absent on the GPU machine. It holds libjpeg's API as well, which
+# the crop decoder calls (data/jpeg_region_decoder.cc): jpeglib.h comes with libjpeg62-turbo-dev.
 find_library(KILN_TURBOJPEG_LIBRARY NAMES libturbojpeg.a turbojpeg REQUIRED)
+find_path(KILN_JPEGLIB_INCLUDE_DIR jpeglib.h REQUIRED)
 
 set(KILN_WITH_CUDA OFF)
 if(NOT KILN_CUDA STREQUAL "OFF")

@@ -4,6 +4,7 @@
 
 #include "core/check.h"
 #include "data/dataset.h"
+#include "data/jpeg_region_decoder.h"
 #if KILN_WITH_CUDA && defined(KILN_WITH_NVJPEG)
 #include "data/cuda/nvjpeg_decoder.h"
 #endif
@@ -24,21 +25,12 @@ int read16(const std::uint8_t* p) {
   return (p[0] << 8) | p[1];
 }
 
-// The end-of-image marker within the last bytes (some writers pad after it).
-bool ends_with_eoi(const std::uint8_t* bytes, std::size_t size) {
-  const std::size_t first = size > 4096 ? size - 4096 : 0;
-  for (std::size_t i = size - 1; i > first; --i) {
-    if (bytes[i - 1] == 0xFF && bytes[i] == 0xD9) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 bool jpeg_decodable_on_device(const std::uint8_t* bytes, std::size_t size, bool* truncated) {
   *truncated = false;
   if (size < 4 || bytes[0] != 0xFF || bytes[1] != 0xD8) return false;
-  *truncated = !ends_with_eoi(bytes, size);
+  *truncated = !jpeg_ends_with_eoi(bytes, size);
   if (*truncated) return false;
   bool adobe_rgb = false;
   std::size_t i = 2;

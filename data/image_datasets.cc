@@ -11,6 +11,7 @@
 #include "core/check.h"
 #include "data/device_decode.h"
 #include "data/file_io.h"
+#include "data/jpeg_region_decoder.h"
 
 namespace kiln::data {
 
@@ -305,9 +306,8 @@ bool decode_jpeg_rgb(const std::uint8_t* bytes, std::size_t size, std::vector<st
   if (!read_jpeg_header(bytes, size, width, height, error)) return false;
   KILN_CHECK(eighths >= 1 && eighths <= 8,
              "decode_jpeg_rgb: scale " + std::to_string(eighths) + "/8 is not in 1/8 .. 8/8");
-  const tjscalingfactor factor{eighths, 8};
-  *width = TJSCALED(*width, factor);
-  *height = TJSCALED(*height, factor);
+  *width = jpeg_scaled_size(*width, eighths);
+  *height = jpeg_scaled_size(*height, eighths);
   rgb->resize(static_cast<std::size_t>(*width) * *height * 3);
   // Warnings (a truncated scan, corrupt entropy data) count as corrupt: the decoded pixels
   // would be partly grey fill.
@@ -317,6 +317,10 @@ bool decode_jpeg_rgb(const std::uint8_t* bytes, std::size_t size, std::vector<st
     return decoder_failed(error);
   }
   return true;
+}
+
+int jpeg_scaled_size(int size, int eighths) {
+  return static_cast<int>((static_cast<std::int64_t>(size) * eighths + 7) / 8);
 }
 
 int jpeg_decode_eighths(CropBox box, int out_width, int out_height) {
@@ -448,7 +452,7 @@ bool JpegFolderDataset::refuse(std::int64_t index, const std::string& error) con
 bool JpegFolderDataset::get(std::int64_t index, const SampleContext& context, void* input,
                             void* target) const {
   const std::string& path = files_[static_cast<std::size_t>(index)];
-  thread_local std::vector<std::uint8_t> rgb;  // one buffer per worker, grown to the largest image
+  thread_local DecodedRegion region;  // one buffer per worker, grown to the largest crop
   int width = 0, height = 0;
   std::string error;
   bool decoded = false;
@@ -460,8 +464,20 @@ bool JpegFolderDataset::get(std::int64_t index, const SampleContext& context, vo
       c = choose(width, height, context);
       const int size = options_.image_size;
       const int eighths = options_.dct_scaling ? jpeg_decode_eighths(c.box, size, size) : 8;
-      decoded = decode_jpeg_rgb(bytes.data(), bytes.size(), &rgb, &width, &height, &error, eighths);
-      c.box = scale_crop_box(c.box, eighths, width, height);
+      c.box = scale_crop_box(c.box, eighths, jpeg_scaled_size(width, eighths),
+                             jpeg_scaled_size(height, eighths));
+      if (options_.region_decode) {
+        decoded = decode_jpeg_region(bytes.data(), bytes.size(), eighths,
+                                     resize_footprint(c.box, jpeg_scaled_size(width, eighths),
+                                                      jpeg_scaled_size(height, eighths)),
+                                     &region, &error);
+      } else {
+        decoded = decode_jpeg_rgb(bytes.data(), bytes.size(), &region.rgb, &width, &height, &error,
+                                  eighths);
+        region.x0 = region.y0 = 0;
+        region.columns = region.width = width;
+        region.rows = region.height = height;
+      }
     }
   } catch (const InputError& e) {
     if (options_.on_corrupt == CorruptImagePolicy::kFail) throw;
@@ -470,8 +486,8 @@ bool JpegFolderDataset::get(std::int64_t index, const SampleContext& context, vo
   if (!decoded) return refuse(index, error);
   float* image = static_cast<float*>(input);
   const int size = options_.image_size;
-  resize_crop_hwc(rgb.data(), width, height, 3, c.box, size, size, c.flip, mean_.data(),
-                  inv_std_.data(), image);
+  resize_crop_window(region.window(), 3, c.box, size, size, c.flip, mean_.data(), inv_std_.data(),
+                     image);
   if (c.shift_x != 0 || c.shift_y != 0) {
     float fill[3];
     for (int ch = 0; ch < 3; ++ch) fill[ch] = -mean_[ch] * inv_std_[ch];  // a black padding pixel

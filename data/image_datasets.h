@@ -91,6 +91,10 @@ struct JpegFolderOptions {
   // Decode at the smallest m/8 of the image's size that still covers the crop at the output size
   // (TurboJPEG's DCT-domain scaling, jpeg_decode_eighths): the same crop, fewer pixels decoded.
   bool dct_scaling = true;
+  // Decode only the crop's columns and rows, and stop after its last row (decode_jpeg_region):
+  // the same pixels as the whole image's decode, in less time. Off: the whole image, as the GPU
+  // path and older Kiln decode it.
+  bool region_decode = true;
 };
 
 // root/<class>/*.jpg (ImageNet layout): classes are the sorted subdirectory names, ids 0..K-1;
@@ -147,6 +151,8 @@ bool decode_jpeg_rgb(const std::uint8_t* bytes, std::size_t size, std::vector<st
 // out_height pixels: the resize after it stays a reduction, from fewer decoded pixels. (The
 // other eighths decode slower than the full size: libjpeg-turbo has no fast IDCT for them.)
 int jpeg_decode_eighths(CropBox box, int out_width, int out_height);
+// A side of `size` pixels decoded at eighths/8: ceil(size * eighths / 8), as libjpeg computes it.
+int jpeg_scaled_size(int size, int eighths);
 // `box` of an image mapped into the same image decoded at m/8 (width x height pixels).
 CropBox scale_crop_box(CropBox box, int eighths, int width, int height);
 // Encodes interleaved RGB (H, W, 3) as a JPEG (for tests and benchmarks).

@@ -142,12 +142,27 @@ CropBox center_crop_box(int width, int height, double fraction) {
 void resize_crop_hwc(const std::uint8_t* src, int width, int height, int channels, CropBox box,
                      int out_width, int out_height, bool flip, const float* mean,
                      const float* inv_std, float* dst) {
-  // Half-pixel centres (align_corners=false), clamped at the image border.
+  resize_crop_window(PixelWindow{src, 0, 0, width, height, width, height}, channels, box, out_width,
+                     out_height, flip, mean, inv_std, dst);
+}
+
+CropBox resize_footprint(CropBox box, int width, int height) {
+  const int x0 = std::max(box.x - 1, 0), y0 = std::max(box.y - 1, 0);
+  const int x1 = std::min(box.x + box.width, width - 1);
+  const int y1 = std::min(box.y + box.height, height - 1);
+  return CropBox{x0, y0, x1 - x0 + 1, y1 - y0 + 1};
+}
+
+void resize_crop_window(const PixelWindow& src, int channels, CropBox box, int out_width,
+                        int out_height, bool flip, const float* mean, const float* inv_std,
+                        float* dst) {
+  // Half-pixel centres (align_corners=false), clamped at the image border; i0 and i1 relative to
+  // the window's first column or row.
   struct Tap {
     int i0, i1;
     float w1;
   };
-  auto taps = [](int out, int start, int extent, int limit) {
+  auto taps = [](int out, int start, int extent, int limit, int origin, int held) {
     std::vector<Tap> t(out);
     double step = static_cast<double>(extent) / out;
     for (int i = 0; i < out; ++i) {
@@ -155,32 +170,50 @@ void resize_crop_hwc(const std::uint8_t* src, int width, int height, int channel
       s = std::clamp(s, 0.0, static_cast<double>(limit - 1));
       int i0 = static_cast<int>(s);
       int i1 = std::min(i0 + 1, limit - 1);
-      t[i] = Tap{i0, i1, static_cast<float>(s - i0)};
+      KILN_CHECK(i0 >= origin && i1 < origin + held,
+                 "resize_crop_window: the window does not hold the crop's footprint");
+      t[i] = Tap{i0 - origin, i1 - origin, static_cast<float>(s - i0)};
     }
     return t;
   };
-  std::vector<Tap> xs = taps(out_width, box.x, box.width, width);
-  std::vector<Tap> ys = taps(out_height, box.y, box.height, height);
+  std::vector<Tap> xs = taps(out_width, box.x, box.width, src.width, src.x0, src.columns);
+  const std::vector<Tap> ys = taps(out_height, box.y, box.height, src.height, src.y0, src.rows);
   if (flip) std::reverse(xs.begin(), xs.end());
+  // Each source row is blended horizontally once, into planar floats, and kept while the next
+  // output row still reads it; the vertical blend and normalisation then run along whole rows.
+  const std::size_t row_floats = static_cast<std::size_t>(out_width) * channels;
+  std::vector<float> blended(2 * row_floats);
+  int held_row[2] = {-1, -1};
+  auto blend = [&](int row, int keep) -> const float* {
+    for (int k = 0; k < 2; ++k) {
+      if (held_row[k] == row) return blended.data() + k * row_floats;
+    }
+    const int k = held_row[0] == keep ? 1 : 0;
+    float* out = blended.data() + k * row_floats;
+    const std::uint8_t* r = src.pixels + static_cast<std::size_t>(row) * src.columns * channels;
+    for (int x = 0; x < out_width; ++x) {
+      const std::uint8_t* a = r + xs[x].i0 * channels;
+      const std::uint8_t* b = r + xs[x].i1 * channels;
+      const float w = xs[x].w1;
+      for (int ch = 0; ch < channels; ++ch) out[ch * out_width + x] = a[ch] + (b[ch] - a[ch]) * w;
+    }
+    held_row[k] = row;
+    return out;
+  };
   constexpr float kScale = 1.0f / 255.0f;
-  const std::size_t row_stride = static_cast<std::size_t>(width) * channels;
   const std::size_t plane = static_cast<std::size_t>(out_width) * out_height;
   for (int y = 0; y < out_height; ++y) {
-    const std::uint8_t* r0 = src + ys[y].i0 * row_stride;
-    const std::uint8_t* r1 = src + ys[y].i1 * row_stride;
-    float wy = ys[y].w1;
-    for (int x = 0; x < out_width; ++x) {
-      const Tap& t = xs[x];
-      const std::uint8_t* a = r0 + t.i0 * channels;
-      const std::uint8_t* b = r0 + t.i1 * channels;
-      const std::uint8_t* c = r1 + t.i0 * channels;
-      const std::uint8_t* d = r1 + t.i1 * channels;
-      for (int ch = 0; ch < channels; ++ch) {
-        float top = a[ch] + (b[ch] - a[ch]) * t.w1;
-        float bottom = c[ch] + (d[ch] - c[ch]) * t.w1;
-        float value = (top + (bottom - top) * wy) * kScale;
-        dst[ch * plane + static_cast<std::size_t>(y) * out_width + x] =
-            (value - mean[ch]) * inv_std[ch];
+    const float* top = blend(ys[y].i0, ys[y].i1);
+    const float* bottom = blend(ys[y].i1, ys[y].i0);
+    const float wy = ys[y].w1;
+    for (int ch = 0; ch < channels; ++ch) {
+      const float* t = top + static_cast<std::size_t>(ch) * out_width;
+      const float* b = bottom + static_cast<std::size_t>(ch) * out_width;
+      float* out = dst + ch * plane + static_cast<std::size_t>(y) * out_width;
+      const float m = mean[ch], inv = inv_std[ch];
+      for (int x = 0; x < out_width; ++x) {
+        const float value = (t[x] + (b[x] - t[x]) * wy) * kScale;
+        out[x] = (value - m) * inv;
       }
     }
   }

@@ -70,4 +70,21 @@ void resize_crop_hwc(const std::uint8_t* src, int width, int height, int channel
                      int out_width, int out_height, bool flip, const float* mean,
                      const float* inv_std, float* dst);
 
+// The decoded part of an interleaved (height, width, channels) uint8 image: columns x0 ..
+// x0 + columns - 1 of rows y0 .. y0 + rows - 1, `columns * channels` bytes a row.
+struct PixelWindow {
+  const std::uint8_t* pixels = nullptr;  // pixel (x0, y0)
+  int x0 = 0, y0 = 0, columns = 0, rows = 0;
+  int width = 0, height = 0;  // the whole image
+};
+
+// The pixels a bilinear resize of `box` reads: the box and one pixel around it, within the image.
+CropBox resize_footprint(CropBox box, int width, int height);
+
+// resize_crop_hwc of a window that holds resize_footprint(box): the same values bit for bit as on
+// the whole image (the taps are placed and clamped in the whole image's coordinates).
+void resize_crop_window(const PixelWindow& src, int channels, CropBox box, int out_width,
+                        int out_height, bool flip, const float* mean, const float* inv_std,
+                        float* dst);
+
 }  // namespace kiln::data

@@ -15,6 +15,7 @@ PACKAGES=(
   libgtest-dev
   zlib1g-dev
   libturbojpeg0-dev
+  libjpeg62-turbo-dev
   dataset-fashion-mnist
   python3 python3-pip
 )
