@@ -7,12 +7,14 @@
 #
 #   bench/compare-gpt2.sh BUILD_DIR LLMC_DIR [--quick] [--batches "16 32"] [--xl]
 #                         [--no-compile] [--compile-batches "32"] [--budget SECONDS]
+#                         [--kiln-set "train.recompute=KEEP_ALL train.lm_head_chunks=4"]
 # LLMC_DIR holds llm.c's train_gpt2cu (built for sm_90 as shared/DEVICE.md says) and
 # train_gpt2.py; bench/llmc/tiktoken.py stands in for tiktoken, which the GPU machine lacks
 # (train_gpt2.py imports it; nothing here samples or writes a tokenizer). --quick: fewer steps and no
 # torch.compile rows. --xl adds GPT-2 XL (1.56B) at batch 4 x 1024 on Kiln and llm.c.
 # --budget: the whole run's seconds; a row that would not fit is skipped (and listed), each
-# command's timeout is cut to what is left, and the table is printed in any case.
+# command's timeout is cut to what is left, and the table is printed in any case. --kiln-set: settings
+# of the Kiln rows (`kiln bench --set` each), e.g. GELU's output kept and the head in 4 chunks.
 # Order: per batch Kiln, llm.c, PyTorch eager; then the XL rows; then torch.compile (slowest).
 #
 # Step time: the median of the steps after the warm-up ones, as each system times its step
@@ -32,7 +34,7 @@ cd "$(dirname "$0")/.." || exit 1
 BUILD=${1:-build-gpu}
 LLMC=${2:-build-gpu-extra/llmc}
 shift 2 || true
-BATCHES="16 32" XL=0 COMPILE=1 COMPILE_BATCHES="" BUDGET=0
+BATCHES="16 32" XL=0 COMPILE=1 COMPILE_BATCHES="" BUDGET=0 KILN_SETS=()
 KILN_STEPS=20 KILN_WARMUP=5 LLMC_STEPS=30 LLMC_SKIP=5 EAGER_STEPS=15 EAGER_SKIP=3
 COMPILE_STEPS=20 COMPILE_SKIP=5
 while [ $# -gt 0 ]; do
@@ -44,6 +46,7 @@ while [ $# -gt 0 ]; do
     --no-compile) COMPILE=0 ;;
     --compile-batches) COMPILE_BATCHES=$2; shift ;;
     --budget) BUDGET=$2; shift ;;
+    --kiln-set) for s in $2; do KILN_SETS+=(--set "$s"); done; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -176,7 +179,7 @@ run_row() {  # system model batch kind skip timeout_s command...
 
 kiln_row() {  # kiln-model batch
   run_row "Kiln" "$1" "$2" kiln 0 180 "$BUILD_ABS/bin/kiln" bench --model "$1" --batch "$2" \
-    --amp O2 --half bf16 --steps $KILN_STEPS --warmup $KILN_WARMUP --json
+    --amp O2 --half bf16 --steps $KILN_STEPS --warmup $KILN_WARMUP --json ${KILN_SETS[@]+"${KILN_SETS[@]}"}
 }
 llmc_row() {  # llmc-descriptor model batch steps
   # -e dNN: random init of that depth; -d B*T: no gradient accumulation; -v: validation only at

@@ -29,7 +29,7 @@ double mib(double bytes) {
 }
 
 const char* recompute_name(const train::MemoryEstimate& m) {
-  return m.recompute ? "BLOCKS" : "NONE";
+  return m.recompute ? "BLOCKS" : m.keep_all ? "KEEP_ALL" : "NONE";
 }
 
 // Whether `m` fits the experiment's batch under the limit: "fits", "does not fit", or "-" (no

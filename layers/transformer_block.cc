@@ -1,8 +1,5 @@
 #include "layers/transformer_block.h"
 
-#include <cstdlib>
-#include <cstring>
-
 #include "core/ops.h"
 
 namespace kiln {
@@ -107,12 +104,8 @@ Tensor TransformerBlock::forward_impl(Context& ctx, const Tensor& x) {
     Tensor f = mlp_in_->forward(ctx, h);
     if (mlp_inner_dropout_) f = mlp_inner_dropout_->forward(ctx, f);
     Tensor y = mlp_out_->forward(ctx, f);
-    // KILN_GELU_RECOMPUTE=0 keeps GELU's output instead (faster, one (tokens x intermediate)
-    // tensor per block more; read at each call so a test can compare both).
-    const char* recompute = std::getenv("KILN_GELU_RECOMPUTE");
-    const bool keep_gelu = recompute != nullptr && std::strcmp(recompute, "0") == 0;
-    recomputed_mlp_ = config_.recompute_mlp_activation && !keep_gelu && !mlp_inner_dropout_ &&
-                      ctx.training && mlp_in_->can_recompute_output();
+    recomputed_mlp_ = config_.recompute_mlp_activation && !mlp_inner_dropout_ && ctx.training &&
+                      mlp_in_->can_recompute_output();
     if (recomputed_mlp_) mlp_out_->drop_saved_input();
     return mlp_output_dropout_->forward(ctx, y);
   };

@@ -33,8 +33,8 @@ struct TransformerBlockConfig {
   bool causal = false;                              // query i attends keys j <= i (GPT)
   Activation mlp_activation = Activation::GELUErf;  // GPT-2: GELU's tanh form
   // The MLP's activation output is recomputed in backward from the pre-activation the first
-  // linear keeps (Linear::recompute_output) instead of kept twice (GPT-2; where it can: CUDA
-  // O2/O3).
+  // linear keeps (Linear::recompute_output) instead of kept twice (GPT-2, unless train.recompute
+  // is KEEP_ALL; where it can: CUDA O2/O3).
   bool recompute_mlp_activation = false;
   // precision.fp8: the attention's and the MLP's projections in FP8 in training.
   Fp8Settings fp8;

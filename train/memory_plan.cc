@@ -187,6 +187,7 @@ std::vector<MemoryEstimate> counted_memory(const config::Experiment& experiment,
       MemoryEstimate m;
       m.zero_stage = stage;
       m.recompute = recompute;
+      m.keep_all = !recompute && e.train().recompute() == config::TrainConfig::KEEP_ALL;
       m.weights = stage == 3 && world_size > 1
                       ? weights / ranks + std::min(weights, 2 * largest_unit)
                       : weights;
@@ -227,9 +228,12 @@ MemoryPlan plan_memory(const config::Experiment& experiment, int world_size, dou
   const std::size_t old_limit = allocator.memory_limit();
   allocator.set_memory_limit(0);
   plan.device = allocator.source_name();
+  // Without BLOCKS the probe runs the experiment's own choice, NONE or KEEP_ALL.
+  const config::TrainConfig::Recompute without_blocks =
+      e.train().recompute() == config::TrainConfig::KEEP_ALL ? config::TrainConfig::KEEP_ALL
+                                                             : config::TrainConfig::NONE;
   for (bool recompute : {false, true}) {
-    e.mutable_train()->set_recompute(recompute ? config::TrainConfig::BLOCKS
-                                               : config::TrainConfig::NONE);
+    e.mutable_train()->set_recompute(recompute ? config::TrainConfig::BLOCKS : without_blocks);
     // Probes at half the experiment's batch and at the batch itself: at batch 1 or 2 a step's
     // peak can sit where the batch hardly matters (the optimizer's temporaries), and a slope
     // taken there underestimates what a sample adds. Halved while the larger one does not fit.

@@ -37,11 +37,12 @@ MemoryProbe probe_step_memory(const config::Experiment& experiment, int batch, c
 // The memory of one rank, in bytes, for one (zero_stage, recompute).
 struct MemoryEstimate {
   int zero_stage = 0;
-  bool recompute = false;
-  double weights = 0;    // working weights, and O1's half casts of GEMM weights
-  double gradients = 0;  // in the weights' dtype
-  double master = 0;     // O2's fp32 master weights
-  double moments = 0;    // optimizer state: SGD 1, AdamW 2 (3 with amsgrad), LAMB 2 x fp32 or bf16
+  bool recompute = false;  // train.recompute BLOCKS
+  bool keep_all = false;   // without BLOCKS, the experiment's KEEP_ALL (kept GELU outputs)
+  double weights = 0;      // working weights, and O1's half casts of GEMM weights
+  double gradients = 0;    // in the weights' dtype
+  double master = 0;       // O2's fp32 master weights
+  double moments = 0;  // optimizer state: SGD 1, AdamW 2 (3 with amsgrad), LAMB 2 x fp32 or bf16
   double activations_per_sample = 0;  // measured
   double workspaces = 0;  // measured: cuDNN/cuBLAS workspaces, temporaries, the loader's batches
   double nccl = 0;        // estimated, world size > 1

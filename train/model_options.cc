@@ -56,6 +56,7 @@ ModelOptions model_options_from(const config::Experiment& experiment) {
   o.fuse_conv_batch_norm = m.fuse_conv_batch_norm();
   o.mlp_hidden.assign(m.mlp_hidden().begin(), m.mlp_hidden().end());
   o.recompute_blocks = e.train().recompute() == config::TrainConfig::BLOCKS;
+  o.keep_mlp_activation = e.train().recompute() == config::TrainConfig::KEEP_ALL;
   if (m.has_bert()) take_transformer_shape(m.bert(), o);
   if (config::is_gpt_model(m.name())) {
     take_transformer_shape(m.gpt(), o);

@@ -39,6 +39,7 @@ class Gpt2LMHeadModel : public HeadedLanguageModel {
     TransformerBlockConfig block =
         TransformerBlockConfig::gpt2(o.hidden_size, o.num_heads, o.intermediate_size, o.dropout);
     block.fp8 = o.fp8;
+    block.recompute_mlp_activation = !o.keep_mlp_activation;
     blocks_.build(
         o.num_layers, block,
         o.recompute_blocks, [this](int i, std::unique_ptr<TransformerBlock> block) -> auto& {

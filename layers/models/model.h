@@ -22,6 +22,9 @@ struct ModelOptions {
   // train.recompute: BLOCKS: transformer blocks and ResNet stages recompute their activations in
   // backward from their input (Layer::set_recompute).
   bool recompute_blocks = false;
+  // train.recompute: KEEP_ALL: GPT-2's blocks keep their GELU output instead of recomputing it
+  // (TransformerBlockConfig::recompute_mlp_activation).
+  bool keep_mlp_activation = false;
   // ResNet: batch norm fused into cuDNN's convolutions in CUDA training
   // (model.fuse_conv_batch_norm; layers/conv_bn_chain.h).
   bool fuse_conv_batch_norm = false;

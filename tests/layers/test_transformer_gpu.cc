@@ -599,26 +599,26 @@ TEST_P(TransformerGpu, TransformerBlocksMatchCpu) {
                   training_context(seed), factor, seed + 3, "pre-LN block");
   }
   // GPT-2's: causal, GELU tanh, the MLP activation recomputed in backward (half) or kept
-  // (KILN_GELU_RECOMPUTE=0), its derivative in the epilogue of c_proj's input-gradient GEMM and,
-  // forced, in its own pass (the path for GPUs where cuBLASLt has no DGELU epilogue for the types);
-  // without dropout after the MLP, the residual added in c_proj's epilogue.
+  // (train.recompute KEEP_ALL), its derivative in the epilogue of c_proj's input-gradient GEMM
+  // and, forced, in its own pass (the path for GPUs where cuBLASLt has no DGELU epilogue for the
+  // types); without dropout after the MLP, the residual added in c_proj's epilogue.
   for (const char* unfused : {"0", "1"}) {
-    for (const char* recompute : {"1", "0"}) {
+    for (bool recompute : {true, false}) {
       for (double dropout : {0.1, 0.0}) {
         ASSERT_EQ(setenv("KILN_DGELU_UNFUSED", unfused, 1), 0);
-        ASSERT_EQ(setenv("KILN_GELU_RECOMPUTE", recompute, 1), 0);
-        TransformerBlock block(TransformerBlockConfig::gpt2(128, 2, 256, dropout));
+        TransformerBlockConfig config = TransformerBlockConfig::gpt2(128, 2, 256, dropout);
+        config.recompute_mlp_activation = recompute;
+        TransformerBlock block(config);
         block.set_name("transformer.h.0");
         compare_layer(block, random_cpu({2, 70, 128}, dt, seed + 4), {2, 70, 128}, dt,
                       training_context(seed), factor, seed + 5,
                       std::string("GPT-2 block, KILN_DGELU_UNFUSED=") + unfused +
-                          " KILN_GELU_RECOMPUTE=" + recompute + " dropout " +
+                          (recompute ? " GELU recomputed" : " GELU kept") + " dropout " +
                           std::to_string(dropout));
       }
     }
   }
   ASSERT_EQ(unsetenv("KILN_DGELU_UNFUSED"), 0);
-  ASSERT_EQ(unsetenv("KILN_GELU_RECOMPUTE"), 0);
 }
 
 TEST_P(TransformerGpu, TinyModelsMatchCpu) {

@@ -147,6 +147,16 @@ TEST(ModelOptions, ConvBatchNormFusionFollowsTheExperiment) {
   EXPECT_TRUE(model_options_from(e).fuse_conv_batch_norm);
 }
 
+TEST(ModelOptions, KeepAllKeepsGpt2sGeluOutput) {
+  config::Experiment e;
+  e.mutable_model()->set_name("gpt2");
+  config::fill_defaults(e);
+  EXPECT_FALSE(model_options_from(e).keep_mlp_activation);  // NONE recomputes it, as llm.c
+  e.mutable_train()->set_recompute(config::TrainConfig::KEEP_ALL);
+  EXPECT_TRUE(model_options_from(e).keep_mlp_activation);
+  EXPECT_FALSE(model_options_from(e).recompute_blocks);
+}
+
 TEST(ModelOptions, ReferenceShapesPerModel) {
   const ModelOptions cnn = default_model_options("fashion_cnn");
   EXPECT_EQ(cnn.num_classes, 10);

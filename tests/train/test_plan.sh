@@ -111,6 +111,11 @@ PY
   || { cat "$WORK/login"; fail "a login node cannot plan a GPU job"; }
 grep -q "counted only: no GPU here" "$WORK/login" || { cat "$WORK/login"; fail "the counted-only plan does not say so"; }
 [ "$(grep -cE '^[0123] +(NONE|BLOCKS) ' "$WORK/login")" = 8 ] || { cat "$WORK/login"; fail "no counted rows"; }
+# train.recompute KEEP_ALL: the rows without BLOCKS are the experiment's own choice, named so.
+"$KILN" plan "${GPT[@]}" --set train.device=CUDA --set train.recompute=KEEP_ALL --world-size 1 \
+  > "$WORK/keep" 2>&1 || { cat "$WORK/keep"; fail "plan with train.recompute KEEP_ALL"; }
+[ "$(grep -cE '^[0123] +KEEP_ALL ' "$WORK/keep")" = 4 ] && [ "$(grep -cE '^[0123] +NONE ' "$WORK/keep")" = 0 ] \
+  || { cat "$WORK/keep"; fail "KEEP_ALL rows not named KEEP_ALL"; }
 
 expect_bad() {  # message-part args...
   local want=$1; shift
@@ -127,4 +132,4 @@ expect_bad "memory-mb must be positive" "${BERT[@]}" --world-size 1 --memory-mb 
 expect_bad "memory-mb inf: must be a finite number of MiB" "${BERT[@]}" --world-size 1 --memory-mb inf
 expect_bad "memory-mb must be positive" "${BERT[@]}" --world-size 1 --memory-mb nan
 expect_bad "no_such.pbtxt" --config "$WORK/no_such.pbtxt" --world-size 1
-pass "kiln plan: tables for GPT-2 and BERT on 1, 2, 4 GPUs, ZeRO sharding, limits, bad command lines"
+pass "kiln plan: tables for GPT-2 and BERT on 1, 2, 4 GPUs, ZeRO sharding, limits, KEEP_ALL rows, bad command lines"
