@@ -418,6 +418,7 @@ void DataParallel::prefetch_values(const std::vector<Parameter*>& parameters) {
     b.values = Tensor::empty({b.numel}, b.dtype, comm_.device());
     comm_.comm_stream_wait_for_current();
     comm_.all_gather_on_comm_stream(b.value_shard, b.values);
+    ++value_gathers_;
     if (comm_.comm_stream() != nullptr) {
       if (!b.gathered) b.gathered = std::make_unique<Event>(comm_.device());
       b.gathered->record(comm_.comm_stream());
@@ -442,6 +443,7 @@ void DataParallel::gather_values(Bucket& b) {
   // reused only after the kernels that read it.
   b.values = Tensor::empty({b.numel}, b.dtype, comm_.device());
   comm_.all_gather(b.value_shard, b.values);
+  ++value_gathers_;
   bind_values(b);
 }
 
@@ -479,7 +481,9 @@ void DataParallel::gather_parameters() {
   if (options_.zero_stage == 3) {
     // The shards were updated in place; buckets not held are gathered when next acquired.
     for (Bucket& b : buckets_) {
-      if (b.holders > 0) comm_.all_gather(b.value_shard, b.values);
+      if (b.holders == 0) continue;
+      comm_.all_gather(b.value_shard, b.values);
+      ++value_gathers_;
     }
     return;
   }

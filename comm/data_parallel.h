@@ -211,6 +211,9 @@ class DataParallel {
   // communication stream, so that a later acquire_values() of them waits only for that gather
   // (the next block's weights while this one computes). finish() drops the ones never acquired.
   void prefetch_values(const std::vector<Parameter*>& parameters);
+  // Stage 3: buckets of values all-gathered since construction (acquired, prefetched or refreshed
+  // after an update): for tests and metrics.
+  std::uint64_t value_gathers() const { return value_gathers_; }
   // Stage 3: bytes of the whole value buffers held now and of this rank's value shards.
   std::size_t value_buffer_bytes() const;
   // ZeRO: bytes of the full gradient buffers and of this rank's reduced shards now allocated.
@@ -272,6 +275,7 @@ class DataParallel {
   bool micro_step_ = false;
   std::uint64_t layout_hash_ = 0;
   std::uint64_t bucket_all_reduces_ = 0;
+  std::uint64_t value_gathers_ = 0;
   bool timing_ = false;
   TimePoint backward_end_, reduced_;
   std::int64_t finished_steps_ = 0;

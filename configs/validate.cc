@@ -172,6 +172,12 @@ class Validator {
               std::to_string(experiment_.parallel().zero_stage()) +
               " (ZeRO reduce-scatters the gradients in their own dtype): set "
               "parallel.compression: NONE or parallel.zero_stage: 0");
+    check(!experiment_.parallel().zero3_gather_once_per_step() ||
+              experiment_.parallel().zero_stage() == 3,
+          "parallel.zero3_gather_once_per_step", "true",
+          "shapes ZeRO-3's weight gathers and parallel.zero_stage is " +
+              std::to_string(experiment_.parallel().zero_stage()) +
+              ": set parallel.zero_stage: 3 or drop it");
     check_train();
     check_checkpoint();
     check(!experiment_.logging().dir().empty(), "logging.dir", "\"\"", "must be a directory");

@@ -58,6 +58,7 @@ class LocalGradients final : public GradientSync {
   DataParallel* data_parallel() override { return nullptr; }
   void gather_weights() override {}
   void release_weights(bool) override {}
+  std::uint64_t weight_gathers() const override { return 0; }
 
  private:
   bool in_arena(const Parameter& p) const {
@@ -98,8 +99,9 @@ class DataParallelShards final : public optim::ShardGroup {
 
 class DataParallelSync final : public GradientSync {
  public:
-  DataParallelSync(std::unique_ptr<DataParallel> dp, std::vector<WeightUnit> units)
-      : dp_(std::move(dp)), shards_(*dp_) {
+  DataParallelSync(std::unique_ptr<DataParallel> dp, std::vector<WeightUnit> units,
+                   bool gather_once_per_step)
+      : dp_(std::move(dp)), shards_(*dp_), gather_once_per_step_(gather_once_per_step) {
     if (dp_->zero_stage() != 3) return;
     std::set<const Parameter*> in_unit;
     for (std::size_t i = 0; i < units.size(); ++i) {
@@ -107,6 +109,7 @@ class DataParallelSync final : public GradientSync {
       unit_index_[units[i].layer] = i;
     }
     units_ = std::move(units);
+    kept_.assign(units_.size(), false);
     // A model's own parameters (no unit's): gathered now and kept, refreshed after each update.
     for (Parameter* p : dp_->parameters()) {
       if (in_unit.count(p) == 0) resident_.push_back(p);
@@ -116,6 +119,7 @@ class DataParallelSync final : public GradientSync {
   ~DataParallelSync() override { dp_->release_values(resident_); }
   void zero_gradients() override { dp_->zero_grad_lazily(); }
   void set_accumulating(bool accumulating) override {
+    accumulating_ = accumulating;
     dp_->set_accumulation_micro_step(accumulating);
   }
   void install_hooks(Context& ctx) override {
@@ -127,16 +131,29 @@ class DataParallelSync final : public GradientSync {
       auto it = unit_index_.find(&layer);
       if (it == unit_index_.end()) return;
       const std::size_t i = it->second;
-      if (!begin) return dp_->release_values(units_[i].parameters);
+      if (!begin) {
+        // Gathered once per step: kept until the backward of the step's last micro-step.
+        if (gather_once_per_step_ && (forward || accumulating_)) return;
+        if (kept_[i]) kept_[i] = false;
+        return dp_->release_values(units_[i].parameters);
+      }
+      if (kept_[i]) return;
       dp_->acquire_values(units_[i].parameters);
+      kept_[i] = gather_once_per_step_;
       // The unit that comes next, in the model's order going forward and in reverse going
       // backward, is gathered while this one computes.
       if (forward && i + 1 < units_.size()) dp_->prefetch_values(units_[i + 1].parameters);
       if (!forward && i > 0) dp_->prefetch_values(units_[i - 1].parameters);
     });
   }
-  void finish() override { dp_->finish(); }
-  void reset_step() override { dp_->reset_step(); }
+  void finish() override {
+    release_kept();  // a unit whose backward did not run in the last micro-step
+    dp_->finish();
+  }
+  void reset_step() override {
+    release_kept();
+    dp_->reset_step();
+  }
   bool sharded() const override { return dp_->zero_stage() > 0; }
   int zero_stage() const override { return dp_->zero_stage(); }
   void skipped_step() override { dp_->reset_compression_state(); }
@@ -150,13 +167,25 @@ class DataParallelSync final : public GradientSync {
   DataParallel* data_parallel() override { return dp_.get(); }
   void gather_weights() override { dp_->acquire_values(dp_->parameters()); }
   void release_weights(bool written) override { dp_->release_values(dp_->parameters(), written); }
+  std::uint64_t weight_gathers() const override { return dp_->value_gathers(); }
 
  private:
+  void release_kept() {
+    for (std::size_t i = 0; i < kept_.size(); ++i) {
+      if (!kept_[i]) continue;
+      kept_[i] = false;
+      dp_->release_values(units_[i].parameters);
+    }
+  }
+
   std::unique_ptr<DataParallel> dp_;
   DataParallelShards shards_;
   std::vector<WeightUnit> units_;                   // ZeRO-3, in the model's order
   std::map<const Layer*, std::size_t> unit_index_;  // ZeRO-3: into units_
   std::vector<Parameter*> resident_;                // ZeRO-3: in no unit
+  bool gather_once_per_step_ = false;               // ZeRO-3: see make_data_parallel_sync
+  std::vector<bool> kept_;     // ZeRO-3, gathered once per step: units held until released
+  bool accumulating_ = false;  // the current micro-step is not the step's last
 };
 
 // Every parameter `layer` and the layers below it use: their own and the shared (tied) ones.
@@ -192,8 +221,9 @@ std::vector<WeightUnit> weight_units(Layer& model) {
 }
 
 std::unique_ptr<GradientSync> make_data_parallel_sync(std::unique_ptr<DataParallel> dp,
-                                                      std::vector<WeightUnit> units) {
-  return std::make_unique<DataParallelSync>(std::move(dp), std::move(units));
+                                                      std::vector<WeightUnit> units,
+                                                      bool gather_once_per_step) {
+  return std::make_unique<DataParallelSync>(std::move(dp), std::move(units), gather_once_per_step);
 }
 
 }  // namespace kiln::train

@@ -53,6 +53,9 @@ class GradientSync {
   // meanwhile becomes each rank's shard. Elsewhere the weights are always whole: nothing to do.
   virtual void gather_weights() = 0;
   virtual void release_weights(bool written) = 0;
+  // ZeRO-3: buckets of weights all-gathered since the start (DataParallel::value_gathers); 0
+  // elsewhere.
+  virtual std::uint64_t weight_gathers() const = 0;
 };
 
 // Whole weights while it lives (GradientSync::gather_weights).
@@ -83,8 +86,10 @@ std::vector<WeightUnit> weight_units(Layer& model);
 std::unique_ptr<GradientSync> make_local_gradients(std::vector<Parameter*> parameters);
 // Several ranks: DataParallel's buckets and strategy. ZeRO-3 gathers each unit's weights as its
 // layer's forward and backward begin and releases them as they end; the parameters of no unit
-// (a model's own) stay gathered.
+// (a model's own) stay gathered. `gather_once_per_step` (parallel.zero3_gather_once_per_step):
+// a unit gathered in a step stays whole until the backward of the step's last micro-step ends.
 std::unique_ptr<GradientSync> make_data_parallel_sync(std::unique_ptr<DataParallel> dp,
-                                                      std::vector<WeightUnit> units = {});
+                                                      std::vector<WeightUnit> units = {},
+                                                      bool gather_once_per_step = false);
 
 }  // namespace kiln::train

@@ -174,7 +174,8 @@ std::vector<MemoryEstimate> counted_memory(const config::Experiment& experiment,
   const auto offload = offload_update(e);
   const bool twins = offload == config::TrainConfig::HOST_CORES;
   // ZeRO-3 holds its shard of the weights and two units whole: the one being used (a block, or
-  // the head with the embedding it shares) and the next, prefetched (one rank: nothing sharded).
+  // the head with the embedding it shares) and the next, prefetched (one rank: nothing sharded);
+  // with parallel.zero3_gather_once_per_step, every unit whole.
   double largest_unit = 0;
   for (const WeightUnit& unit : weight_units(*model.net)) {
     double bytes = 0;
@@ -188,9 +189,10 @@ std::vector<MemoryEstimate> counted_memory(const config::Experiment& experiment,
       m.zero_stage = stage;
       m.recompute = recompute;
       m.keep_all = !recompute && e.train().recompute() == config::TrainConfig::KEEP_ALL;
-      m.weights = stage == 3 && world_size > 1
-                      ? weights / ranks + std::min(weights, 2 * largest_unit)
-                      : weights;
+      // Gathered once per step, every unit is whole by the end of the first forward.
+      const double whole =
+          e.parallel().zero3_gather_once_per_step() ? weights : std::min(weights, 2 * largest_unit);
+      m.weights = stage == 3 && world_size > 1 ? weights / ranks + whole : weights;
       // ZeRO-2 keeps its shard and one bucket being reduce-scattered (never more than all).
       const double shard = gradients / ranks;
       m.gradients = stage >= 2 ? shard + std::min(bucket, gradients - shard) : gradients;

@@ -218,6 +218,7 @@ IntervalReport interval_report(const IntervalFigures& f) {
   report.line += buf;
   if (f.grad_norm >= 0) report.record.emplace_back("grad_norm", f.grad_norm);
   if (f.fp8_overflows >= 0) report.record.emplace_back("fp8_overflows", f.fp8_overflows);
+  if (f.weight_gathers >= 0) report.record.emplace_back("zero3_gathers_per_step", f.weight_gathers);
   if (f.fp8_overflows > 0) {  // an inf/NaN reached an FP8 cast: its scale was kept
     std::snprintf(buf, sizeof(buf), " (FP8 overflows so far: %.0f)", f.fp8_overflows);
     report.line += buf;

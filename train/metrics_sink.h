@@ -96,6 +96,7 @@ struct IntervalFigures {
   double elapsed_s = 0;          // since this process began training
   double eta_s = -1;             // the remaining steps at this process's mean rate; -1: unknown
   double fp8_overflows = -1;     // precision.fp8: overflowed casts so far, all ranks; -1: no FP8
+  double weight_gathers = -1;    // ZeRO-3: buckets of weights gathered per step on rank 0; -1: none
 };
 
 struct IntervalReport {

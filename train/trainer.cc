@@ -161,6 +161,7 @@ TrainResult Trainer::train() {
   auto interval_start = Clock::now();
   const auto run_start = Clock::now();
   double wait_at_interval_start = s.loader->wait_time();
+  std::uint64_t interval_gathers = 0;  // ZeRO-3's weight gathers in the interval's steps
   std::int64_t run_samples = 0;
 
   s.metrics->begin(n.step);
@@ -168,11 +169,13 @@ TrainResult Trainer::train() {
     s.faults.before_step(n.step);
     const data::LoaderState position = s.loader->state();  // where this step's batches start
     StepOutcome outcome;
+    const std::uint64_t gathers_before = s.sync->weight_gathers();
     try {
       outcome = s.run_step(ctx, loss_sum, &interval_micro, &interval_samples);
     } catch (const StepDataError& e) {
       throw InputError(s.keep_work_before_data_error(e.what(), position));
     }
+    interval_gathers += s.sync->weight_gathers() - gathers_before;
     run_samples += s.plan.global;
     ++interval_steps;
 
@@ -215,11 +218,16 @@ TrainResult Trainer::train() {
         if (s.world.size > 1)
           figures.fp8_overflows = s.comm->all_reduce_host(figures.fp8_overflows, HostReduceOp::Sum);
       }
+      if (s.sync->zero_stage() == 3 && s.world.size > 1) {
+        figures.weight_gathers =
+            static_cast<double>(interval_gathers) / std::max<std::int64_t>(interval_steps, 1);
+      }
       IntervalReport report = interval_report(figures);
       s.metrics->write(RecordKind::kTrain, n.step, std::move(report.record), report.line,
                        report.bar_text);
       loss_sum.zero();
       interval_micro = interval_samples = interval_steps = 0;
+      interval_gathers = 0;
       interval_start = Clock::now();
       wait_at_interval_start = s.loader->wait_time();
     } else {

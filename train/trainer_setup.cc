@@ -164,7 +164,7 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
     }
     s.sync = make_data_parallel_sync(
         std::make_unique<DataParallel>(s.parameters, s.model.net->buffers(), *s.comm, dp),
-        std::move(units));
+        std::move(units), s.e.parallel().zero3_gather_once_per_step());
   } else {
     s.sync = make_local_gradients(s.parameters);
   }

@@ -304,6 +304,8 @@ CASES = {
     "parallel.bucket_mb": "test_comm_mpi (DataParallelCpu): bucket layouts of every size give the same sums",
     "parallel.first_bucket_mb": "test_comm_mpi (DataParallel.SmallFirstBucketClosesEarly) and tests/train/test_bench_comm.sh: a bucket of its own for the last layer",
     "parallel.collective_timeout_s": "tests/train/test_faults.sh and test_comm_rank_hang: a hung rank ends the job after the timeout",
+    "parallel.zero3_gather_once_per_step": ([], ["parallel.zero3_gather_once_per_step=true"],
+                                            fails_with("parallel.zero3_gather_once_per_step")),
     "parallel.zero_stage": "tests/train/test_zero.sh: stages 1 and 2 shard the optimizer state (per-rank bytes fall by the "
                            "world size) and write one optimizer shard file per rank",
 }

@@ -111,6 +111,17 @@ PY
   || { cat "$WORK/login"; fail "a login node cannot plan a GPU job"; }
 grep -q "counted only: no GPU here" "$WORK/login" || { cat "$WORK/login"; fail "the counted-only plan does not say so"; }
 [ "$(grep -cE '^[0123] +(NONE|BLOCKS) ' "$WORK/login")" = 8 ] || { cat "$WORK/login"; fail "no counted rows"; }
+# ZeRO-3 gathering once per step holds every unit whole besides its shard.
+"$KILN" plan "${GPT[@]}" --set parallel.zero_stage=3 --set parallel.zero3_gather_once_per_step=true \
+  --world-size 2 --json > "$WORK/once.json" 2> "$WORK/err" || { cat "$WORK/err"; fail "plan gathering once per step"; }
+python3 - "$WORK/once.json" "$WORK/GPT-2.json" <<'PY' || fail "stage 3 gathering once per step: not the whole weights plus the shard"
+import json, sys
+once, each = (json.load(open(p))["plans"] for p in sys.argv[1:3])
+row = lambda p, s: next(r for r in p if r["zero_stage"] == s and r["recompute"] == "NONE")
+whole = row(once, 0)["weights_mb"]
+assert abs(row(once, 3)["weights_mb"] - 1.5 * whole) <= 1e-6 * whole, (row(once, 3), whole)
+assert row(each, 3)["weights_mb"] <= row(once, 3)["weights_mb"], (row(each, 3), row(once, 3))
+PY
 # train.recompute KEEP_ALL: the rows without BLOCKS are the experiment's own choice, named so.
 "$KILN" plan "${GPT[@]}" --set train.device=CUDA --set train.recompute=KEEP_ALL --world-size 1 \
   > "$WORK/keep" 2>&1 || { cat "$WORK/keep"; fail "plan with train.recompute KEEP_ALL"; }

@@ -60,6 +60,22 @@ for case in ${CASES:-accum sgd lamb inf bf16}; do
     [ "$z" = 0 ] || compare "$W/${case}0" "$W/$case$z" "$tol" || fail "$case: stage $z differs from stage 0 (np $NP)"
   done
   pass "$case: stages $stages agree after 20 steps (tolerance $tol, np $NP)"
+  [ "$case" = accum ] || continue
+  # ZeRO-3 gathering each unit's weights once per step instead of for every forward and backward
+  # of each micro-batch: the same weights, a quarter of the gathers or fewer (2 micro-steps).
+  run "$NP" "$W/accum3once" "${o[@]}" parallel.zero_stage=3 parallel.zero3_gather_once_per_step=true
+  compare "$W/accum0" "$W/accum3once" 0 || fail "stage 3 gathering once per step differs from stage 0 (np $NP)"
+  python3 - "$W/accum3/metrics.jsonl" "$W/accum3once/metrics.jsonl" <<'PY' || fail "gathering once per step did not gather less (np $NP)"
+import json, sys
+def gathers(path):
+    rows = [json.loads(l) for l in open(path) if '"zero3_gathers_per_step"' in l]
+    assert rows, f"{path}: no zero3_gathers_per_step"
+    return rows[-1]["zero3_gathers_per_step"]
+every, once = gathers(sys.argv[1]), gathers(sys.argv[2])
+print(f"weight buckets gathered per step: {every} for each use, {once} once per step")
+assert 0 < once <= every / 3, (every, once)
+PY
+  pass "stage 3 gathering once per step: stage 0's weights bit for bit, fewer gathers (np $NP)"
 done
 
 # Tied weights: GPT-2's embedding is also its output head (one parameter, two uses), with the
@@ -79,11 +95,15 @@ GPT=(data.path="$W/shards/tiny_train_*.bin" data.eval_split=none train.steps=20 
 for z in 0 1 3; do CONFIG=$SRC/tests/train/tiny_gpt.pbtxt run "$NP" "$W/gpt$z" "${GPT[@]}" parallel.zero_stage=$z; done
 # ZeRO-3 gathers each block's weights again for the recomputed forward inside its backward.
 CONFIG=$SRC/tests/train/tiny_gpt.pbtxt run "$NP" "$W/gpt3r" "${GPT[@]}" parallel.zero_stage=3 train.recompute=BLOCKS
+# ... and not when it gathers once per step: the recomputed forward finds the block still whole.
+CONFIG=$SRC/tests/train/tiny_gpt.pbtxt run "$NP" "$W/gpt3ro" "${GPT[@]}" parallel.zero_stage=3 train.recompute=BLOCKS \
+  parallel.zero3_gather_once_per_step=true
 for z in 1 3 3r; do
   compare "$W/gpt0" "$W/gpt$z" 1e-6 || fail "tied weights (GPT-2): stage $z differs from stage 0 (np $NP)"
 done
 compare "$W/gpt3" "$W/gpt3r" 0 || fail "tied weights (GPT-2): stage 3 with recompute differs from without (np $NP)"
-pass "tied weights (GPT-2, clipped AdamW): stages 1 and 3 (and 3 with recompute) agree with stage 0 (np $NP)"
+compare "$W/gpt3" "$W/gpt3ro" 0 || fail "tied weights (GPT-2): stage 3 with recompute, gathering once per step, differs (np $NP)"
+pass "tied weights (GPT-2, clipped AdamW): stages 1 and 3 (and 3 with recompute, gathering per use or once per step) agree with stage 0 (np $NP)"
 
 # Per-rank optimizer state (allocator statistics, rank 0): stage 1 holds about 1/NP of stage 0's.
 b0=$(sed -n 's/.*optimizer state: \([0-9]*\) bytes.*/\1/p' "$W/accum0.log" | head -1)
