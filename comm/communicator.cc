@@ -51,7 +51,7 @@ const char* comm_backend_name(CommBackend backend) {
 }
 
 const char* reduce_op_name(ReduceOp op) {
-  return op == ReduceOp::Sum ? "sum" : "average";
+  return op == ReduceOp::Sum ? "sum" : op == ReduceOp::Average ? "average" : "max";
 }
 
 struct Communicator::MpiGroup {
@@ -91,8 +91,8 @@ void Communicator::all_reduce(Tensor& t, ReduceOp op) {
 void Communicator::all_reduce_on_comm_stream(Tensor& t, ReduceOp op) {
   check_tensor(t, "all_reduce");
   KILN_CHECK(
-      op == ReduceOp::Sum || is_floating(t.dtype()),
-      std::string("all_reduce average of ") + dtype_name(t.dtype()) + " (integers sum only)");
+      op != ReduceOp::Average || is_floating(t.dtype()),
+      std::string("all_reduce average of ") + dtype_name(t.dtype()) + " (integers sum or max)");
   do_all_reduce(t, op);
 }
 
@@ -136,7 +136,7 @@ void Communicator::reduce_scatter_on_comm_stream(const Tensor& in, Tensor& out, 
   KILN_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size(),
              "reduce_scatter of " + in.str() + " over " + std::to_string(size()) + " ranks into " +
                  out.str());
-  KILN_CHECK(op == ReduceOp::Sum || is_floating(in.dtype()),
+  KILN_CHECK(op != ReduceOp::Average || is_floating(in.dtype()),
              std::string("reduce_scatter average of ") + dtype_name(in.dtype()));
   do_reduce_scatter(in, out, op);
 }

@@ -31,7 +31,8 @@
 
 namespace kiln {
 
-enum class ReduceOp { Sum, Average };
+// Max: the elementwise largest (FP8 amax histories); exact in any order.
+enum class ReduceOp { Sum, Average, Max };
 enum class HostReduceOp { Sum, Average, Max, Min };
 const char* reduce_op_name(ReduceOp op);
 

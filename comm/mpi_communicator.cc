@@ -2,7 +2,9 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -24,18 +26,29 @@ MPI_Comm comm_of(void* handle) {
 }
 
 // out[i] = in[0][i] + in[1][i] + ... in rank order, in the element type's compute type (f32 for
-// half and f32, f64 for f64, i64 for integers); Average divides the sum by the rank count.
+// half and f32, f64 for f64, i64 for integers); Average divides the sum by the rank count; Max
+// keeps the largest (NaN where any rank has one, as NCCL's max).
 template <typename T>
 void fold_in_rank_order(const T* in, std::int64_t n, int ranks, ReduceOp op, T* out) {
   for (std::int64_t i = 0; i < n; ++i) {
     if constexpr (std::is_integral_v<T>) {
       std::int64_t acc = in[i];
-      for (int r = 1; r < ranks; ++r) acc += in[r * n + i];
-      out[i] = static_cast<T>(acc);  // integers: Sum only
+      for (int r = 1; r < ranks; ++r) {
+        acc =
+            op == ReduceOp::Max ? std::max<std::int64_t>(acc, in[r * n + i]) : acc + in[r * n + i];
+      }
+      out[i] = static_cast<T>(acc);  // integers: Sum and Max
     } else {
       using Acc = typename cpu::Compute<T>::type;
       Acc acc = cpu::load(in[i]);
-      for (int r = 1; r < ranks; ++r) acc += cpu::load(in[r * n + i]);
+      for (int r = 1; r < ranks; ++r) {
+        const Acc v = cpu::load(in[r * n + i]);
+        if (op != ReduceOp::Max) {
+          acc += v;
+        } else if (std::isnan(v) || v > acc) {
+          acc = std::isnan(acc) ? acc : v;
+        }
+      }
       if (op == ReduceOp::Average) acc = acc / static_cast<Acc>(ranks);
       if constexpr (std::is_same_v<T, Half>) {
         out[i] = to_half(acc);

@@ -67,7 +67,7 @@ ncclDataType_t nccl_type(DType dtype) {
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
-  return op == ReduceOp::Sum ? ncclSum : ncclAvg;
+  return op == ReduceOp::Sum ? ncclSum : op == ReduceOp::Average ? ncclAvg : ncclMax;
 }
 
 // A CUDA event owned by the watch that polls it; destroyed by whichever side lets go last.

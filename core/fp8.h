@@ -109,4 +109,14 @@ KILN_HOST_DEVICE_INLINE void fp8_scaling_record(float* state, const Fp8ScalingOp
   state[0] = fp8_scale_for(largest, format, options.margin, state[0]);
 }
 
+// Delayed scaling after the amax histories of every data-parallel rank were merged (the
+// elementwise largest): the next scale from the merged history, as fp8_scaling_record takes it.
+KILN_HOST_DEVICE_INLINE void fp8_scale_from_history(float* state, const Fp8ScalingOptions& options,
+                                                    Fp8Format format) {
+  const float* history = state + kFp8StateHeader;
+  float largest = 0.0f;
+  for (int i = 0; i < options.history; ++i) largest = fmaxf(largest, history[i]);
+  state[0] = fp8_scale_for(largest, format, options.margin, state[0]);
+}
+
 }  // namespace kiln

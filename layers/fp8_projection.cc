@@ -135,15 +135,42 @@ Tensor Fp8Projection::emulate(Role role, const Tensor& x, bool record) {
   return out;
 }
 
-double fp8_overflows(const std::vector<Buffer*>& buffers) {
-  double total = 0;
-  for (const Buffer* b : buffers) {
+std::vector<Buffer*> fp8_scaling_buffers(const std::vector<Buffer*>& buffers) {
+  std::vector<Buffer*> out;
+  for (Buffer* b : buffers) {
     const std::string local = b->name.substr(b->name.rfind('.') + 1);
     const std::string suffix = "scaling";
     if (local.rfind("fp8_", 0) != 0 || local.size() < suffix.size() ||
         local.compare(local.size() - suffix.size(), suffix.size(), suffix) != 0 ||
         b->value.dim() != 2 || b->value.size(0) != Fp8Projection::kRoles)
       continue;
+    out.push_back(b);
+  }
+  return out;
+}
+
+void fp8_scales_from_history(Tensor& rows, const Fp8Settings& settings) {
+  KILN_CHECK(rows.dim() == 2 && rows.dtype() == DType::F32 && rows.is_contiguous() &&
+                 rows.size(0) % Fp8Projection::kRoles == 0 &&
+                 rows.size(1) > kFp8RowState + kFp8StateHeader + settings.scaling.history - 1,
+             "fp8_scales_from_history: rows " + rows.str());
+  if (rows.device().is_cuda()) {
+    DeviceGuard guard(rows.device());
+    return cuda::fp8_projection_scales_from_history(rows, settings.scaling,
+                                                    settings.gradient_format);
+  }
+  float* p = rows.data<float>();
+  for (std::int64_t i = 0; i < rows.size(0); ++i) {
+    const Fp8Format format = i % Fp8Projection::kRoles == Fp8Projection::Gradient
+                                 ? settings.gradient_format
+                                 : Fp8Format::E4M3;
+    fp8_scale_from_history(p + i * rows.size(1) + kFp8RowState, settings.scaling, format);
+  }
+}
+
+double fp8_overflows(const std::vector<Buffer*>& buffers) {
+  double total = 0;
+  for (const Buffer* b : fp8_scaling_buffers(buffers)) {
     const std::vector<float> state = b->value.to(Device::cpu()).to_vector<float>();
     const std::size_t row = static_cast<std::size_t>(b->value.size(1));
     for (std::size_t role = 0; role < Fp8Projection::kRoles; ++role)

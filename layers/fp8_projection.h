@@ -97,9 +97,16 @@ class Fp8Projection {
   Fp8Operand input_t_;  // see cast_input
 };
 
+// The FP8 projections' scaling states among `buffers` (those named "...fp8_*scaling", of
+// Fp8Projection::state_shape), in the given order.
+std::vector<Buffer*> fp8_scaling_buffers(const std::vector<Buffer*>& buffers);
 // The overflows (casts whose amax was infinite or NaN) counted so far by the FP8 scaling states
-// among `buffers` (those named "...fp8_*scaling"); reads them on the host.
+// among `buffers`; reads them on the host.
 double fp8_overflows(const std::vector<Buffer*>& buffers);
+// rows (3 x projections, row length) F32: scaling states one after another (roles input, weight,
+// gradient), each row's next scale taken again from its amax history (Delayed scaling after the
+// histories of the data-parallel ranks were merged). On the rows' device.
+void fp8_scales_from_history(Tensor& rows, const Fp8Settings& settings);
 
 // A projection without bias or activation, in FP8 where `fp8` is set and begin_forward says so,
 // else in the GEMM dtype (ops::gemm). x (M, in) and w (out, in) in the GEMM dtype.

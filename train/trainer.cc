@@ -62,6 +62,7 @@ StepOutcome Trainer::State::micro_step_work(Context& ctx, const Tensor& inputs,
     faults.gradients(counters.step, parameters);
     sync->finish();
   }
+  if (fp8_amax) fp8_amax->reduce();
   NvtxRange range("optimizer");
   if (resident) {
     optimizer->step_resident(comm.get());
@@ -215,7 +216,8 @@ TrainResult Trainer::train() {
           steps_run > 0 ? run_elapsed / steps_run * (s.total_steps - n.step) : -1.0};
       if (s.e.precision().fp8().enabled()) {
         figures.fp8_overflows = fp8_overflows(s.model.net->buffers());
-        if (s.world.size > 1)
+        // Merged across ranks (Fp8AmaxReduction), every rank holds the same count.
+        if (s.world.size > 1 && !s.fp8_amax)
           figures.fp8_overflows = s.comm->all_reduce_host(figures.fp8_overflows, HostReduceOp::Sum);
       }
       if (s.sync->zero_stage() == 3 && s.world.size > 1) {

@@ -168,6 +168,8 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
   } else {
     s.sync = make_local_gradients(s.parameters);
   }
+  s.fp8_amax =
+      make_fp8_amax_reduction(s.model.net->buffers(), model_options_from(s.e).fp8, s.comm.get());
 
   const std::string kind = dataset_kind(s.e, s.model);
   const data::DatasetOptions dataset = dataset_options(s.e, s.model);

@@ -16,6 +16,7 @@
 #include "train/checkpointer.h"
 #include "train/evaluator.h"
 #include "train/fault_injection.h"
+#include "train/fp8_amax_reduction.h"
 #include "train/gradient_sync.h"
 #include "train/graphed_step.h"
 #include "train/loss_average.h"
@@ -47,6 +48,8 @@ struct Trainer::State {
   config::BatchPlan plan;
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<GradientSync> sync;
+  // Several ranks with FP8 delayed scaling: the amax histories merged after each backward.
+  std::unique_ptr<Fp8AmaxReduction> fp8_amax;
   std::unique_ptr<StepOptimizer> optimizer;
   std::unique_ptr<data::DataLoader> loader;
   SoftmaxCrossEntropy loss_fn;

@@ -187,7 +187,29 @@ void check_vectors(const Tensor& x) {
                  x.str());
 }
 
+__global__ void scales_from_history_kernel(float* rows, int count, int row_length,
+                                           Fp8ScalingOptions options, Fp8Format gradient_format) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= count) return;
+  const Fp8Format format = i % 3 == 2 ? gradient_format : Fp8Format::E4M3;
+  fp8_scale_from_history(rows + static_cast<std::int64_t>(i) * row_length + kFp8RowState, options,
+                         format);
+}
+
 }  // namespace
+
+void fp8_projection_scales_from_history(Tensor& rows, const Fp8ScalingOptions& options,
+                                        Fp8Format gradient_format) {
+  KILN_CHECK(rows.dim() == 2 && rows.dtype() == DType::F32 && rows.is_contiguous() &&
+                 rows.size(0) % 3 == 0,
+             "FP8 scales from history: expected (3 x projections, row) f32, got " + rows.str());
+  const int count = static_cast<int>(rows.size(0));
+  if (count == 0) return;
+  auto stream = static_cast<cudaStream_t>(current_stream(rows.device()));
+  scales_from_history_kernel<<<(count + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
+      rows.data<float>(), count, static_cast<int>(rows.size(1)), options, gradient_format);
+  KILN_CUDA_LAUNCH_CHECK();
+}
 
 void fp8_projection_amax(const Tensor& x, float* slot, const Fp8ScalingOptions& options,
                          Fp8Format format, bool only_unrecorded) {

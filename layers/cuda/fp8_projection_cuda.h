@@ -28,4 +28,11 @@ KILN_CUDA_OP("FP8 projections",
                                       const Fp8ScalingOptions& options, Fp8Format format,
                                       bool record, Tensor* rows, Tensor* transposed));
 
+// rows (N, row length) F32: N / 3 projections' state buffers one after another (roles input,
+// weight, gradient); each row's next scale from its amax history (core/fp8.h's
+// fp8_scale_from_history), the gradient's rows in `gradient_format`, the others in E4M3.
+KILN_CUDA_OP("FP8 projections",
+             void fp8_projection_scales_from_history(Tensor& rows, const Fp8ScalingOptions& options,
+                                                     Fp8Format gradient_format));
+
 }  // namespace kiln::cuda

@@ -44,6 +44,28 @@ TEST(World, MatchesTheLauncher) {
   EXPECT_NE(process_identity().find("rank " + std::to_string(w.rank) + "/"), std::string::npos);
 }
 
+TEST(MpiCommunicator, AllReduceMaxIsTheLargestOfEveryRank) {
+  const int P = comm().size(), r = comm().rank();
+  for (DType dtype : {DType::F32, DType::F64, DType::BF16, DType::F16, DType::I64}) {
+    std::vector<double> values(37);
+    // Element i's largest sits on rank i % P; negative values too.
+    for (std::size_t i = 0; i < values.size(); ++i)
+      values[i] = (static_cast<int>(i) % P == r ? 3.0 : -1.0 - r) * static_cast<double>(i + 1);
+    Tensor t = Tensor::from_vector(values, {37}).to(dtype);
+    comm().all_reduce(t, ReduceOp::Max);
+    const std::vector<double> got = t.to_vector<double>();
+    for (std::size_t i = 0; i < got.size(); ++i)
+      EXPECT_EQ(got[i], 3.0 * static_cast<double>(i + 1)) << dtype_name(dtype) << " element " << i;
+  }
+  std::vector<float> nan(3, static_cast<float>(r));
+  if (r == P - 1) nan[1] = NAN;
+  Tensor t = Tensor::from_vector(nan, {3});
+  comm().all_reduce(t, ReduceOp::Max);
+  const std::vector<float> got = t.to_vector<float>();
+  EXPECT_EQ(got[0], static_cast<float>(P - 1));
+  EXPECT_TRUE(std::isnan(got[1])) << "a NaN on one rank is the maximum, as in NCCL";
+}
+
 TEST(MpiCommunicator, AllReduceSumAndAverageAreExact) {
   const int P = comm().size(), r = comm().rank();
   for (DType dtype : kFloatTypes) {
