@@ -105,6 +105,16 @@ compare "$W/gpt3" "$W/gpt3r" 0 || fail "tied weights (GPT-2): stage 3 with recom
 compare "$W/gpt3" "$W/gpt3ro" 0 || fail "tied weights (GPT-2): stage 3 with recompute, gathering once per step, differs (np $NP)"
 pass "tied weights (GPT-2, clipped AdamW): stages 1 and 3 (and 3 with recompute, gathering per use or once per step) agree with stage 0 (np $NP)"
 
+# FP8 projections (the CPU twin's casts, delayed scaling merged across ranks) with the weights
+# sharded: a gathered weight is cast as the whole one is, so stages 2 and 3 give stage 0's
+# weights bit for bit (no clipping: its norm adds up partial sums in another order).
+FP8=("${GPT[@]}" precision.fp8.enabled=true optimizer.max_grad_norm=0)
+for z in 0 2 3; do CONFIG=$SRC/tests/train/tiny_gpt.pbtxt run "$NP" "$W/fp8_$z" "${FP8[@]}" parallel.zero_stage=$z; done
+for z in 2 3; do
+  compare "$W/fp8_0" "$W/fp8_$z" 0 || fail "FP8 (GPT-2): stage $z differs from stage 0 (np $NP)"
+done
+pass "FP8 projections (GPT-2): stages 2 and 3 give stage 0's weights bit for bit (np $NP)"
+
 # Per-rank optimizer state (allocator statistics, rank 0): stage 1 holds about 1/NP of stage 0's.
 b0=$(sed -n 's/.*optimizer state: \([0-9]*\) bytes.*/\1/p' "$W/accum0.log" | head -1)
 b1=$(sed -n 's/.*optimizer state: \([0-9]*\) bytes.*/\1/p' "$W/accum1.log" | head -1)
