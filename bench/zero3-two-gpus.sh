@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ZeRO-3 across two GPUs capped at 24 GB each (train.max_memory_mb 24576, bf16 O2, T = 1024), for
 # the two-GPU machine as soon as one is lent (issue 36): first the two-GPU ZeRO tests (NCCL's
-# collectives and test_gpu_training.sh's ZeRO part: stages 2 and 3 against stage 0), then
+# collectives and test_gpu_training.sh's ZeRO part: stages 2 and 3 against stage 0) and FP8's amax
+# merged across both GPUs (an exact resume, issue 37), then
 # kiln bench under mpirun -np 2 for GPT-2 XL (stage 2 and 3 uncapped, stage 3 capped with
 # recompute), Qwen2.5-3B (stage 2 uncapped, stage 3 capped) and Qwen2.5-7B (stage 3 capped, with
 # the optimizer offloaded and bf16 moments). Prints one line per run: step time, tokens/s over
@@ -20,6 +21,11 @@ if [ "${2:-}" != --no-tests ]; then
   echo "test_comm_nccl on 2 ranks: exit $? $(grep -E '^\[  (PASSED|FAILED)' "$LOG/nccl.log" | tr '\n' ' ')"
   KILN_GPU_TRAINING_PARTS=zero timeout 600 bash tests/train/test_gpu_training.sh "$K" > "$LOG/zero.log" 2>&1
   echo "test_gpu_training.sh zero: exit $? $(grep -E '^(PASS|FAIL)' "$LOG/zero.log" | tr '\n' ' ')"
+  # FP8 delayed scaling merged across the two GPUs (ncclMax and the scale kernel), CUDA graphs on:
+  # a two-rank run resumed bit for bit (issue 37).
+  NP=2 EXTRA_SETS="--set train.device=CUDA --set precision.opt_level=O2 --set precision.half=BF16" \
+    timeout 300 bash tests/train/test_exact_resume_fp8.sh "$K" > "$LOG/fp8.log" 2>&1
+  echo "FP8 exact resume on 2 GPUs: exit $? $(grep -E '^(PASS|FAIL)' "$LOG/fp8.log" | tr '\n' ' ')"
 fi
 bench() {  # name model batch extra...
   local name=$1 model=$2 batch=$3; shift 3
