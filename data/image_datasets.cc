@@ -464,13 +464,13 @@ bool JpegFolderDataset::get(std::int64_t index, const SampleContext& context, vo
       c = choose(width, height, context);
       const int size = options_.image_size;
       const int eighths = options_.dct_scaling ? jpeg_decode_eighths(c.box, size, size) : 8;
-      c.box = scale_crop_box(c.box, eighths, jpeg_scaled_size(width, eighths),
-                             jpeg_scaled_size(height, eighths));
+      const int scaled_width = jpeg_scaled_size(width, eighths);
+      const int scaled_height = jpeg_scaled_size(height, eighths);
+      c.box = scale_crop_box(c.box, eighths, scaled_width, scaled_height);
       if (options_.region_decode) {
         decoded = decode_jpeg_region(bytes.data(), bytes.size(), eighths,
-                                     resize_footprint(c.box, jpeg_scaled_size(width, eighths),
-                                                      jpeg_scaled_size(height, eighths)),
-                                     &region, &error);
+                                     resize_footprint(c.box, scaled_width, scaled_height), &region,
+                                     &error);
       } else {
         decoded = decode_jpeg_rgb(bytes.data(), bytes.size(), &region.rgb, &width, &height, &error,
                                   eighths);

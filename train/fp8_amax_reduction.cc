@@ -18,20 +18,23 @@ Fp8AmaxReduction::Fp8AmaxReduction(std::vector<Buffer*> states, const Fp8Setting
   }
   packed_ = Tensor::empty({static_cast<std::int64_t>(states_.size()) * shape[0], shape[1]},
                           DType::F32, comm_.device());
+  for (std::size_t i = 0; i < states_.size(); ++i) {
+    const std::int64_t at = static_cast<std::int64_t>(i) * shape[0];
+    Tensor rows = packed_.slice(0, at, at + shape[0]);
+    rows.copy_from(states_[i]->value);
+    states_[i]->value = rows;
+  }
 }
 
 void Fp8AmaxReduction::reduce() {
-  const std::int64_t rows = states_.front()->value.size(0);
+  // A state rebound elsewhere (moved to another device) would no longer be reduced.
   for (std::size_t i = 0; i < states_.size(); ++i) {
-    const std::int64_t at = static_cast<std::int64_t>(i) * rows;
-    packed_.slice(0, at, at + rows).copy_from(states_[i]->value);
+    KILN_CHECK(states_[i]->value.data<float>() ==
+                   packed_.data<float>() + i * static_cast<std::size_t>(states_[i]->value.numel()),
+               "Fp8AmaxReduction: state " + states_[i]->name + " no longer in the packed tensor");
   }
   comm_.all_reduce(packed_, ReduceOp::Max);
   fp8_scales_from_history(packed_, settings_);
-  for (std::size_t i = 0; i < states_.size(); ++i) {
-    const std::int64_t at = static_cast<std::int64_t>(i) * rows;
-    states_[i]->value.copy_from(packed_.slice(0, at, at + rows));
-  }
 }
 
 std::unique_ptr<Fp8AmaxReduction> make_fp8_amax_reduction(const std::vector<Buffer*>& buffers,

@@ -6,9 +6,10 @@
 // scale is taken again from the merged history, so that every rank casts the next step at the
 // same scales and holds the same scaling state (the one a checkpoint saves).
 //
-// The states travel whole (scales, counters and histories of all projections packed into one
-// tensor): the largest of every field is what the ranks agree on (a history slot a rank skipped
-// after an overflow is then the others'; the overflow counters become the largest count).
+// The states travel whole: at construction every state buffer moves into one tensor (each buffer
+// a view of its rows), so a step reduces that tensor in place, with no copy. The largest of every
+// field is what the ranks agree on (a history slot a rank skipped after an overflow is then the
+// others'; the overflow counters become the largest count).
 
 #include <memory>
 #include <vector>
@@ -21,7 +22,8 @@ namespace kiln::train {
 
 class Fp8AmaxReduction {
  public:
-  // `states`: the FP8 scaling buffers (fp8_scaling_buffers), each Fp8Projection::state_shape.
+  // `states`: the FP8 scaling buffers (fp8_scaling_buffers), each Fp8Projection::state_shape, on
+  // the communicator's device; from now on each is a view into one tensor (their values kept).
   Fp8AmaxReduction(std::vector<Buffer*> states, const Fp8Settings& settings, Communicator& comm);
   // Collective: merge the histories and set the next scales (on the compute stream: graphable).
   void reduce();
@@ -30,7 +32,7 @@ class Fp8AmaxReduction {
   std::vector<Buffer*> states_;
   Fp8Settings settings_;
   Communicator& comm_;
-  Tensor packed_;  // (3 x projections, row length)
+  Tensor packed_;  // (3 x projections, row length): every state's storage
 };
 
 // One when the run has several ranks and FP8 projections with delayed scaling (Current scaling

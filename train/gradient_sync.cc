@@ -134,7 +134,7 @@ class DataParallelSync final : public GradientSync {
       if (!begin) {
         // Gathered once per step: kept until the backward of the step's last micro-step.
         if (gather_once_per_step_ && (forward || accumulating_)) return;
-        if (kept_[i]) kept_[i] = false;
+        kept_[i] = false;
         return dp_->release_values(units_[i].parameters);
       }
       if (kept_[i]) return;
