@@ -1,6 +1,7 @@
 #include "comm/data_parallel.h"
 
 #include <algorithm>
+#include <optional>
 #include <sstream>
 
 #include "core/check.h"
@@ -78,6 +79,9 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
       "DataParallel zero_stage must be 0, 1, 2 or 3, got " + std::to_string(options_.zero_stage));
   KILN_CHECK(options_.zero_stage == 0 || options_.compression == GradientCompression::None,
              "DataParallel: gradient compression is not supported with zero_stage > 0");
+  KILN_CHECK(!options_.shards_in_host_memory || options_.zero_stage == 3,
+             "DataParallel: shards in host memory need zero_stage 3, got " +
+                 std::to_string(options_.zero_stage));
   KILN_CHECK(options_.compression != GradientCompression::Half || is_half(options_.half_dtype),
              std::string("DataParallel half_dtype must be f16 or bf16, got ") +
                  dtype_name(options_.half_dtype));
@@ -85,9 +89,11 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
   const Device device = comm_.device();
   for (Parameter* p : params_) {
     KILN_CHECK(p != nullptr && p->value.defined(), "DataParallel got an undefined parameter");
-    KILN_CHECK(p->value.device() == device, "DataParallel on " + device.str() + ": parameter " +
-                                                p->name + " is " + p->value.str() +
-                                                " (move the model with model.to() first)");
+    // Stage 3 takes weights from the host too: they reach the device a bucket at a time.
+    const bool from_host = options_.zero_stage == 3 && p->value.device().is_cpu();
+    KILN_CHECK(p->value.device() == device || from_host,
+               "DataParallel on " + device.str() + ": parameter " + p->name + " is " +
+                   p->value.str() + " (move the model with model.to() first)");
     KILN_CHECK(is_floating(p->value.dtype()), "parameter " + p->name + " is not floating point");
   }
   for (Buffer* b : buffers_) {
@@ -164,23 +170,34 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
     // ZeRO: every rank's shard of the bucket has the same length (padding at the end).
     if (options_.zero_stage > 0) fill[bi] = (fill[bi] + ranks - 1) / ranks * ranks;
     b.numel = fill[bi];
-    b.flat = Tensor::zeros({fill[bi]}, b.dtype, device);
-    for (std::size_t i = 0; i < b.params.size(); ++i) {
-      Parameter* p = b.params[i];
-      if (p->grad.defined()) {
-        KILN_CHECK(
-            p->grad.shape() == p->value.shape(),
-            "parameter " + p->name + ": grad " + p->grad.str() + " for value " + p->value.str());
-        const std::int64_t n = p->value.numel();
-        b.flat.slice(0, b.offsets[i], b.offsets[i] + n).view(p->value.shape()).copy_from(p->grad);
+    if (options_.zero_stage == 3) {
+      // Allocated as backward reaches the bucket (zero_grad_lazily): a rank never holds every
+      // gradient at once, not even at start.
+      release_gradients(b);
+    } else {
+      b.flat = Tensor::zeros({fill[bi]}, b.dtype, device);
+      for (std::size_t i = 0; i < b.params.size(); ++i) {
+        Parameter* p = b.params[i];
+        if (p->grad.defined()) {
+          KILN_CHECK(
+              p->grad.shape() == p->value.shape(),
+              "parameter " + p->name + ": grad " + p->grad.str() + " for value " + p->value.str());
+          const std::int64_t n = p->value.numel();
+          b.flat.slice(0, b.offsets[i], b.offsets[i] + n).view(p->value.shape()).copy_from(p->grad);
+        }
       }
+      bind_gradients(b);
     }
-    bind_gradients(b);
     if (options_.zero_stage > 0) {
       const std::int64_t shard = fill[bi] / ranks;
       const std::int64_t begin = shard * comm_.rank(), end = begin + shard;
-      b.shard = Tensor::zeros({shard}, b.dtype, device);
-      if (options_.zero_stage == 3) b.value_shard = Tensor::zeros({shard}, b.dtype, device);
+      auto shard_tensor = [&] {
+        return options_.shards_in_host_memory
+                   ? Tensor::zeros_in_host_memory({shard}, b.dtype, device)
+                   : Tensor::zeros({shard}, b.dtype, device);
+      };
+      b.shard = shard_tensor();
+      if (options_.zero_stage == 3) b.value_shard = shard_tensor();
       for (std::size_t i = 0; i < b.params.size(); ++i) {
         const std::int64_t lo = std::max(begin, b.offsets[i]);
         const std::int64_t hi = std::min(end, b.offsets[i] + b.params[i]->value.numel());
@@ -203,11 +220,13 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
   reset_step();
 
   if (options_.broadcast_at_start) {
-    broadcast_parameters();
+    if (options_.zero_stage != 3) broadcast_parameters();
     broadcast_buffers();
   }
   if (options_.zero_stage == 3) {
-    // From here on each rank keeps only its shard of the weights: the whole values go.
+    // From here on each rank keeps only its shard of the weights: each bucket's whole values are
+    // built on the device (rank 0's), sharded and dropped before the next, so the whole model is
+    // never on the device at once.
     for (Bucket& b : buckets_) {
       b.values = Tensor::zeros({b.numel}, b.dtype, device);
       for (std::size_t i = 0; i < b.params.size(); ++i) {
@@ -216,6 +235,7 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
             .view(p->value.shape())
             .copy_from(p->value);
       }
+      if (options_.broadcast_at_start) comm_.broadcast(b.values, 0);
       shard_values(b);
       unbind_values(b);
     }
@@ -293,12 +313,23 @@ CommStepTiming DataParallel::step_timing(
 
 void DataParallel::launch(Bucket& bucket) {
   if (timing_) mark(bucket.ready, current_stream(comm_.device()));
+  if (options_.zero_stage > 0) allocate_gradients(bucket);  // stage 2: no backward wrote it
+  // Shards in host memory: the collective writes a device copy, copied out after it.
+  Tensor reduced = bucket.shard;
+  if (options_.shards_in_host_memory) {
+    bucket.staged_shard = Tensor::empty(bucket.shard.shape(), bucket.dtype, comm_.device());
+    reduced = bucket.staged_shard;
+  }
   // The bucket's gradients were written on the compute stream: the comm stream waits for them.
   comm_.comm_stream_wait_for_current();
   if (timing_) mark(bucket.start, comm_.comm_stream());
-  if (options_.zero_stage > 0) allocate_gradients(bucket);  // stage 2: no backward wrote it
-  reduction_->reduce(static_cast<std::size_t>(&bucket - buckets_.data()), bucket.flat, bucket.shard,
+  reduction_->reduce(static_cast<std::size_t>(&bucket - buckets_.data()), bucket.flat, reduced,
                      finished_steps_);
+  if (options_.shards_in_host_memory) {
+    std::optional<StreamGuard> on_comm;
+    if (comm_.comm_stream() != nullptr) on_comm.emplace(comm_.device(), comm_.comm_stream());
+    bucket.shard.copy_from(reduced);
+  }
   if (timing_) mark(bucket.end, comm_.comm_stream());
   if (options_.zero_stage >= 2) release_after_reduction(bucket);
   bucket.launched = true;
@@ -343,6 +374,7 @@ void DataParallel::finish() {
     if (b.gathered) b.gathered->wait_on(current_stream(comm_.device()));
     b.prefetched = false;
     b.values = Tensor();
+    b.staged_values = Tensor();
   }
 }
 
@@ -354,6 +386,7 @@ void DataParallel::allocate_gradients(Bucket& b) {
 
 void DataParallel::release_gradients(Bucket& b) {
   b.flat = Tensor();
+  b.staged_shard = Tensor();
   for (Parameter* p : b.params) p->grad = Tensor();
 }
 
@@ -404,6 +437,7 @@ void DataParallel::acquire_values(const std::vector<Parameter*>& parameters) {
     }
     if (b.gathered) b.gathered->wait_on(current_stream(comm_.device()));
     b.prefetched = false;
+    b.staged_values = Tensor();
     bind_values(b);
   }
 }
@@ -416,9 +450,7 @@ void DataParallel::prefetch_values(const std::vector<Parameter*>& parameters) {
     // Allocated on the compute stream, which the communication stream waits for: the memory
     // (and the shard the optimizer wrote) is ready before the gather writes it.
     b.values = Tensor::empty({b.numel}, b.dtype, comm_.device());
-    comm_.comm_stream_wait_for_current();
-    comm_.all_gather_on_comm_stream(b.value_shard, b.values);
-    ++value_gathers_;
+    all_gather_values(b, true);
     if (comm_.comm_stream() != nullptr) {
       if (!b.gathered) b.gathered = std::make_unique<Event>(comm_.device());
       b.gathered->record(comm_.comm_stream());
@@ -442,9 +474,27 @@ void DataParallel::gather_values(Bucket& b) {
   // Allocated on the compute stream, which the gather is ordered with: a released buffer is
   // reused only after the kernels that read it.
   b.values = Tensor::empty({b.numel}, b.dtype, comm_.device());
-  comm_.all_gather(b.value_shard, b.values);
-  ++value_gathers_;
+  all_gather_values(b, false);
   bind_values(b);
+}
+
+void DataParallel::all_gather_values(Bucket& b, bool on_comm_stream) {
+  ++value_gathers_;
+  // Shards in host memory: one rank's gather is the copy in; more ranks copy into device memory
+  // first (allocated here, on the compute stream), since NCCL does not promise to read host memory.
+  const bool staged = options_.shards_in_host_memory && comm_.size() > 1;
+  if (staged) b.staged_values = Tensor::empty(b.value_shard.shape(), b.dtype, comm_.device());
+  if (on_comm_stream) comm_.comm_stream_wait_for_current();
+  std::optional<StreamGuard> on_comm;
+  if (on_comm_stream && comm_.comm_stream() != nullptr) {
+    on_comm.emplace(comm_.device(), comm_.comm_stream());
+  }
+  if (options_.shards_in_host_memory && !staged) return b.values.copy_from(b.value_shard);
+  if (staged) b.staged_values.copy_from(b.value_shard);
+  const Tensor& shard = staged ? b.staged_values : b.value_shard;
+  if (on_comm_stream) return comm_.all_gather_on_comm_stream(shard, b.values);
+  comm_.all_gather(shard, b.values);
+  b.staged_values = Tensor();  // the current stream waits for the gather: the copy may go
 }
 
 void DataParallel::bind_values(Bucket& b) {
@@ -482,8 +532,7 @@ void DataParallel::gather_parameters() {
     // The shards were updated in place; buckets not held are gathered when next acquired.
     for (Bucket& b : buckets_) {
       if (b.holders == 0) continue;
-      comm_.all_gather(b.value_shard, b.values);
-      ++value_gathers_;
+      all_gather_values(b, false);
     }
     return;
   }

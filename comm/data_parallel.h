@@ -39,7 +39,10 @@
 // releases the full gradient buffers in finish() (reallocated by zero_grad()), so between steps
 // a rank holds only its shard of the reduced gradients; Parameter::grad is then undefined.
 //
-// ZeRO-3 (zero_stage 3): stage 2's gradients, and the weights sharded too. Buckets follow
+// ZeRO-3 (zero_stage 3): stage 2's gradients (no full buffer allocated before backward reaches
+// it, construction included), and the weights sharded too. The constructor takes weights on the
+// device or on the host and builds each bucket on the device in turn, so that a rank never holds
+// the whole model there, not even at start. Buckets follow
 // options.units (a new bucket starts where the unit changes), and between uses a rank keeps only
 // its shard of each bucket's values: Parameter::value then has its shape and dtype but no
 // memory (a null data pointer). acquire_values() all-gathers the buckets holding the given
@@ -47,6 +50,14 @@
 // them when their last holder lets go. The optimizer's pieces are views into the value shards, so
 // an update changes them in place; gather_parameters() then refreshes only the buckets held at that
 // time.
+//
+// Shards in host memory (options.shards_in_host_memory, stage 3: train.offload
+// OPTIMIZER_AND_WEIGHTS): each bucket's value shard and reduced-gradient shard live in pinned host
+// memory that the device addresses in place, so the device holds weights and gradients only
+// while a unit uses them. A gather first copies the shard in (on the stream the gather runs on;
+// with one rank the copy is the gather), a reduction's shard is copied out as it ends; the
+// optimizer's kernels update the shards where they are. On the CPU the shards are host memory as
+// everything is: the arithmetic, and so the weights, are stage 3's bit for bit.
 
 #include <chrono>
 #include <cstdint>
@@ -93,6 +104,8 @@ struct DataParallelOptions {
   // Stage 3: the parameters gathered together (one model block each); a bucket never spans two.
   // Parameters in no unit share a bucket run of their own. Ignored below stage 3.
   std::vector<std::vector<const Parameter*>> units;
+  // Stage 3: the shards in pinned host memory (see above); refused below stage 3.
+  bool shards_in_host_memory = false;
 };
 
 // One contiguous range of one parameter inside this rank's shard of a bucket (ZeRO).
@@ -239,8 +252,12 @@ class DataParallel {
     int holders = 0;          // stage 3: acquire_values() calls not yet released
     bool prefetched = false;  // stage 3: `values` being gathered, not yet acquired
     std::unique_ptr<Event> gathered;  // stage 3, on a communication stream: the prefetch's end
-    std::unique_ptr<Event> reduced;   // stage 2/3, on a communication stream: its reduction's end
-    int pending = 0;                  // parameters whose hook has not fired this step
+    // Shards in host memory: the device copies of the value shard a gather reads and of the
+    // reduced shard a reduction writes, kept until the stream that allocated them has waited.
+    Tensor staged_values;
+    Tensor staged_shard;
+    std::unique_ptr<Event> reduced;  // stage 2/3, on a communication stream: its reduction's end
+    int pending = 0;                 // parameters whose hook has not fired this step
     bool launched = false;
     TimePoint ready, start, end;  // with set_timing(true)
   };
@@ -256,9 +273,12 @@ class DataParallel {
   void release_gradients(Bucket& bucket);        // stage 2: the full buffer goes, grads undefined
   void release_after_reduction(Bucket& bucket);  // stage 2/3 (see launch())
   void gather_values(Bucket& bucket);            // stage 3: value_shard of every rank -> values
-  void bind_values(Bucket& bucket);              // stage 3: Parameter::value = views into values
-  void shard_values(Bucket& bucket);             // stage 3: this rank's part of the values -> shard
-  void unbind_values(Bucket& bucket);            // stage 3: values go, Parameter::value unallocated
+  // Stage 3: queues the gather of bucket.values (allocated) from every rank's value shard on the
+  // current stream, or on the communication stream when `on_comm_stream`.
+  void all_gather_values(Bucket& bucket, bool on_comm_stream);
+  void bind_values(Bucket& bucket);    // stage 3: Parameter::value = views into values
+  void shard_values(Bucket& bucket);   // stage 3: this rank's part of the values -> shard
+  void unbind_values(Bucket& bucket);  // stage 3: values go, Parameter::value unallocated
   std::vector<std::size_t> buckets_of(const std::vector<Parameter*>& parameters) const;
 
   Communicator& comm_;

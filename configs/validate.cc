@@ -466,6 +466,18 @@ class Validator {
       pb::TextFormat::PrintFieldValueToString(train, field, -1, &value);
       fail(batches.field, value, batches.problem);
     }
+    // The weights' host shards are ZeRO-3's, updated in place by the device's kernels.
+    if (train.offload() == TrainConfig::OPTIMIZER_AND_WEIGHTS) {
+      check(experiment_.parallel().zero_stage() == 3, "train.offload", "OPTIMIZER_AND_WEIGHTS",
+            "keeps ZeRO-3's shards of the weights in host memory and parallel.zero_stage is " +
+                std::to_string(experiment_.parallel().zero_stage()) +
+                ": set parallel.zero_stage: 3 (one rank works too), or train.offload: OPTIMIZER");
+      check(train.offload_update() == TrainConfig::DEVICE_KERNELS, "train.offload_update",
+            "HOST_CORES",
+            "is not supported with train.offload OPTIMIZER_AND_WEIGHTS (the device's kernels "
+            "update the weights' shards where they are in host memory): set "
+            "train.offload_update: DEVICE_KERNELS, or train.offload: OPTIMIZER");
+    }
   }
 
   void check_checkpoint() const {

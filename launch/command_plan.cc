@@ -34,9 +34,15 @@ const char* recompute_name(const train::MemoryEstimate& m) {
 
 // Whether `m` fits the experiment's batch under the limit: "fits", "does not fit", or "-" (no
 // limit) and "?" (nothing measured, and the counted parts alone fit).
+// "OPTIMIZER" or "OPTIMIZER_AND_WEIGHTS" for a row that offloads, else "".
+std::string offload_name(const train::MemoryEstimate& m) {
+  if (!m.offload) return "";
+  return m.offload_weights ? "OPTIMIZER_AND_WEIGHTS" : "OPTIMIZER";
+}
+
 // ", train.offload OPTIMIZER" for a row that offloads, else nothing.
 std::string offload_words(const train::MemoryEstimate& m) {
-  return m.offload ? ", train.offload OPTIMIZER" : "";
+  return m.offload ? ", train.offload " + offload_name(m) : "";
 }
 
 const char* fits_word(const train::MemoryPlan& plan, const train::MemoryEstimate& m) {
@@ -146,20 +152,20 @@ void print_table(const train::MemoryPlan& plan, const std::string& path) {
                 m.zero_stage, recompute_name(m), mib(m.weights), mib(m.gradients), mib(m.master),
                 mib(m.moments), activations, workspaces, mib(m.nccl),
                 mib(m.total(plan.measured ? plan.batch : 0)), fits_word(plan, m), largest.c_str(),
-                m.offload ? "  (train.offload OPTIMIZER)" : "");
+                m.offload ? ("  (train.offload " + offload_name(m) + ")").c_str() : "");
   }
   std::string per_stage;  // the host's share per rank of the offload rows, by ZeRO stage
   for (const train::MemoryEstimate& m : plan.estimates) {
     if (!m.offload || m.recompute) continue;
-    char part[64];
-    std::snprintf(part, sizeof part, "%s%.1f MiB with stage %d", per_stage.empty() ? "" : ", ",
-                  mib(m.host), m.zero_stage);
+    char part[96];
+    std::snprintf(part, sizeof part, "%s%.1f MiB with stage %d%s", per_stage.empty() ? "" : ", ",
+                  mib(m.host), m.zero_stage, m.offload_weights ? " and the weights" : "");
     per_stage += part;
   }
   if (!per_stage.empty()) {
     std::printf(
         "train.offload: pinned host memory per rank (masters, moments; HOST_CORES adds twins of "
-        "the weights and gradients): %s",
+        "the weights and gradients, OPTIMIZER_AND_WEIGHTS their shards): %s",
         per_stage.c_str());
     if (plan.host_limit > 0) {
       std::printf("; %d rank%s per node under --host-memory-mb %.0f", plan.gpus_per_node,
@@ -203,6 +209,7 @@ void print_json(const train::MemoryPlan& plan, const std::string& path) {
     }
     j.field("nccl_mb", mib(m.nccl));
     j.field("offload", m.offload);
+    j.field("offload_weights", m.offload_weights);
     j.field("host_mb", mib(m.host));
     j.field("total_mb", mib(m.total(plan.measured ? plan.batch : 0)));
     if (plan.limit > 0 && plan.measured) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/parameter.h"
+#include "optim/sharded_optimizer.h"
 
 namespace kiln::optim {
 
@@ -34,6 +35,34 @@ class HostOffload {
   std::vector<std::unique_ptr<Parameter>> twins_;
   std::shared_ptr<void> block_;  // one pinned allocation for every twin tensor
   std::size_t bytes_ = 0;
+};
+
+// The same for ZeRO (train.offload_update HOST_CORES on several ranks): host twins of this rank's
+// ranges only, so each rank's host optimizer holds its shard of the masters and moments. A shard
+// group over another: the same ranks and sums, the ranges' weights and gradients on the host; its
+// gather_parameters() copies the updated twins into the device's ranges, then gathers there.
+class HostShardGroup final : public ShardGroup {
+ public:
+  explicit HostShardGroup(ShardGroup& device_group);
+  ~HostShardGroup() override;
+
+  int size() const override { return device_group_.size(); }
+  int rank() const override { return device_group_.rank(); }
+  Device device() const override { return Device::cpu(); }
+  std::vector<ParameterRange> ranges() const override { return twins_; }
+  void sum(std::vector<double>& values) override { device_group_.sum(values); }
+  void gather_parameters() override;
+
+  // Every range's reduced gradient into its twin; returns when the host can read them.
+  void gradients_to_host();
+  // The device's ranges of the weights into the twins (after a checkpoint was restored).
+  void weights_to_host();
+
+ private:
+  ShardGroup& device_group_;
+  std::vector<ParameterRange> device_ranges_;
+  std::vector<ParameterRange> twins_;
+  std::shared_ptr<void> block_;  // one pinned allocation for every twin tensor
 };
 
 }  // namespace kiln::optim

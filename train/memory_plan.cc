@@ -170,9 +170,12 @@ std::vector<MemoryEstimate> counted_memory(const config::Experiment& experiment,
   std::vector<MemoryEstimate> out;
   const double ranks = world_size;
   // Offload keeps the optimizer's masters and moments (ZeRO's shard of them) in host memory; the
-  // host cores' update adds host twins of the weights and gradients and runs without ZeRO.
+  // host cores' update adds host twins of the weights and gradients (ZeRO's ranges of them).
   const auto offload = offload_update(e);
   const bool twins = offload == config::TrainConfig::HOST_CORES;
+  const bool offload_weights = e.train().offload() == config::TrainConfig::OPTIMIZER_AND_WEIGHTS;
+  // Accumulation keeps every full gradient buffer from a step's first backward to its reduction.
+  const bool accumulates = config::plan_batches(e, world_size).accumulation > 1;
   // ZeRO-3 holds its shard of the weights and two units whole: the one being used (a block, or
   // the head with the embedding it shares) and the next, prefetched (one rank: nothing sharded);
   // with parallel.zero3_gather_once_per_step, every unit whole.
@@ -183,7 +186,7 @@ std::vector<MemoryEstimate> counted_memory(const config::Experiment& experiment,
       bytes += static_cast<double>(p->value.numel()) * (half_weights && !p->fp32_in_half ? 2 : 4);
     largest_unit = std::max(largest_unit, bytes);
   }
-  for (int stage = 0; stage <= (twins ? 0 : 3); ++stage) {
+  for (int stage = offload_weights ? 3 : 0; stage <= 3; ++stage) {
     for (bool recompute : {false, true}) {
       MemoryEstimate m;
       m.zero_stage = stage;
@@ -193,16 +196,31 @@ std::vector<MemoryEstimate> counted_memory(const config::Experiment& experiment,
       const double whole =
           e.parallel().zero3_gather_once_per_step() ? weights : std::min(weights, 2 * largest_unit);
       m.weights = stage == 3 && world_size > 1 ? weights / ranks + whole : weights;
-      // ZeRO-2 keeps its shard and one bucket being reduce-scattered (never more than all).
+      // ZeRO-1 keeps the full buffers and its reduced shard; ZeRO-2 its shard and one bucket
+      // being reduce-scattered (never more than all; every bucket with accumulation). One rank
+      // reduces nothing: stage 0's.
       const double shard = gradients / ranks;
-      m.gradients = stage >= 2 ? shard + std::min(bucket, gradients - shard) : gradients;
+      const double in_flight = accumulates ? gradients : std::min(bucket, gradients - shard);
+      m.gradients = world_size == 1 ? gradients
+                    : stage >= 2    ? shard + in_flight
+                    : stage == 1    ? gradients + shard
+                                    : gradients;
       m.master = stage >= 1 ? master / ranks : master;
       m.moments = stage >= 1 ? moments / ranks : moments;
       m.nccl = nccl;
       if (offload) {
         m.offload = true;
-        m.host = m.master + m.moments + (twins ? weights + gradients : 0);
+        const double twinned = weights + gradients;
+        m.host = m.master + m.moments + (twins ? (stage >= 1 ? twinned / ranks : twinned) : 0);
         m.master = m.moments = 0;
+      }
+      if (offload_weights) {
+        // The shards move to the host; the device keeps the units in use, the buckets being
+        // reduced and the device copy each reduction writes before it is copied out.
+        m.offload_weights = true;
+        m.host += weights / ranks + shard;
+        m.weights = whole;
+        m.gradients = accumulates ? gradients : std::min(bucket, gradients) * (1 + 1 / ranks);
       }
       out.push_back(m);
     }
@@ -257,7 +275,9 @@ MemoryPlan plan_memory(const config::Experiment& experiment, int world_size, dou
     const double per_sample = std::max(0.0, static_cast<double>(at_high.peak_allocated_bytes) -
                                                 static_cast<double>(at_low.peak_allocated_bytes)) /
                               low;
-    const MemoryEstimate& s = plan.estimates[recompute ? 1 : 0];  // stage 0: nothing sharded
+    // The experiment's own first rows (stage 0, nothing sharded; stage 3 with the weights
+    // offloaded, as the probe ran).
+    const MemoryEstimate& s = plan.estimates[recompute ? 1 : 0];
     const double counted = s.weights + s.gradients + s.master + s.moments;
     const double workspaces =
         std::max(0.0, static_cast<double>(at_low.peak_bytes) - low * per_sample - counted);
@@ -272,19 +292,22 @@ MemoryPlan plan_memory(const config::Experiment& experiment, int world_size, dou
 }
 
 void add_offload_rows(const config::Experiment& experiment, MemoryPlan* plan) {
-  if (experiment.train().offload() != config::TrainConfig::OFFLOAD_NONE) return;
-  config::Experiment e = experiment;
-  config::fill_defaults(e);
-  e.mutable_train()->set_offload(config::TrainConfig::OPTIMIZER);
-  e.mutable_train()->set_offload_update(config::TrainConfig::DEVICE_KERNELS);
   const std::vector<MemoryEstimate> device_rows = plan->estimates;
-  for (MemoryEstimate m : counted_memory(e, plan->world_size)) {
-    for (const MemoryEstimate& d : device_rows) {
-      if (d.recompute != m.recompute) continue;
-      m.activations_per_sample = d.activations_per_sample;
-      m.workspaces = d.workspaces;
+  for (auto offload :
+       {config::TrainConfig::OPTIMIZER, config::TrainConfig::OPTIMIZER_AND_WEIGHTS}) {
+    if (experiment.train().offload() >= offload) continue;
+    config::Experiment e = experiment;
+    config::fill_defaults(e);
+    e.mutable_train()->set_offload(offload);
+    e.mutable_train()->set_offload_update(config::TrainConfig::DEVICE_KERNELS);
+    for (MemoryEstimate m : counted_memory(e, plan->world_size)) {
+      for (const MemoryEstimate& d : device_rows) {
+        if (d.recompute != m.recompute) continue;
+        m.activations_per_sample = d.activations_per_sample;
+        m.workspaces = d.workspaces;
+      }
+      plan->estimates.push_back(m);
     }
-    plan->estimates.push_back(m);
   }
 }
 

@@ -48,6 +48,9 @@ struct MemoryEstimate {
   double nccl = 0;        // estimated, world size > 1
   double host = 0;        // train.offload: masters, moments and the pinned twins (not in total())
   bool offload = false;   // train.offload OPTIMIZER (host > 0 with it)
+  // train.offload OPTIMIZER_AND_WEIGHTS (with `offload`, stage 3 only): ZeRO-3's shards of the
+  // weights and of the reduced gradients in host memory too.
+  bool offload_weights = false;
   // Everything at `batch` samples per GPU.
   double total(std::int64_t batch) const;
   // The largest batch whose total is at most `limit` bytes; 0 if not even 1 fits.
@@ -91,10 +94,11 @@ std::vector<MemoryEstimate> counted_memory(const config::Experiment& experiment,
 MemoryPlan plan_memory(const config::Experiment& experiment, int world_size, double limit_bytes,
                        const World& world, bool measure = true);
 
-// The plan's rows again with train.offload OPTIMIZER (the device kernels' update), after them:
-// what moving the masters and moments to host memory buys when no row on the device fits. The
-// activations and workspaces are the measured rows' (the probes ran without offload). Nothing when
-// the experiment already offloads.
+// The plan's rows again with train.offload OPTIMIZER (the device kernels' update), after them,
+// then ZeRO-3's with OPTIMIZER_AND_WEIGHTS: what moving the masters and moments (and the weights'
+// and gradients' shards) to host memory buys when no row on the device fits. The activations and
+// workspaces are the measured rows' (the probes ran without offload). Only the rows that offload
+// more than the experiment already does.
 void add_offload_rows(const config::Experiment& experiment, MemoryPlan* plan);
 
 // The batch the linear model (peak = reserved at batch 1 + (batch - 1) x the growth of the

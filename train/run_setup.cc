@@ -190,7 +190,12 @@ DataParallelOptions data_parallel_options(const config::Experiment& e) {
   dp.powersgd.seed = static_cast<std::uint64_t>(e.train().seed());
   dp.powersgd_start_step = parallel.powersgd_start_step();
   dp.zero_stage = parallel.zero_stage();
+  dp.shards_in_host_memory = e.train().offload() == config::TrainConfig::OPTIMIZER_AND_WEIGHTS;
   return dp;
+}
+
+bool reduces_in_buckets(const config::Experiment& e, int world_size) {
+  return world_size > 1 || e.train().offload() == config::TrainConfig::OPTIMIZER_AND_WEIGHTS;
 }
 
 StepMode choose_step_mode(const config::Experiment& e, bool cuda, int world_size,
@@ -198,7 +203,7 @@ StepMode choose_step_mode(const config::Experiment& e, bool cuda, int world_size
   const config::TrainConfig& t = e.train();
   note->clear();
   if (!t.cuda_graphs()) return StepMode::Eager;  // filled by config::fill_device_defaults
-  if (world_size > 1 && e.parallel().zero_stage() > 0) {
+  if (reduces_in_buckets(e, world_size) && e.parallel().zero_stage() > 0) {
     *note =
         "cuda_graphs: off, parallel.zero_stage > 0 combines the gradient norms on the host "
         "every step";

@@ -62,8 +62,12 @@ std::optional<config::TrainConfig::OffloadUpdate> offload_update(const config::E
 optim::ScheduleOptions schedule_options(const config::Experiment& experiment,
                                         std::int64_t total_steps);
 
-// parallel.* as DataParallel's options.
+// parallel.* as DataParallel's options (and train.offload OPTIMIZER_AND_WEIGHTS: the shards in
+// host memory).
 DataParallelOptions data_parallel_options(const config::Experiment& experiment);
+// Gradients go through DataParallel's buckets: more than one rank, or ZeRO-3's host shards of the
+// weights on one (train.offload OPTIMIZER_AND_WEIGHTS).
+bool reduces_in_buckets(const config::Experiment& experiment, int world_size);
 
 // train.cuda_graphs (filled by config::fill_device_defaults) as this run can have it: Graphed on
 // CUDA, Resident on the CPU (nothing to capture), Eager when off or when a part needs the host

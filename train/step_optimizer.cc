@@ -19,26 +19,31 @@ PrecisionChoice precision_for(const config::Experiment& experiment, Device devic
 struct StepOptimizer::Impl {
   Impl(const std::vector<Parameter*>& parameters, const NamedTensors& fp32_init,
        const config::Experiment& e, std::int64_t total, optim::ShardGroup* group)
-      : offload(offload_update(e) == config::TrainConfig::HOST_CORES
-                    ? std::make_unique<optim::HostOffload>(parameters)
-                    : nullptr),
+      : offload(host_cores(e) && group == nullptr ? std::make_unique<optim::HostOffload>(parameters)
+                                                  : nullptr),
+        host_shards(host_cores(e) && group != nullptr
+                        ? std::make_unique<optim::HostShardGroup>(*group)
+                        : nullptr),
         shards(offload ? offload->parameters() : parameters, fp32_init, optimizer_options(e),
-               amp_options(e), group),
+               amp_options(e), host_shards ? host_shards.get() : group),
         optimizer(shards.optimizer()),
         schedule(schedule_options(e, total)),
         total_steps(total) {
-    if (offload) {
-      KILN_CHECK(group == nullptr, "train.offload with ZeRO's shards");
-      // The masters' first half rounding (O2) was written into the host twins.
-      offload->weights_to_device();
-      if (!parameters.empty()) {
-        device_scale = Tensor::zeros({1}, DType::F64, parameters.front()->value.device());
-      }
-      publish_scale();
+    // The masters' first half rounding (O2) was written into the host twins (ZeRO's shards: and
+    // gathered to the device already).
+    if (offload) offload->weights_to_device();
+    if ((offload || host_shards) && !parameters.empty()) {
+      device_scale = Tensor::zeros({1}, DType::F64, parameters.front()->value.device());
     }
+    publish_scale();
   }
-  // train.offload with HOST_CORES: the optimizer runs on host twins of the parameters.
+  static bool host_cores(const config::Experiment& e) {
+    return offload_update(e) == config::TrainConfig::HOST_CORES;
+  }
+  // train.offload with HOST_CORES: the optimizer runs on host twins of the parameters (one rank,
+  // or ZeRO stage 0), or of this rank's ranges of them (ZeRO).
   std::unique_ptr<optim::HostOffload> offload;
+  std::unique_ptr<optim::HostShardGroup> host_shards;
   optim::ShardedOptimizer shards;
   optim::MixedPrecisionOptimizer& optimizer;
   optim::LrSchedule schedule;
@@ -79,11 +84,10 @@ StepOutcome StepOptimizer::step(std::int64_t step, Communicator* comm) {
   impl_->optimizer.set_lr(lr);
   impl_->agree_on_found_inf(comm);
   if (impl_->offload) impl_->offload->gradients_to_host();
-  optim::StepResult r = impl_->shards.step();
-  if (impl_->offload) {
-    if (!r.skipped) impl_->offload->weights_to_device();
-    impl_->publish_scale();
-  }
+  if (impl_->host_shards) impl_->host_shards->gradients_to_host();
+  optim::StepResult r = impl_->shards.step();  // ZeRO's host shards copy up as they gather
+  if (impl_->offload && !r.skipped) impl_->offload->weights_to_device();
+  impl_->publish_scale();
   StepOutcome o;
   o.skipped = r.skipped;
   o.found_inf = r.found_inf;
@@ -95,7 +99,7 @@ StepOutcome StepOptimizer::step(std::int64_t step, Communicator* comm) {
 
 void StepOptimizer::make_resident(std::int64_t next_step, std::int64_t skipped_so_far) {
   impl_->skipped_before_resident = skipped_so_far;
-  KILN_CHECK(!impl_->offload,
+  KILN_CHECK(!impl_->offload && !impl_->host_shards,
              "device-resident optimizer steps with train.offload (the update runs on the host)");
   KILN_CHECK(!impl_->shards.sharded(),
              "device-resident optimizer steps with parallel.zero_stage > 0 (ZeRO combines norms "
@@ -150,6 +154,7 @@ void StepOptimizer::load_state(const std::vector<const SafetensorsFile*>& files,
                                const std::string& what) {
   // The model's weights were just restored: the host twins take them before the masters load.
   if (impl_->offload) impl_->offload->weights_to_host();
+  if (impl_->host_shards) impl_->host_shards->weights_to_host();
   impl_->shards.load_state(files, what);
   if (impl_->offload) impl_->offload->weights_to_device();
 }

@@ -220,7 +220,7 @@ TrainResult Trainer::train() {
         if (s.world.size > 1 && !s.fp8_amax)
           figures.fp8_overflows = s.comm->all_reduce_host(figures.fp8_overflows, HostReduceOp::Sum);
       }
-      if (s.sync->zero_stage() == 3 && s.world.size > 1) {
+      if (s.sync->zero_stage() == 3) {
         figures.weight_gathers =
             static_cast<double>(interval_gathers) / std::max<std::int64_t>(interval_steps, 1);
       }

@@ -1,6 +1,7 @@
 // Trainer's construction: the experiment translated into each part's options (run_setup.h), and
 // the parts built in the order their dependencies need.
 
+#include <algorithm>
 #include <filesystem>
 
 #include "core/allocator.h"
@@ -41,6 +42,23 @@ void initialise_model(Trainer::State& s) {
 }
 
 // --resume, or checkpoint.resume when it is not given: a run that continues its directory's run.
+// ZeRO-3: the trained weights stay on the host, cast, until DataParallel takes them to the device
+// a bucket at a time, and get no gradients before backward allocates them: a rank never holds the
+// whole model on the device (7B: 15 GB of bf16 weights and as much again of gradients). Buffers
+// and frozen weights go to the device as model.to() takes them.
+void place_for_weight_sharding(Layer& net, const std::vector<Parameter*>& trained, Device device,
+                               DType parameter_dtype) {
+  net.to(Device::cpu(), parameter_dtype);
+  for (Buffer* b : net.buffers()) b->value = b->value.to(device, b->value.dtype());
+  for (Parameter* p : net.parameters()) {
+    if (std::find(trained.begin(), trained.end(), p) != trained.end()) {
+      p->grad = Tensor();
+    } else {
+      p->value = p->value.to(device, p->value.dtype());
+    }
+  }
+}
+
 bool resumes(const Trainer::State& s) {
   return !(s.options.resume.empty() ? s.e.checkpoint().resume() : s.options.resume).empty();
 }
@@ -151,10 +169,17 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
   for (Parameter* p : s.parameters) fp32_init.emplace_back(p->name, p->value);
   s.precision = precision_for(s.e, s.device);
   s.channels_last_layout = channels_last(s.e.model(), s.device, s.precision.policy);
-  s.model.net->to(s.device, s.device.is_cpu() && s.precision.parameter_dtype == DType::F32
-                                ? DType::F32
-                                : s.precision.parameter_dtype);
-  if (world.size > 1) {
+  const DType parameter_dtype = s.device.is_cpu() && s.precision.parameter_dtype == DType::F32
+                                    ? DType::F32
+                                    : s.precision.parameter_dtype;
+  const bool shards_weights =
+      reduces_in_buckets(s.e, world.size) && s.e.parallel().zero_stage() == 3;
+  if (shards_weights) {
+    place_for_weight_sharding(*s.model.net, s.parameters, s.device, parameter_dtype);
+  } else {
+    s.model.net->to(s.device, parameter_dtype);
+  }
+  if (reduces_in_buckets(s.e, world.size)) {
     DataParallelOptions dp = data_parallel_options(s.e);
     std::vector<WeightUnit> units;
     if (dp.zero_stage == 3) {
@@ -186,13 +211,6 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
   s.token_average = make_step_token_average(s.e, *train_set, s.device);
   // The optimizer's own tensors (masters, moments) as the allocator counts them: ZeRO divides
   // them by the world size.
-  if (offload_update(s.e) == config::TrainConfig::HOST_CORES && world.size > 1) {
-    throw InputError("train.offload = " + config::TrainConfig::Offload_Name(s.e.train().offload()) +
-                     " with train.offload_update HOST_CORES and " + std::to_string(world.size) +
-                     " ranks: the host cores' update runs one rank per run for now (each rank "
-                     "would hold the whole optimizer in host memory); run one rank, or set "
-                     "train.offload_update: DEVICE_KERNELS (ZeRO shards it)");
-  }
   const std::size_t allocated_before = allocator_for(s.device).stats().allocated_bytes;
   s.optimizer = std::make_unique<StepOptimizer>(s.parameters, fp32_init, s.e, s.total_steps,
                                                 s.sync->shard_group());

@@ -277,11 +277,13 @@ CASES = {
     "train.recompute": (RECOMPUTE, RECOMPUTE + ["train.recompute=BLOCKS"], fits_only_when_changed),
     "train.lm_head_chunks": (LOGITS, LOGITS + ["train.lm_head_chunks=8"], fits_only_when_changed),
     "train.offload": "tests/train/test_offload.sh: the update runs on host twins bit for bit as on the device, "
-                     "kiln plan counts masters and moments as host memory, two ranks are refused",
+                     "kiln plan counts masters and moments as host memory; "
+                     "OPTIMIZER_AND_WEIGHTS runs ZeRO-3's shards from host memory on one rank and two "
+                     "(zero3_gathers_per_step in metrics.jsonl) and is refused without stage 3",
     "train.loss_average": "tests/train/test_loss_average.sh: on masked shards AUTO/STEP_TOKENS train 2 micro-batches "
                           "or 2 ranks as one batch, MICRO_BATCHES does not",
     "train.offload_update": "tests/train/test_offload.sh: DEVICE_KERNELS keeps resident steps and ZeRO-1 on 2 ranks, "
-                            "HOST_CORES turns them off and refuses 2 ranks",
+                            "HOST_CORES turns them off and updates twins of each rank's ZeRO shard on 2 ranks",
     "train.preemption_grace_s": "tests/train/test_preemption_grace.sh: past the grace period the process exits 1 naming it",
     "train.deterministic": "test_train_run_setup (RunSetup.DeterministicSetsReductionOrder): NCCL_ALGO, cuBLAS workspace and "
                            "heuristic cuDNN algorithms; bit-identical GPU runs in test_gpu_attention_resume.sh",
