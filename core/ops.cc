@@ -1,6 +1,7 @@
 #include "core/ops.h"
 
 #include "core/backend.h"
+#include "core/gemm_tally.h"
 #include "core/stream.h"
 
 namespace kiln::ops {
@@ -163,12 +164,18 @@ void check_gemm(bool ta, bool tb, const Tensor& a, const Tensor& b, const Tensor
                  (tb ? "^T" : "") + " -> " + c.str());
 }
 
+// 2 m n k per product of the batch: C's elements times the inner dimension.
+double gemm_flops(bool ta, const Tensor& a, const Tensor& c) {
+  return 2.0 * static_cast<double>(c.numel()) * static_cast<double>(ta ? a.size(-2) : a.size(-1));
+}
+
 }  // namespace
 
 void gemm(bool ta, bool tb, double alpha, const Tensor& a, const Tensor& b, double beta,
           Tensor& c) {
   check_gemm(ta, tb, a, b, c, 2);
   floating(a, "gemm");
+  GemmRecord record(gemm_flops(ta, a, c), false, a.device());
   dispatch(
       a.device(), [&] { cpu::gemm(ta, tb, alpha, a, b, beta, c, 1); },
       [&] { cuda::gemm(ta, tb, alpha, a, b, beta, c, 1); });
@@ -181,6 +188,7 @@ void gemm_batched(bool ta, bool tb, double alpha, const Tensor& a, const Tensor&
   std::int64_t batch = c.size(0);
   KILN_CHECK((a.size(0) == batch || a.size(0) == 1) && (b.size(0) == batch || b.size(0) == 1),
              "gemm_batched: batch sizes " + a.str() + ", " + b.str() + ", " + c.str());
+  GemmRecord record(gemm_flops(ta, a, c), false, a.device());
   dispatch(
       a.device(), [&] { cpu::gemm(ta, tb, alpha, a, b, beta, c, batch); },
       [&] { cuda::gemm(ta, tb, alpha, a, b, beta, c, batch); });

@@ -129,6 +129,12 @@ int run_bench(const Arguments& args) {
         j.field("data_wait_fraction", r.data_wait_fraction);
         j.field("graph", r.graph);
         j.field("host_ms_per_step", r.host_ms_per_step);
+        j.field("gemms_counted", static_cast<double>(r.gemms.gemms));
+        j.field("fp8_gemm_flop_share", r.gemms.fp8_flop_share());
+        if (r.gemms_timed) {
+          j.field("gemm_ms_per_step", r.gemms.ms / std::max(steps, 1));
+          j.field("fp8_gemm_time_share", r.gemms.fp8_time_share());
+        }
         auto layer_times = [&j](const char* key, const char* name_key,
                                 const std::vector<train::LayerTime>& times) {
           j.key(key);
@@ -187,6 +193,14 @@ int run_bench(const Arguments& args) {
         std::printf("  %s; host %.3f ms per step\n",
                     r.graph ? "CUDA graph (train.cuda_graphs)" : "eager (no CUDA graph)",
                     r.host_ms_per_step);
+        if (r.gemms.fp8_gemms > 0) {
+          std::printf("  FP8: %.1f%% of the GEMMs' FLOPs", 100 * r.gemms.fp8_flop_share());
+          if (r.gemms_timed) {
+            std::printf(", %.1f%% of their time (%.3f ms of GEMMs per step)",
+                        100 * r.gemms.fp8_time_share(), r.gemms.ms / std::max(steps, 1));
+          }
+          std::printf("\n");
+        }
         if (r.exposed_comm_ms >= 0) {
           std::printf("  exposed communication %.3f ms per step (not hidden behind backward)\n",
                       r.exposed_comm_ms);

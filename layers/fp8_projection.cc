@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/check.h"
+#include "core/gemm_tally.h"
 #include "core/ops.h"
 #include "layers/cuda/fp8_projection_cuda.h"
 #include "layers/cuda/linear_cuda.h"
@@ -203,6 +204,7 @@ void project_forward(Fp8Projection* fp8, const Context& ctx, const Tensor& x, co
     return;
   }
   const bool record = !ctx.recomputing;
+  Fp8GemmScope fp8_gemm;  // the product of the emulated casts counts as FP8 (core/gemm_tally.h)
   Tensor wq = emulated(*fp8, Fp8Projection::Weight, w, record);
   Tensor xq = emulated(*fp8, Fp8Projection::Input, x, record);
   Tensor out = Tensor::empty(y.shape(), xq.dtype());
@@ -222,6 +224,7 @@ void project_backward(Fp8Projection* fp8, const Tensor& x, const Tensor& w, cons
     cuda::linear_backward(x, w, dz, Activation::None, Tensor(), 0, dw, nullptr, dx, nullptr, fp8);
     return;
   }
+  Fp8GemmScope fp8_gemms;
   Tensor dzq = emulated(*fp8, Fp8Projection::Gradient, dz, true);
   Tensor xq = emulated(*fp8, Fp8Projection::Input, x, false);
   Tensor wq = emulated(*fp8, Fp8Projection::Weight, w, false);

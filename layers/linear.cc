@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/cpu/element.h"
+#include "core/gemm_tally.h"
 #include "core/ops.h"
 #include "layers/cuda/activations_cuda.h"
 #include "layers/cuda/linear_cuda.h"
@@ -132,6 +133,7 @@ Tensor Linear::forward_impl(Context& ctx, const Tensor& x) {  // (N..., in) -> (
   if (fp8_ && fp8_->begin_forward(ctx, rows, in_features_, out_features_)) {
     // The CPU twin: the GEMM of the FP8 casts' values (saved_input_ stays x itself).
     const bool record = !ctx.recomputing;
+    Fp8GemmScope fp8_gemm;  // counted as FP8 (core/gemm_tally.h)
     Tensor wq = fp8_->emulate(Fp8Projection::Weight, w, record);
     ops::gemm(false, true, 1.0, fp8_->emulate(Fp8Projection::Input, saved_input_, record), wq, 0.0,
               z);
@@ -231,7 +233,9 @@ Tensor Linear::backward_impl(Context& ctx, const Tensor& dy) {
     ops::accumulate(bias_->grad, ops::reduce_cols(dz, ops::Reduction::Sum));
   Tensor w = weight_->value.to(compute).contiguous();
   Tensor x = saved_input_, dz_mm = dz;
+  std::optional<Fp8GemmScope> fp8_gemms;
   if (fp8_ && fp8_->active()) {  // the CPU twin: the GEMMs of the FP8 casts' values
+    fp8_gemms.emplace();
     dz_mm = fp8_->emulate(Fp8Projection::Gradient, dz, true);
     x = fp8_->emulate(Fp8Projection::Input, saved_input_, false);
     w = fp8_->emulate(Fp8Projection::Weight, w, false);
@@ -240,6 +244,7 @@ Tensor Linear::backward_impl(Context& ctx, const Tensor& dy) {
   if (!weight_->frozen) ops::gemm_accumulate(true, false, dz_mm, x, weight_->grad);
   Tensor dx = Tensor::empty({rows, in_features_}, compute);  // (M, in) = dz (M, out) W (out, in)
   ops::gemm(false, false, 1.0, dz_mm, w, 0.0, dx);
+  fp8_gemms.reset();  // the adapter's GEMMs are not FP8
   if (adapter_ != nullptr) {
     adapter_->add_to_next_dx(dx);
     adapter_->backward(ctx, dz);

@@ -24,6 +24,7 @@ BenchResult Trainer::benchmark(int warmup, int steps, bool profile) {
   s.model.net->set_training(true);
   Tensor loss_sum = Tensor::zeros({}, DType::F32, s.device);
   std::int64_t micro = 0, samples = 0;
+  GemmTally gemms;
   for (int i = 0; i < warmup; ++i) s.run_step(ctx, loss_sum, &micro, &samples);
   if (s.optimizer->resident()) s.resident_outcome();
   device_synchronize(s.device);
@@ -78,6 +79,10 @@ BenchResult Trainer::benchmark(int warmup, int steps, bool profile) {
   double host_seconds = 0;
   std::vector<CommStepTiming> comm_timings;
   auto wall_start = Clock::now();
+  // A profile runs eagerly: each timed GEMM gets its own pair of events (the host clock on the
+  // CPU).
+  r.gemms_timed = profile && !s.graphs->capturing();
+  gemms.set_timed(r.gemms_timed);
   for (int i = 0; i < steps; ++i) {
     if (s.device.is_cuda()) {
       Event begin(s.device, true), end(s.device, true);
@@ -98,6 +103,8 @@ BenchResult Trainer::benchmark(int warmup, int steps, bool profile) {
     }
   }
   if (comm_timing) dp->set_timing(false);
+  gemms.set_timed(false);
+  r.gemms = gemms.totals();
   if (s.optimizer->resident()) s.resident_outcome();  // raises what the device recorded
   r.host_ms_per_step = steps > 0 ? 1e3 * host_seconds / steps : 0;
   // Graphed: every micro-step of the timed steps replayed a graph.

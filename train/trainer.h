@@ -14,6 +14,7 @@
 #include "comm/data_parallel.h"
 #include "comm/world.h"
 #include "configs/kiln.pb.h"
+#include "core/gemm_tally.h"
 #include "train/evaluator.h"
 #include "train/preemption.h"
 
@@ -70,6 +71,11 @@ struct BenchResult {
   // for inside a step).
   bool graph = false;
   double host_ms_per_step = 0;
+  // The GEMMs issued in the warm-up and timed steps (core/gemm_tally.h; with CUDA graphs, those
+  // of the captures): how much of their FLOPs, and with profiling of the timed steps' GEMM time,
+  // ran in FP8.
+  GemmTotals gemms;
+  bool gemms_timed = false;
 };
 
 struct TrainerOptions {

@@ -13,6 +13,7 @@
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/handles.h"
 #include "core/gemm_algorithm.h"
+#include "core/gemm_tally.h"
 #include "core/stream.h"
 #include "core/tensor.h"
 
@@ -272,6 +273,9 @@ bool lt_matmul(const LtGemm& g, Device device) {
   set_epilogue_pointers(g, plan.op);
   Tensor workspace =
       Tensor::empty({static_cast<std::int64_t>(plan.heuristic.workspaceSize)}, DType::U8, device);
+  GemmRecord record(
+      2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k), g.fp8,
+      device);
   cublasStatus_t status = run_matmul(g, plan, plan.heuristic.algo, g.c ? g.c : g.d, g.d,
                                      workspace.data(), plan.heuristic.workspaceSize, stream);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;
