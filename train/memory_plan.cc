@@ -151,9 +151,13 @@ std::vector<MemoryEstimate> counted_memory(const config::Experiment& experiment,
     moments +=
         n * (o.moments_dtype() == config::OptimizerConfig::BF16 ? 2 : 4) * moments_per_parameter;
   }
-  double gradients = 0;
-  for (Parameter* p : trainable(model.net->parameters()))
-    gradients += static_cast<double>(p->value.numel()) * (half_weights && !p->fp32_in_half ? 2 : 4);
+  double gradients = 0, largest_gradient = 0;
+  for (Parameter* p : trainable(model.net->parameters())) {
+    const double bytes =
+        static_cast<double>(p->value.numel()) * (half_weights && !p->fp32_in_half ? 2 : 4);
+    gradients += bytes;
+    largest_gradient = std::max(largest_gradient, bytes);
+  }
 
   // NCCL's buffers per rank: per channel, one send and one receive connection (ring), each with
   // the Simple (NCCL_BUFFSIZE, 4 MiB), LL128 (~4.6 MiB) and LL (256 KiB) protocol buffers.
@@ -165,7 +169,8 @@ std::vector<MemoryEstimate> counted_memory(const config::Experiment& experiment,
     const double channels = env_number("NCCL_MAX_NCHANNELS", 16);
     nccl = channels * 2 * (simple + 4.6 * (1 << 20) + (256 << 10));
   }
-  const double bucket = e.parallel().bucket_mb() * 1048576.0;
+  // A parameter larger than parallel.bucket_mb gets a bucket of its own (an LM head's 1 GB at 7B).
+  const double bucket = std::max(e.parallel().bucket_mb() * 1048576.0, largest_gradient);
 
   std::vector<MemoryEstimate> out;
   const double ranks = world_size;
