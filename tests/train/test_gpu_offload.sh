@@ -74,7 +74,6 @@ for moments in FP32 BF16; do
   close_losses "$WORK/$moments-none" "$WORK/$moments-host" || fail "$moments: HOST_CORES losses"
   compare "$WORK/$moments-none" "$WORK/$moments-host" 1e-6 || fail "$moments: HOST_CORES state"
   pass "$moments moments: HOST_CORES equals the device's update within 1e-6"
-done
   close_losses "$WORK/$moments-none" "$WORK/$moments-weights" || fail "$moments: OPTIMIZER_AND_WEIGHTS losses"
   compare "$WORK/$moments-none" "$WORK/$moments-weights" 1e-6 || fail "$moments: OPTIMIZER_AND_WEIGHTS state"
   pass "$moments moments: OPTIMIZER_AND_WEIGHTS (ZeRO-3's shards in pinned host memory) equals no offload within 1e-6"
