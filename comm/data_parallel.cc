@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "core/ops.h"
 #include "core/stream.h"
 
 namespace kiln {
@@ -81,6 +82,9 @@ DataParallel::DataParallel(std::vector<Parameter*> parameters, std::vector<Buffe
              "DataParallel: gradient compression is not supported with zero_stage > 0");
   KILN_CHECK(!options_.shards_in_host_memory || options_.zero_stage == 3,
              "DataParallel: shards in host memory need zero_stage 3, got " +
+                 std::to_string(options_.zero_stage));
+  KILN_CHECK(!options_.accumulate_in_shards || options_.zero_stage >= 2,
+             "DataParallel: accumulation in the shards needs zero_stage 2 or 3, got " +
                  std::to_string(options_.zero_stage));
   KILN_CHECK(options_.compression != GradientCompression::Half || is_half(options_.half_dtype),
              std::string("DataParallel half_dtype must be f16 or bf16, got ") +
@@ -247,7 +251,7 @@ std::function<void(Parameter&)> DataParallel::grad_ready_hook() {
 }
 
 void DataParallel::on_grad_ready(Parameter& p) {
-  if (micro_step_) return;
+  if (micro_step_ && !options_.accumulate_in_shards) return;
   auto found = slots_.find(&p);
   if (found == slots_.end()) return;  // not data-parallel (e.g. frozen): nothing to reduce
   const Slot slot = found->second;
@@ -314,9 +318,11 @@ CommStepTiming DataParallel::step_timing(
 void DataParallel::launch(Bucket& bucket) {
   if (timing_) mark(bucket.ready, current_stream(comm_.device()));
   if (options_.zero_stage > 0) allocate_gradients(bucket);  // stage 2: no backward wrote it
-  // Shards in host memory: the collective writes a device copy, copied out after it.
+  // Shards in host memory, or a micro-step's sum to add: the collective writes a device copy,
+  // copied out or added after it.
   Tensor reduced = bucket.shard;
-  if (options_.shards_in_host_memory) {
+  const bool adds = shards_hold_partial_sums_;
+  if (options_.shards_in_host_memory || adds) {
     bucket.staged_shard = Tensor::empty(bucket.shard.shape(), bucket.dtype, comm_.device());
     reduced = bucket.staged_shard;
   }
@@ -325,10 +331,14 @@ void DataParallel::launch(Bucket& bucket) {
   if (timing_) mark(bucket.start, comm_.comm_stream());
   reduction_->reduce(static_cast<std::size_t>(&bucket - buckets_.data()), bucket.flat, reduced,
                      finished_steps_);
-  if (options_.shards_in_host_memory) {
+  if (options_.shards_in_host_memory || adds) {
     std::optional<StreamGuard> on_comm;
     if (comm_.comm_stream() != nullptr) on_comm.emplace(comm_.device(), comm_.comm_stream());
-    bucket.shard.copy_from(reduced);
+    if (adds) {
+      ops::accumulate(bucket.shard, reduced);
+    } else {
+      bucket.shard.copy_from(reduced);
+    }
   }
   if (timing_) mark(bucket.end, comm_.comm_stream());
   if (options_.zero_stage >= 2) release_after_reduction(bucket);
@@ -351,16 +361,29 @@ void DataParallel::release_after_reduction(Bucket& bucket) {
   releasing_ = &bucket;
 }
 
-void DataParallel::finish() {
-  if (micro_step_) return;
-  if (timing_) mark(backward_end_, current_stream(comm_.device()));
+void DataParallel::reduce_remaining() {
   // Buckets whose hook never fired (unused parameters, or no hook installed) are reduced now,
   // in bucket order, so every rank issues the same collectives.
   for (Bucket& b : buckets_) b.pending = 0;
   launch_ready_buckets();
   comm_.current_stream_wait_for_comm();
+}
+
+void DataParallel::end_micro_step() {
+  if (!micro_step_ || !options_.accumulate_in_shards) return;
+  reduce_remaining();
+  reset_step();
+  for (Bucket& b : buckets_) release_gradients(b);
+  shards_hold_partial_sums_ = true;
+}
+
+void DataParallel::finish() {
+  if (micro_step_) return;
+  if (timing_) mark(backward_end_, current_stream(comm_.device()));
+  reduce_remaining();
   if (timing_) mark(reduced_, current_stream(comm_.device()));
   reset_step();
+  shards_hold_partial_sums_ = false;
   ++finished_steps_;
   // Stage 2: the full buffers are released once the compute stream has waited for their
   // reduce-scatters, so a stream-ordered allocator reuses them only after the reads.

@@ -58,6 +58,12 @@
 // with one rank the copy is the gather), a reduction's shard is copied out as it ends; the
 // optimizer's kernels update the shards where they are. On the CPU the shards are host memory as
 // everything is: the arithmetic, and so the weights, are stage 3's bit for bit.
+//
+// Accumulation in the shards (options.accumulate_in_shards, stage 2/3): an accumulation
+// micro-step reduces its buckets as a last micro-step does, the first into the shards and the
+// later ones into a device copy added to them, and end_micro_step() then releases the full
+// buffers, so they hold one micro-batch's gradients at most. The sums are whole buffers' up to
+// the order of additions (a micro-batch's gradient is summed before it is added).
 
 #include <chrono>
 #include <cstdint>
@@ -106,6 +112,9 @@ struct DataParallelOptions {
   std::vector<std::vector<const Parameter*>> units;
   // Stage 3: the shards in pinned host memory (see above); refused below stage 3.
   bool shards_in_host_memory = false;
+  // Stage 2/3 with accumulation: micro-steps reduce too, each bucket's sum added into its shard
+  // (see above); refused below stage 2.
+  bool accumulate_in_shards = false;
 };
 
 // One contiguous range of one parameter inside this rank's shard of a bucket (ZeRO).
@@ -156,8 +165,12 @@ class DataParallel {
   std::function<void(Parameter&)> grad_ready_hook();
   // Call once per optimizer step after the last backward (see above).
   void finish();
-  // true: the coming backward only accumulates (no all-reduce, finish() does nothing).
+  // true: the coming backward only accumulates (no all-reduce, finish() does nothing), or with
+  // options.accumulate_in_shards reduces into the shards, ended by end_micro_step().
   void set_accumulation_micro_step(bool micro_step);
+  // After an accumulation micro-step's backward: with options.accumulate_in_shards, reduces what
+  // is left and waits as finish() does (no optimizer step is counted); else nothing.
+  void end_micro_step();
   bool accumulation_micro_step() const { return micro_step_; }
   // Zeroes every bucket (one fill per bucket) on the current stream.
   void zero_grad();
@@ -268,6 +281,7 @@ class DataParallel {
   void on_grad_ready(Parameter& p);
   void launch_ready_buckets();
   void launch(Bucket& bucket);
+  void reduce_remaining();  // buckets whose hook never fired, then the compute stream waits
   void bind_gradients(Bucket& bucket);           // Parameter::grad = views into bucket.flat
   void allocate_gradients(Bucket& bucket);       // stage 2: a released bucket, zeroed and bound
   void release_gradients(Bucket& bucket);        // stage 2: the full buffer goes, grads undefined
@@ -293,6 +307,7 @@ class DataParallel {
   std::size_t next_launch_ = 0;
   Bucket* releasing_ = nullptr;  // stage 2/3 on a communication stream: released at the next launch
   bool micro_step_ = false;
+  bool shards_hold_partial_sums_ = false;  // accumulate_in_shards: a micro-step reduced into them
   std::uint64_t layout_hash_ = 0;
   std::uint64_t bucket_all_reduces_ = 0;
   std::uint64_t value_gathers_ = 0;

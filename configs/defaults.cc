@@ -149,6 +149,11 @@ void fill_defaults(Experiment& experiment, const std::string& config_path) {
   }
 
   TrainConfig& train = *experiment.mutable_train();
+  // Whole gradient buffers would undo what moving the weights off the device saves.
+  if (!parallel.has_zero_accumulate_in_shards() &&
+      train.offload() == TrainConfig::OPTIMIZER_AND_WEIGHTS) {
+    parallel.set_zero_accumulate_in_shards(true);
+  }
   if (train.duration_case() == TrainConfig::DURATION_NOT_SET) {
     apply_declared_default(train, data.kind() == DataConfig::SYNTHETIC ? "steps" : "epochs");
   }

@@ -179,6 +179,12 @@ class Validator {
               std::to_string(experiment_.parallel().zero_stage()) +
               ": set parallel.zero_stage: 3 or drop it");
     check_train();
+    check(!experiment_.parallel().zero_accumulate_in_shards() ||
+              experiment_.parallel().zero_stage() >= 2,
+          "parallel.zero_accumulate_in_shards", "true",
+          "adds each micro-step's gradients into ZeRO's shards and parallel.zero_stage is " +
+              std::to_string(experiment_.parallel().zero_stage()) +
+              " (whole gradients kept between steps): set parallel.zero_stage: 2 or 3, or drop it");
     check_checkpoint();
     check(!experiment_.logging().dir().empty(), "logging.dir", "\"\"", "must be a directory");
   }

@@ -44,6 +44,7 @@ class LocalGradients final : public GradientSync {
     }
   }
   void set_accumulating(bool) override {}
+  void end_micro_step() override {}
   void install_hooks(Context&) override {}
   void finish() override {}
   void reset_step() override {}
@@ -122,6 +123,7 @@ class DataParallelSync final : public GradientSync {
     accumulating_ = accumulating;
     dp_->set_accumulation_micro_step(accumulating);
   }
+  void end_micro_step() override { dp_->end_micro_step(); }
   void install_hooks(Context& ctx) override {
     ctx.on_grad_ready = dp_->grad_ready_hook();
     auto allocate = dp_->gradient_allocation_hook();

@@ -24,6 +24,8 @@ class GradientSync {
   virtual void zero_gradients() = 0;
   // Accumulation micro-steps keep their gradients local; the last one reduces.
   virtual void set_accumulating(bool accumulating) = 0;
+  // After an accumulation micro-step's backward (ZeRO's accumulation in the shards reduces it).
+  virtual void end_micro_step() = 0;
   // The reduction's hooks on a training context (backward calls them).
   virtual void install_hooks(Context& ctx) = 0;
   // Waits for the step's reductions: the optimizer's gradients are complete after it.

@@ -179,8 +179,10 @@ std::vector<MemoryEstimate> counted_memory(const config::Experiment& experiment,
   const auto offload = offload_update(e);
   const bool twins = offload == config::TrainConfig::HOST_CORES;
   const bool offload_weights = e.train().offload() == config::TrainConfig::OPTIMIZER_AND_WEIGHTS;
-  // Accumulation keeps every full gradient buffer from a step's first backward to its reduction.
-  const bool accumulates = config::plan_batches(e, world_size).accumulation > 1;
+  // Accumulation keeps every full gradient buffer from a step's first backward to its reduction,
+  // unless ZeRO-2/3 adds each micro-step's reduction into the shards.
+  const bool accumulates = config::plan_batches(e, world_size).accumulation > 1 &&
+                           !e.parallel().zero_accumulate_in_shards();
   // ZeRO-3 holds its shard of the weights and two units whole: the one being used (a block, or
   // the head with the embedding it shares) and the next, prefetched (one rank: nothing sharded);
   // with parallel.zero3_gather_once_per_step, every unit whole.

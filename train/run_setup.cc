@@ -191,6 +191,7 @@ DataParallelOptions data_parallel_options(const config::Experiment& e) {
   dp.powersgd_start_step = parallel.powersgd_start_step();
   dp.zero_stage = parallel.zero_stage();
   dp.shards_in_host_memory = e.train().offload() == config::TrainConfig::OPTIMIZER_AND_WEIGHTS;
+  dp.accumulate_in_shards = parallel.zero_accumulate_in_shards();
   return dp;
 }
 

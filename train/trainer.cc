@@ -51,8 +51,10 @@ StepOutcome Trainer::State::micro_step_work(Context& ctx, const Tensor& inputs,
   const bool resident = optimizer->resident();
   ops::axpy(1.0, loss_stage->forward_backward(ctx, inputs, targets), loss_sum);
   graphs->advance_counter();
-  StepOutcome outcome;
-  if (!last) return outcome;
+  if (!last) {
+    sync->end_micro_step();
+    return {};
+  }
   if (sync->sharded()) {
     // ZeRO: the optimizer reads this rank's reduced shard, so the fault goes there.
     sync->finish();
@@ -64,12 +66,9 @@ StepOutcome Trainer::State::micro_step_work(Context& ctx, const Tensor& inputs,
   }
   if (fp8_amax) fp8_amax->reduce();
   NvtxRange range("optimizer");
-  if (resident) {
-    optimizer->step_resident(comm.get());
-  } else {
-    outcome = optimizer->step(counters.step, comm.get());
-  }
-  return outcome;
+  if (!resident) return optimizer->step(counters.step, comm.get());
+  optimizer->step_resident(comm.get());
+  return {};
 }
 
 // No host synchronisation except inside the optimizer's inf check (none with resident steps).

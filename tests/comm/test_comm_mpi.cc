@@ -647,6 +647,56 @@ TEST(DataParallel, ZeroStage2AllocatesBucketsAsBackwardReachesThem) {
   EXPECT_LT(most - shards, full - shards) << "every full bucket held at once during backward";
 }
 
+// ZeRO-2 accumulating in the shards: each micro-step reduces its buckets (twice the reductions
+// for two micro-steps) and gives its full buffers back before the next, and the update is the
+// whole buffers' within rounding (the sums are added in another order).
+TEST(DataParallel, ZeroAccumulationInShardsReducesEachMicroStep) {
+  auto train = [](bool in_shards, std::size_t* held_between, std::uint64_t* reductions) {
+    auto model = testing::make_tiny_model(5, Device::cpu(), DType::F32);
+    DataParallelOptions options;
+    options.bucket_bytes = 64;
+    options.zero_stage = 2;
+    options.accumulate_in_shards = in_shards;
+    DataParallel dp(model->parameters(), model->buffers(), comm(), options);
+    Context ctx;
+    ctx.on_grad_ready = dp.grad_ready_hook();
+    auto allocate = dp.gradient_allocation_hook();
+    ctx.observers.push_back([&](Layer& layer, bool forward, bool begin) {
+      if (!forward && begin && allocate) allocate(layer.written_parameters());
+    });
+    for (int step = 0; step < 3; ++step) {
+      dp.zero_grad_lazily();
+      for (int micro = 0; micro < 2; ++micro) {
+        dp.set_accumulation_micro_step(micro == 0);
+        forward_backward_on_this_rank(*model, ctx, 2 * step + micro);
+        if (micro == 0) {
+          dp.end_micro_step();
+          *held_between = dp.gradient_buffer_bytes();
+        }
+      }
+      dp.finish();
+      for (const ShardPiece& piece : dp.shard_pieces()) {
+        Tensor v = piece.parameter->value.view({piece.parameter->value.numel()})
+                       .slice(0, piece.offset, piece.offset + piece.numel);
+        ops::axpy(-0.05, piece.grad, v);
+      }
+      dp.gather_parameters();
+    }
+    *reductions = dp.bucket_all_reduces();
+    return testing::parameter_values(*model);
+  };
+  std::size_t whole_held = 0, shards_held = 0;
+  std::uint64_t whole_reductions = 0, shard_reductions = 0;
+  const std::vector<double> whole = train(false, &whole_held, &whole_reductions);
+  const std::vector<double> in_shards = train(true, &shards_held, &shard_reductions);
+  EXPECT_EQ(shard_reductions, 2 * whole_reductions);
+  EXPECT_LT(shards_held, whole_held) << "full buffers kept between micro-steps";
+  ASSERT_EQ(whole.size(), in_shards.size());
+  for (std::size_t i = 0; i < whole.size(); ++i) {
+    EXPECT_NEAR(in_shards[i], whole[i], 1e-6 * std::max(1.0, std::abs(whole[i]))) << i;
+  }
+}
+
 // ZeRO-3: between uses a rank holds only its shard of the weights (Parameter::value has its shape
 // but no memory); acquire_values() gathers whole buckets, every element from its owner's shard,
 // and release_values(written) keeps what was written; per-layer gathering trains bit for bit as

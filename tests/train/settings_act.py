@@ -308,6 +308,9 @@ CASES = {
     "parallel.collective_timeout_s": "tests/train/test_faults.sh and test_comm_rank_hang: a hung rank ends the job after the timeout",
     "parallel.zero3_gather_once_per_step": ([], ["parallel.zero3_gather_once_per_step=true"],
                                             fails_with("parallel.zero3_gather_once_per_step")),
+    "parallel.zero_accumulate_in_shards": "test_comm_mpi (DataParallel.ZeroAccumulationInShardsReducesEachMicroStep): each "
+                                          "micro-step reduced, full buffers released between; tests/train/test_zero.sh "
+                                          "stages 2 and 3 on 2 and 3 ranks, test_offload.sh its default with OPTIMIZER_AND_WEIGHTS",
     "parallel.zero_stage": "tests/train/test_zero.sh: stages 1 and 2 shard the optimizer state (per-rank bytes fall by the "
                            "world size) and write one optimizer shard file per rank",
 }

@@ -135,13 +135,14 @@ for case in adamw scaled accumulated; do
   case $case in
     adamw) o=() ;;
     scaled) o=("${SCALED[@]}") ;;
-    accumulated) o=(train.global_batch=32) ;;
+    # Whole gradient buffers across the micro-steps: the order of additions of no offload.
+    accumulated) o=(train.global_batch=32 parallel.zero_accumulate_in_shards=false) ;;
   esac
   if [ $case = scaled ]; then
     KILN_FAULT_KIND=inf-grad KILN_FAULT_STEP=5 run "$W/w-$case" "${o[@]}" "${WEIGHTS[@]}"
     [ "$(grep -c 'step skipped: inf/NaN' "$W/w-$case.log")" = 1 ] || fail "weights offload: the injected inf did not skip one step"
   else
-    [ $case = accumulated ] && run "$W/$case-OFFLOAD_NONE" "${o[@]}"
+    [ $case = accumulated ] && run "$W/$case-OFFLOAD_NONE" train.global_batch=32
     run "$W/w-$case" "${o[@]}" "${WEIGHTS[@]}"
   fi
   diff <(losses "$W/$case-OFFLOAD_NONE/metrics.jsonl") <(losses "$W/w-$case/metrics.jsonl") \
@@ -150,6 +151,22 @@ for case in adamw scaled accumulated; do
   grep -q '"zero3_gathers_per_step"' "$W/w-$case/metrics.jsonl" || fail "$case: no zero3_gathers_per_step in metrics.jsonl"
 done
 pass "OPTIMIZER_AND_WEIGHTS on one rank (ZeRO-3's shards in host memory) equals no offload bit for bit: AdamW, O1 with an injected inf, accumulation"
+
+# Its default with accumulation: each micro-step's gradients added into the shards, the losses
+# no offload's within rounding (a micro-batch's gradient is summed before it is added).
+run "$W/w-accumulated-shards" train.global_batch=32 "${WEIGHTS[@]}"
+grep -q "zero_accumulate_in_shards: true" "$W/w-accumulated-shards/experiment.pbtxt" \
+  || fail "OPTIMIZER_AND_WEIGHTS did not default parallel.zero_accumulate_in_shards to true"
+python3 - "$W/accumulated-OFFLOAD_NONE/metrics.jsonl" "$W/w-accumulated-shards/metrics.jsonl" <<'PY' \
+  || fail "accumulation in the shards: the losses differ from no offload's"
+import json, sys
+def losses(p): return [json.loads(l)["loss"] for l in open(p) if '"loss"' in l]
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+print(f"accumulation in the shards: largest relative loss difference {worst:.2e}")
+assert len(a) == len(b) == 20 and worst <= 1e-5, worst
+PY
+pass "OPTIMIZER_AND_WEIGHTS accumulates in the shards by default, no offload's losses within 1e-5"
 
 # Resumed on one rank; and its checkpoint (one rank's ZeRO-3 shards) resumed without offload.
 run "$W/w-resumed" "${WEIGHTS[@]}"

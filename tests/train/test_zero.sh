@@ -76,6 +76,22 @@ print(f"weight buckets gathered per step: {every} for each use, {once} once per 
 assert 0 < once <= every / 3, (every, once)
 PY
   pass "stage 3 gathering once per step: stage 0's weights bit for bit, fewer gathers (np $NP)"
+  # Each micro-step reduced and added into the shards: stage 0's losses within rounding (the
+  # ranks' sums added in another order; SGD, since AdamW's normalised steps magnify a last bit
+  # of a gradient near zero).
+  sgd=("${o[@]}" optimizer.kind=SGD optimizer.lr=0.05 optimizer.momentum=0.9)
+  run "$NP" "$W/accum-sgd0" "${sgd[@]}"
+  for z in 2 3; do
+    run "$NP" "$W/accum${z}shards" "${sgd[@]}" parallel.zero_stage=$z parallel.zero_accumulate_in_shards=true
+    python3 - "$W/accum-sgd0/metrics.jsonl" "$W/accum${z}shards/metrics.jsonl" <<'PY' \
+      || fail "stage $z accumulating in the shards: the losses differ from stage 0's (np $NP)"
+import json, sys
+def losses(p): return [json.loads(l)["loss"] for l in open(p) if '"loss"' in l]
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+assert len(a) == len(b) == 20 and max(abs(x - y) / abs(x) for x, y in zip(a, b)) <= 1e-6, (a, b)
+PY
+  done
+  pass "stages 2 and 3 accumulating in the shards: stage 0's losses within 1e-6 (SGD, np $NP)"
 done
 
 # Tied weights: GPT-2's embedding is also its output head (one parameter, two uses), with the
