@@ -12,11 +12,6 @@ std::string parameter_of(const std::string& state_name) {
   return dot == std::string::npos ? state_name : state_name.substr(0, dot);
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() > suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 }  // namespace
 
 ShardedOptimizer::Pieces ShardedOptimizer::make_pieces(const std::vector<Parameter*>& parameters,
@@ -50,13 +45,14 @@ std::vector<Parameter*> ShardedOptimizer::piece_list() const {
 }
 
 ShardedOptimizer::ShardedOptimizer(const std::vector<Parameter*>& parameters,
-                                   const NamedTensors& fp32_init, const OptimizerOptions& options,
+                                   NamedTensors fp32_init, const OptimizerOptions& options,
                                    const AmpOptions& amp, ShardGroup* group)
     : group_(group),
       model_parameters_(parameters),
       pieces_(group != nullptr ? make_pieces(parameters, *group) : Pieces{}),
       optimizer_(group != nullptr ? piece_list() : parameters, options, amp,
-                 group != nullptr ? group->device() : Device::cpu(), pieces_.element_offsets) {
+                 group != nullptr ? group->device() : Device::cpu(), pieces_.element_offsets,
+                 masters_from(fp32_init)) {
   for (Parameter* p : parameters) {
     full_numel_[p->name] = p->value.numel();
     if (group_ == nullptr) range_[p->name] = {0, p->value.numel()};
@@ -66,7 +62,7 @@ ShardedOptimizer::ShardedOptimizer(const std::vector<Parameter*>& parameters,
       range_[r.parameter->name] = {r.offset, r.numel};
     }
   }
-  start_masters(fp32_init);
+  if (masters_from_init_) optimizer_.refresh_model_weights();
   if (group_ != nullptr) {
     install_norm_hooks();
     group_->gather_parameters();
@@ -75,22 +71,26 @@ ShardedOptimizer::ShardedOptimizer(const std::vector<Parameter*>& parameters,
 
 ShardedOptimizer::~ShardedOptimizer() = default;
 
-void ShardedOptimizer::start_masters(const NamedTensors& fp32_init) {
-  // O2 masters start from the exact fp32 initial values, not from their half rounding.
-  std::map<std::string, const Tensor*> init;
-  for (const auto& [name, t] : fp32_init) init[name] = &t;
-  bool any = false;
-  for (auto& [name, tensor] : optimizer_.state()) {
-    if (!ends_with(name, ".master")) continue;
-    const std::string parameter = parameter_of(name);
-    auto it = init.find(parameter);
-    if (it == init.end()) continue;
-    const auto [offset, numel] = range_.at(parameter);
-    tensor->view({numel}).copy_from(
-        it->second->view({it->second->numel()}).slice(0, offset, offset + numel));
-    any = true;
-  }
-  if (any) optimizer_.refresh_model_weights();
+MasterSource ShardedOptimizer::masters_from(NamedTensors& fp32_init) {
+  // O2 masters start from the exact fp32 initial values, not from their half rounding. Runs while
+  // optimizer_ is built: pieces_ (built before it) give each master's parameter and offset.
+  MasterSource source;
+  source.fill = [this, &fp32_init](std::size_t i, Tensor& master) {
+    const std::string& name =
+        pieces_.parameters.empty() ? model_parameters_.at(i)->name : pieces_.parameters.at(i)->name;
+    auto it = std::find_if(fp32_init.begin(), fp32_init.end(),
+                           [&](const auto& entry) { return entry.first == name; });
+    if (it == fp32_init.end()) return false;
+    const std::int64_t offset = pieces_.element_offsets.empty() ? 0 : pieces_.element_offsets[i];
+    master.view({master.numel()})
+        .copy_from(it->second.view({it->second.numel()}).slice(0, offset, offset + master.numel()));
+    // Released as soon as the master of its last range holds it (ranges come in order).
+    if (offset + master.numel() == it->second.numel()) it->second = Tensor();
+    masters_from_init_ = true;
+    return true;
+  };
+  source.done = [&fp32_init] { NamedTensors().swap(fp32_init); };
+  return source;
 }
 
 void ShardedOptimizer::install_norm_hooks() {

@@ -51,8 +51,9 @@ class ShardGroup {
 class ShardedOptimizer {
  public:
   // `parameters`: the model's, in its order; `fp32_init` their fp32 initial values by name (O2's
-  // masters start from them rather than from the half rounding). `group` null: whole parameters.
-  ShardedOptimizer(const std::vector<Parameter*>& parameters, const NamedTensors& fp32_init,
+  // masters start from them rather than from the half rounding; released once the masters hold
+  // them, before the moments are allocated). `group` null: whole parameters.
+  ShardedOptimizer(const std::vector<Parameter*>& parameters, NamedTensors fp32_init,
                    const OptimizerOptions& optimizer, const AmpOptions& amp, ShardGroup* group);
   ~ShardedOptimizer();
 
@@ -84,12 +85,14 @@ class ShardedOptimizer {
   };
   static Pieces make_pieces(const std::vector<Parameter*>& parameters, const ShardGroup& group);
   std::vector<Parameter*> piece_list() const;
-  void start_masters(const NamedTensors& fp32_init);
+  // O2's masters from `fp32_init` (this rank's range of each), which `done` releases.
+  MasterSource masters_from(NamedTensors& fp32_init);
   void install_norm_hooks();
 
   ShardGroup* group_;
   std::vector<Parameter*> model_parameters_;
   Pieces pieces_;
+  bool masters_from_init_ = false;  // set while optimizer_ is built
   MixedPrecisionOptimizer optimizer_;
   // Per parameter name: {offset, numel} of the range this rank holds, and the whole length.
   std::map<std::string, std::pair<std::int64_t, std::int64_t>> range_;

@@ -17,15 +17,15 @@ PrecisionChoice precision_for(const config::Experiment& experiment, Device devic
 }
 
 struct StepOptimizer::Impl {
-  Impl(const std::vector<Parameter*>& parameters, const NamedTensors& fp32_init,
+  Impl(const std::vector<Parameter*>& parameters, NamedTensors fp32_init,
        const config::Experiment& e, std::int64_t total, optim::ShardGroup* group)
       : offload(host_cores(e) && group == nullptr ? std::make_unique<optim::HostOffload>(parameters)
                                                   : nullptr),
         host_shards(host_cores(e) && group != nullptr
                         ? std::make_unique<optim::HostShardGroup>(*group)
                         : nullptr),
-        shards(offload ? offload->parameters() : parameters, fp32_init, optimizer_options(e),
-               amp_options(e), host_shards ? host_shards.get() : group),
+        shards(offload ? offload->parameters() : parameters, std::move(fp32_init),
+               optimizer_options(e), amp_options(e), host_shards ? host_shards.get() : group),
         optimizer(shards.optimizer()),
         schedule(schedule_options(e, total)),
         total_steps(total) {
@@ -61,10 +61,11 @@ struct StepOptimizer::Impl {
   }
 };
 
-StepOptimizer::StepOptimizer(const std::vector<Parameter*>& parameters,
-                             const NamedTensors& fp32_init, const config::Experiment& experiment,
-                             std::int64_t total_steps, optim::ShardGroup* shards)
-    : impl_(std::make_unique<Impl>(parameters, fp32_init, experiment, total_steps, shards)) {}
+StepOptimizer::StepOptimizer(const std::vector<Parameter*>& parameters, NamedTensors fp32_init,
+                             const config::Experiment& experiment, std::int64_t total_steps,
+                             optim::ShardGroup* shards)
+    : impl_(std::make_unique<Impl>(parameters, std::move(fp32_init), experiment, total_steps,
+                                   shards)) {}
 
 StepOptimizer::~StepOptimizer() = default;
 

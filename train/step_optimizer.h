@@ -36,11 +36,12 @@ class StepOptimizer {
  public:
   // `parameters` are on their device in the parameter dtype, gradients in their final place
   // (data parallelism's buckets). `fp32_init` holds the fp32 initial values by parameter name
-  // (O2's master weights start from them rather than from the rounded half copy).
+  // (O2's master weights start from them rather than from the rounded half copy; each is
+  // released once its master holds it, before the moments are allocated).
   // `shards`: ZeRO's ranks (optim/sharded_optimizer.h): the optimizer then holds fp32 masters
   // and moments only for this rank's ranges, reads their reduced gradient shards, combines norms
   // across ranks and gathers the updated weights after each step. Null: whole parameters.
-  StepOptimizer(const std::vector<Parameter*>& parameters, const NamedTensors& fp32_init,
+  StepOptimizer(const std::vector<Parameter*>& parameters, NamedTensors fp32_init,
                 const config::Experiment& experiment, std::int64_t total_steps,
                 optim::ShardGroup* shards = nullptr);
   ~StepOptimizer();

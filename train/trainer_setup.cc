@@ -212,8 +212,8 @@ Trainer::Trainer(const config::Experiment& experiment, const World& world, Train
   // The optimizer's own tensors (masters, moments) as the allocator counts them: ZeRO divides
   // them by the world size.
   const std::size_t allocated_before = allocator_for(s.device).stats().allocated_bytes;
-  s.optimizer = std::make_unique<StepOptimizer>(s.parameters, fp32_init, s.e, s.total_steps,
-                                                s.sync->shard_group());
+  s.optimizer = std::make_unique<StepOptimizer>(s.parameters, std::move(fp32_init), s.e,
+                                                s.total_steps, s.sync->shard_group());
   const std::size_t allocated_after = allocator_for(s.device).stats().allocated_bytes;
   s.optimizer_bytes = allocated_after > allocated_before ? allocated_after - allocated_before : 0;
   Shape input = s.model.sample_shape;

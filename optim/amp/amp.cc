@@ -150,7 +150,8 @@ void LossScaler::load_state(const State& state) {
 MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<Parameter*>& params,
                                                  const OptimizerOptions& optim,
                                                  const AmpOptions& amp, Device device,
-                                                 const std::vector<std::int64_t>& element_offsets)
+                                                 const std::vector<std::int64_t>& element_offsets,
+                                                 const MasterSource& masters)
     : amp_((validate(amp), amp)), scaler_(amp.scaler, resolved_mode(amp)), params_(params) {
   device_ = params_.empty() ? device : params_.front()->value.device();
   masters_.resize(params_.size());
@@ -167,7 +168,7 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<Parameter*>& 
           optim.state_memory == StateMemory::kPinnedHost
               ? Tensor::zeros_in_host_memory(p.value.shape(), DType::F32, p.value.device())
               : Tensor::empty(p.value.shape(), DType::F32, p.value.device());
-      masters_[i].copy_from(p.value);
+      if (!masters.fill || !masters.fill(i, masters_[i])) masters_[i].copy_from(p.value);
       // No fp32 master gradient: the optimizer reads the scaled half gradient and unscales it.
       t.value = masters_[i];
       t.grad = p.grad;
@@ -179,6 +180,7 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<Parameter*>& 
     }
     tensors.push_back(std::move(t));
   }
+  if (masters.done) masters.done();
   optimizer_ = make_optimizer(std::move(tensors), optim);
   stats_ = Tensor::zeros({2}, DType::F32, device_);
   found_inf_ = stats_.slice(0, 0, 1);

@@ -15,6 +15,7 @@
 #include "core/ops.h"
 #include "optim/amp/amp.h"
 #include "optim/schedule.h"
+#include "optim/sharded_optimizer.h"
 #include "tests/optim/option_presets.h"
 
 namespace kiln::optim {
@@ -639,6 +640,38 @@ TEST(MixedPrecision, AccumulationEqualsOneBigBatch) {
     }
   }
   EXPECT_THROW(GradientAccumulation(0), InputError);
+}
+
+// O2's masters start from the exact fp32 initial values, and ShardedOptimizer releases those
+// before the moments are allocated: a 7B model's 30 GB of them never sit beside its whole state.
+TEST(ShardedOptimizer, MastersStartFromTheInitialValuesReleasedBeforeTheMoments) {
+  const std::int64_t n = 1 << 20;
+  Tensor init = Tensor::empty({n}, DType::F32);
+  ops::fill_normal(init, 0.0, 1.0, 7);
+  const std::vector<float> expected = init.to_vector<float>();
+  Parameter p;
+  p.name = "fc.weight";
+  p.value = init.to(Device::cpu(), DType::BF16);
+  p.grad = Tensor::zeros({n}, DType::BF16);
+  AmpOptions a;
+  a.level = OptLevel::O2;
+  a.half = HalfType::BF16;
+  CachingAllocator& host = host_allocator();
+  const std::size_t before = host.stats().allocated_bytes;  // init's 4n bytes among them
+  host.reset_peak_stats();
+  NamedTensors fp32_init{{p.name, init}};
+  init = Tensor();
+  ShardedOptimizer opt({&p}, std::move(fp32_init), presets::adamw_options(), a, nullptr);
+  // The master (4n) beside init, then init gone before the two fp32 moments (8n): 8n at most,
+  // where keeping init would have reached 12n.
+  const std::size_t peak = host.stats().peak_allocated_bytes - before;
+  EXPECT_LT(peak, static_cast<std::size_t>(9 * n)) << peak;
+  EXPECT_GE(peak, static_cast<std::size_t>(8 * n)) << peak;
+  Tensor* master = nullptr;
+  for (auto& [name, t] : opt.optimizer().state())
+    if (name == "fc.weight.master") master = t;
+  ASSERT_NE(master, nullptr);
+  EXPECT_EQ(master->to_vector<float>(), expected);
 }
 
 }  // namespace
